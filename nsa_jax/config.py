@@ -1,0 +1,301 @@
+"""One typed configuration: YAML -> dataclasses (sections model, nsa, data, train, run, mesh).
+
+``load_config(path, overrides)`` reads a YAML file, applies ``key=value`` overrides with dotted
+paths (``train.steps=100``), rejects unknown keys and wrong types, and validates every section before
+any compute. Every problem raises :class:`ConfigError` with one line naming the key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+from nsa_jax.nsa.config import NSAConfig, NSAConfigError
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the offending key or file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 50304
+    dim: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    n_kv_groups: int = 2
+    head_dim: int = 64
+    mlp_hidden: int = 2048          # SwiGLU hidden width
+    attention: Literal["nsa", "dense"] = "nsa"
+    nsa_impl: Literal["auto", "reference", "pallas"] = "auto"  # auto: pallas on GPU, else reference
+    dense_impl: Literal["auto", "xla", "cudnn"] = "auto"        # auto: cudnn on GPU, else xla
+    phi_hidden: int = 0             # φ MLP hidden width; 0 means 4 * head_dim
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    param_dtype: Literal["float32"] = "float32"
+    remat: Literal["none", "block", "attention"] = "none"
+    init_std: float = 0.02
+
+    def validate(self) -> None:
+        for f in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_groups", "head_dim",
+                  "mlp_hidden"):
+            if getattr(self, f) < 1:
+                raise ConfigError(f"model.{f}: must be >= 1, got {getattr(self, f)}")
+        if self.n_heads % self.n_kv_groups:
+            raise ConfigError(f"model.n_kv_groups: n_heads={self.n_heads} must be a multiple of "
+                              f"n_kv_groups={self.n_kv_groups}")
+        if self.head_dim % 2:
+            raise ConfigError(f"model.head_dim: must be even for RoPE, got {self.head_dim}")
+        if self.phi_hidden < 0:
+            raise ConfigError(f"model.phi_hidden: must be >= 0, got {self.phi_hidden}")
+        if self.rope_theta <= 0:
+            raise ConfigError(f"model.rope_theta: must be > 0, got {self.rope_theta}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    source: Literal["synthetic", "text", "hf", "tokens"] = "synthetic"
+    path: Optional[str] = None          # file, directory or glob (text, tokens)
+    text_field: str = "text"            # column for jsonl / parquet / hf
+    tokenizer: str = "gpt2"             # gpt2 | byte | path/to/tokenizer.json
+    seq_len: int = 128
+    hf_name: str = "HuggingFaceFW/fineweb-edu"
+    hf_config: Optional[str] = "sample-10BT"
+    hf_split: str = "train"
+    eval_fraction: float = 0.05         # held-out share of documents (text/hf) or tokens (tokens)
+    prefetch: int = 2                   # batches prepared ahead by a background thread
+    synthetic_vocab: int = 0            # synthetic: token ids drawn below this; 0 = model vocab
+    out_dir: Optional[str] = None       # prepare: where shards are written
+    shard_tokens: int = 50_000_000      # prepare: tokens per shard
+    max_docs: int = 0                   # 0 = all documents
+
+    def validate(self) -> None:
+        if self.seq_len < 1:
+            raise ConfigError(f"data.seq_len: must be >= 1, got {self.seq_len}")
+        if self.source in ("text", "tokens") and not self.path:
+            raise ConfigError(f"data.path: required when data.source={self.source}")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError(f"data.eval_fraction: must be in [0, 1), got {self.eval_fraction}")
+        if self.prefetch < 0:
+            raise ConfigError(f"data.prefetch: must be >= 0, got {self.prefetch}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 8                 # global batch, in sequences, per optimizer step
+    grad_accum: int = 1
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    decay_norms_biases_embeddings: bool = False
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0                 # 0 = never
+    eval_batches: int = 4
+    ckpt_every: int = 0                 # 0 = only at the end
+    ckpt_keep: int = 3
+    profile_steps: Optional[list[int]] = None   # [first, last] steps to trace
+    max_bad_steps: int = 5
+
+    def validate(self) -> None:
+        for f in ("steps", "batch_size", "grad_accum", "log_every", "ckpt_keep", "eval_batches",
+                  "max_bad_steps"):
+            if getattr(self, f) < 1:
+                raise ConfigError(f"train.{f}: must be >= 1, got {getattr(self, f)}")
+        for f in ("warmup_steps", "eval_every", "ckpt_every"):
+            if getattr(self, f) < 0:
+                raise ConfigError(f"train.{f}: must be >= 0, got {getattr(self, f)}")
+        if self.lr <= 0:
+            raise ConfigError(f"train.lr: must be > 0, got {self.lr}")
+        if self.batch_size % self.grad_accum:
+            raise ConfigError(f"train.grad_accum: batch_size={self.batch_size} must be a multiple "
+                              f"of grad_accum={self.grad_accum}")
+        if self.profile_steps is not None and (len(self.profile_steps) != 2
+                                               or self.profile_steps[0] > self.profile_steps[1]):
+            raise ConfigError(f"train.profile_steps: must be [first, last], got {self.profile_steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    dir: Optional[str] = None           # default runs/<config-name>-<timestamp>
+    resume: bool = False
+    watchdog_s: float = 0.0             # 0 = off
+
+    def validate(self) -> None:
+        if self.watchdog_s < 0:
+            raise ConfigError(f"run.watchdog_s: must be >= 0, got {self.watchdog_s}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    data: int = -1                      # -1: all devices not used by fsdp
+    fsdp: int = 1
+
+    def validate(self) -> None:
+        if self.fsdp < 1:
+            raise ConfigError(f"mesh.fsdp: must be >= 1, got {self.fsdp}")
+        if self.data == 0 or self.data < -1:
+            raise ConfigError(f"mesh.data: must be >= 1 or -1 (all), got {self.data}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    nsa: NSAConfig = dataclasses.field(default_factory=NSAConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    name: str = "run"
+
+    def validate(self) -> None:
+        for sec in ("model", "data", "train", "run", "mesh"):
+            getattr(self, sec).validate()
+        if self.model.attention == "nsa":
+            if self.model.head_dim < 1:
+                raise ConfigError("model.head_dim: must be >= 1")
+        if self.data.seq_len < 1:
+            raise ConfigError("data.seq_len: must be >= 1")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["nsa"]["branches"] = list(self.nsa.branches)
+        return d
+
+
+SECTIONS = {"model": ModelConfig, "nsa": NSAConfig, "data": DataConfig, "train": TrainConfig,
+            "run": RunConfig, "mesh": MeshConfig}
+
+
+# ---- type coercion -------------------------------------------------------------------------
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        if value is None and type(None) in args:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        return _coerce(value, rest[0], key)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: must be one of {list(args)}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: must be a list, got {value!r}")
+        return origin(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _build(cls, raw: Any, prefix: str):
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix}: must be a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise ConfigError(f"{prefix}.{unknown[0]}: unknown key (valid keys: {', '.join(sorted(names))})")
+    kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}") for k, v in raw.items()}
+    try:
+        return cls(**kwargs)
+    except NSAConfigError as e:
+        raise ConfigError(str(e)) from None
+
+
+def config_from_dict(raw: dict, name: str = "run") -> Config:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: top level must be a mapping, got {type(raw).__name__}")
+    raw = dict(raw)
+    name = raw.pop("name", name)
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section (valid: {', '.join(SECTIONS)}, name)")
+    sections = {s: _build(cls, raw.get(s), s) for s, cls in SECTIONS.items()}
+    cfg = Config(name=str(name), **sections)
+    cfg.validate()
+    return cfg
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key=value, e.g. train.steps=100")
+    key, _, val = item.partition("=")
+    key = key.strip()
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"override {item!r}: bad key {key!r}")
+    try:
+        value = yaml.safe_load(val) if val.strip() else None
+    except yaml.YAMLError:
+        value = val
+    return key.split("."), value
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for item in overrides:
+        path, value = parse_override(item)
+        if len(path) == 1:
+            if path[0] != "name":
+                raise ConfigError(f"{path[0]}: overrides need section.key, e.g. train.steps=100")
+            raw["name"] = value
+            continue
+        if len(path) != 2:
+            raise ConfigError(f"{'.'.join(path)}: too deep; overrides are section.key=value")
+        sec, key = path
+        if sec not in SECTIONS:
+            raise ConfigError(f"{sec}: unknown section (valid: {', '.join(SECTIONS)})")
+        node = raw.setdefault(sec, {}) or {}
+        raw[sec] = node
+        node[key] = value
+    return raw
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Load, override and validate a config. Raises ConfigError naming the key or file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: config file not found")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: invalid YAML ({str(e).splitlines()[0]})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: cannot read ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: top level must be a mapping")
+    raw = apply_overrides(raw, list(overrides or []))
+    return config_from_dict(raw, name=raw.get("name", p.stem))
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

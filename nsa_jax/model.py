@@ -1,0 +1,236 @@
+"""Flax NNX decoder-only language model with ``attention: nsa | dense``.
+
+Layout: embedding -> N x [RMSNorm -> attention -> residual -> RMSNorm -> SwiGLU -> residual]
+-> RMSNorm -> LM head (tied to the embedding by default). Params are float32; activations use
+``model.compute_dtype`` (bfloat16 on GPU).
+
+``NSAAttention`` owns the shared query projection, one K and one V projection per branch
+(cmp, slc, win; fused into a single matmul), the compression MLPs φ_K and φ_V (Eq. 7), and the
+per-head sigmoid gates, and calls :func:`nsa_jax.nsa.nsa_attention`. RoPE placement is documented
+in :mod:`nsa_jax.nsa.rope`.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from nsa_jax.config import ModelConfig
+from nsa_jax.nsa import NSAConfig, nsa_attention
+from nsa_jax.nsa.compression import compress
+from nsa_jax.nsa.rope import apply_rope, cmp_positions
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
+
+
+def resolve_nsa_impl(impl: str) -> str:
+    """``auto`` -> ``pallas`` on GPU when the kernels are available, else ``reference``."""
+    if impl != "auto":
+        return impl
+    if on_gpu():
+        try:
+            from nsa_jax.nsa.attention import IMPLS
+            import nsa_jax.pallas  # noqa: F401
+            if "pallas" in IMPLS:
+                return "pallas"
+        except ImportError:
+            pass
+    return "reference"
+
+
+def _normal(std):
+    return nnx.initializers.normal(stddev=std)
+
+
+class Compressor(nnx.Module):
+    """φ (Eq. 7): MLP over a flattened block of l keys plus an intra-block position embedding."""
+
+    def __init__(self, cfg: NSAConfig, dim_in: int, dim_out: int, hidden: int, dtype, *,
+                 rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.dtype = dtype
+        l = cfg.block_l
+        self.pos_emb = nnx.Param(_normal(0.02)(rngs.params(), (l, dim_in), jnp.float32))
+        self.w1 = nnx.Param(_normal(1.0 / math.sqrt(l * dim_in))(rngs.params(), (l * dim_in, hidden),
+                                                                  jnp.float32))
+        self.b1 = nnx.Param(jnp.zeros((hidden,), jnp.float32))
+        self.w2 = nnx.Param(_normal(1.0 / math.sqrt(hidden))(rngs.params(), (hidden, dim_out),
+                                                             jnp.float32))
+        self.b2 = nnx.Param(jnp.zeros((dim_out,), jnp.float32))
+
+    def __call__(self, x):  # [B,T,G,D] -> [B,Tc,G,Dout]
+        return compress(x.astype(self.dtype), self.pos_emb[...], self.w1[...], self.b1[...],
+                        self.w2[...], self.b2[...], self.cfg)
+
+
+class NSAAttention(nnx.Module):
+    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs):
+        self.mcfg, self.ncfg = mcfg, ncfg
+        dt = DTYPES[mcfg.compute_dtype]
+        self.dtype = dt
+        H, G, D = mcfg.n_heads, mcfg.n_kv_groups, mcfg.head_dim
+        std = mcfg.init_std
+        self.wq = nnx.Linear(mcfg.dim, H * D, use_bias=False, dtype=dt, kernel_init=_normal(std),
+                             rngs=rngs)
+        # k and v for each branch (cmp, slc, win): 6 * G * D outputs in one matmul
+        self.wkv = nnx.Linear(mcfg.dim, 6 * G * D, use_bias=False, dtype=dt,
+                              kernel_init=_normal(std), rngs=rngs)
+        self.wg = nnx.Linear(mcfg.dim, H * 3, use_bias=True, dtype=dt, kernel_init=_normal(std),
+                             rngs=rngs)
+        hidden = mcfg.phi_hidden or 4 * D
+        self.phi_k = Compressor(ncfg, D, D, hidden, dt, rngs=rngs)
+        self.phi_v = Compressor(ncfg, D, D, hidden, dt, rngs=rngs)
+        self.wo = nnx.Linear(H * D, mcfg.dim, use_bias=False, dtype=dt,
+                             kernel_init=_normal(std / math.sqrt(2 * mcfg.n_layers)), rngs=rngs)
+
+    def project(self, x, positions):
+        """Projections, φ and RoPE. Returns the 8 inputs of ``nsa_attention``."""
+        B, T, _ = x.shape
+        m = self.mcfg
+        H, G, D = m.n_heads, m.n_kv_groups, m.head_dim
+        q = apply_rope(self.wq(x).reshape(B, T, H, D), positions, m.rope_theta)
+        kv = self.wkv(x).reshape(B, T, 6, G, D)
+        k_c, v_c, k_s, v_s, k_w, v_w = (kv[:, :, i] for i in range(6))
+        k_s = apply_rope(k_s, positions, m.rope_theta)
+        k_w = apply_rope(k_w, positions, m.rope_theta)
+        k_cmp = self.phi_k(k_c)
+        v_cmp = self.phi_v(v_c)
+        Tc = k_cmp.shape[1]
+        if Tc:
+            k_cmp = apply_rope(k_cmp, cmp_positions(Tc, self.ncfg.block_l, self.ncfg.stride_d),
+                               m.rope_theta)
+        gates = jax.nn.sigmoid(self.wg(x).astype(jnp.float32)).reshape(B, T, H, 3)
+        gates = (gates * jnp.asarray(self.ncfg.branch_mask())).astype(self.dtype)
+        return q, k_cmp, v_cmp, k_s, v_s, k_w, v_w, gates
+
+    def __call__(self, x, positions):
+        B, T, _ = x.shape
+        args = self.project(x, positions)
+        o = nsa_attention(*args, self.ncfg, impl=resolve_nsa_impl(self.mcfg.nsa_impl))
+        return self.wo(o.reshape(B, T, -1).astype(self.dtype))
+
+
+class DenseAttention(nnx.Module):
+    """Causal GQA attention through ``jax.nn.dot_product_attention`` (cuDNN on GPU, XLA on CPU)."""
+
+    def __init__(self, mcfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.mcfg = mcfg
+        dt = DTYPES[mcfg.compute_dtype]
+        self.dtype = dt
+        H, G, D = mcfg.n_heads, mcfg.n_kv_groups, mcfg.head_dim
+        std = mcfg.init_std
+        self.wq = nnx.Linear(mcfg.dim, H * D, use_bias=False, dtype=dt, kernel_init=_normal(std),
+                             rngs=rngs)
+        self.wkv = nnx.Linear(mcfg.dim, 2 * G * D, use_bias=False, dtype=dt,
+                              kernel_init=_normal(std), rngs=rngs)
+        self.wo = nnx.Linear(H * D, mcfg.dim, use_bias=False, dtype=dt,
+                             kernel_init=_normal(std / math.sqrt(2 * mcfg.n_layers)), rngs=rngs)
+
+    def impl(self):
+        i = self.mcfg.dense_impl
+        if i == "auto":
+            return "cudnn" if on_gpu() and self.dtype == jnp.bfloat16 else "xla"
+        return i
+
+    def project(self, x, positions):
+        B, T, _ = x.shape
+        m = self.mcfg
+        q = apply_rope(self.wq(x).reshape(B, T, m.n_heads, m.head_dim), positions, m.rope_theta)
+        kv = self.wkv(x).reshape(B, T, 2, m.n_kv_groups, m.head_dim)
+        k = apply_rope(kv[:, :, 0], positions, m.rope_theta)
+        return q, k, kv[:, :, 1]
+
+    def __call__(self, x, positions):
+        B, T, _ = x.shape
+        q, k, v = self.project(x, positions)
+        o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.impl())
+        return self.wo(o.reshape(B, T, -1))
+
+
+class SwiGLU(nnx.Module):
+    def __init__(self, mcfg: ModelConfig, *, rngs: nnx.Rngs):
+        dt = DTYPES[mcfg.compute_dtype]
+        std = mcfg.init_std
+        self.w_in = nnx.Linear(mcfg.dim, 2 * mcfg.mlp_hidden, use_bias=False, dtype=dt,
+                               kernel_init=_normal(std), rngs=rngs)
+        self.w_out = nnx.Linear(mcfg.mlp_hidden, mcfg.dim, use_bias=False, dtype=dt,
+                                kernel_init=_normal(std / math.sqrt(2 * mcfg.n_layers)), rngs=rngs)
+
+    def __call__(self, x):
+        a, b = jnp.split(self.w_in(x), 2, axis=-1)
+        return self.w_out(jax.nn.silu(a) * b)
+
+
+class Block(nnx.Module):
+    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs):
+        dt = DTYPES[mcfg.compute_dtype]
+        self.norm1 = nnx.RMSNorm(mcfg.dim, epsilon=mcfg.norm_eps, dtype=dt, rngs=rngs)
+        self.attn = (NSAAttention(mcfg, ncfg, rngs=rngs) if mcfg.attention == "nsa"
+                     else DenseAttention(mcfg, rngs=rngs))
+        self.norm2 = nnx.RMSNorm(mcfg.dim, epsilon=mcfg.norm_eps, dtype=dt, rngs=rngs)
+        self.mlp = SwiGLU(mcfg, rngs=rngs)
+
+    def __call__(self, x, positions):
+        x = x + self.attn(self.norm1(x), positions)
+        return x + self.mlp(self.norm2(x))
+
+
+class NSALM(nnx.Module):
+    """Decoder-only LM. ``__call__(tokens [B,T]) -> hidden [B,T,dim]``; ``logits`` adds the head."""
+
+    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs):
+        self.mcfg, self.ncfg = mcfg, ncfg
+        dt = DTYPES[mcfg.compute_dtype]
+        self.dtype = dt
+        self.embed = nnx.Embed(mcfg.vocab_size, mcfg.dim, dtype=dt,
+                               embedding_init=_normal(mcfg.init_std), rngs=rngs)
+        self.blocks = nnx.List([Block(mcfg, ncfg, rngs=rngs) for _ in range(mcfg.n_layers)])
+        self.norm = nnx.RMSNorm(mcfg.dim, epsilon=mcfg.norm_eps, dtype=dt, rngs=rngs)
+        if not mcfg.tie_embeddings:
+            self.head = nnx.Linear(mcfg.dim, mcfg.vocab_size, use_bias=False, dtype=dt,
+                                   kernel_init=_normal(mcfg.init_std), rngs=rngs)
+
+    def __call__(self, tokens, positions=None):
+        T = tokens.shape[1]
+        if positions is None:
+            positions = jnp.arange(T)
+        x = self.embed(tokens)
+        for blk in self.blocks:
+            if self.mcfg.remat == "block":
+                x = nnx.remat(lambda b, y, p: b(y, p))(blk, x, positions)
+            else:
+                x = blk(x, positions)
+        return self.norm(x)
+
+    def head_logits(self, h):
+        if self.mcfg.tie_embeddings:
+            return self.embed.attend(h)
+        return self.head(h)
+
+    def logits(self, tokens, positions=None):
+        return self.head_logits(self(tokens, positions)).astype(jnp.float32)
+
+
+def lm_loss(model: NSALM, tokens, loss_mask=None):
+    """Mean next-token cross-entropy. tokens [B, T+1]: inputs tokens[:, :-1], targets tokens[:, 1:]."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    logits = model.logits(inputs)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    if loss_mask is None:
+        return ce.mean()
+    return (ce * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1)
+
+
+def build_model(mcfg: ModelConfig, ncfg: NSAConfig, seed: int = 0) -> NSALM:
+    return NSALM(mcfg, ncfg, rngs=nnx.Rngs(params=seed))
+
+
+def count_params(model) -> int:
+    return sum(int(x.size) for x in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))

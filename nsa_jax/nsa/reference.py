@@ -1,0 +1,200 @@
+"""Pure-JAX reference of NSA attention: the oracle every kernel is tested against.
+
+Everything here is plain ``jax.numpy`` with explicit masks and O(T^2) memory. It favours being
+obviously right over being fast. Softmaxes run in float32 whatever the input dtype; outputs are cast
+back to ``q.dtype``.
+
+Shapes: ``q [B,T,Hq,Dk]``; compressed keys/values ``k_cmp [B,Tc,G,Dk]``, ``v_cmp [B,Tc,G,Dv]``;
+raw keys/values ``[B,T,G,D]``. Query head ``hq`` belongs to KV group ``hq // h`` with ``h = Hq // G``
+(consecutive heads share a group, as in ``jax.nn.dot_product_attention``).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from nsa_jax.nsa.config import NSAConfig
+
+NEG_INF = -jnp.inf
+
+
+def _split_heads(q: jax.Array, G: int) -> jax.Array:
+    B, T, Hq, D = q.shape
+    if Hq % G:
+        raise ValueError(f"query heads Hq={Hq} must be a multiple of KV groups G={G}")
+    return q.reshape(B, T, G, Hq // G, D)
+
+
+def masked_softmax(s: jax.Array, mask: jax.Array) -> jax.Array:
+    """Softmax over the last axis restricted to ``mask``; fully masked rows give all zeros.
+
+    Masked logits are set to -inf *before* the exponential so that neither values nor gradients
+    can overflow (no inf * 0 in the backward pass).
+    """
+    s = jnp.where(mask, s, NEG_INF)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    e = jnp.exp(s - jax.lax.stop_gradient(m))
+    den = jnp.sum(e, axis=-1, keepdims=True)
+    return e / jnp.where(den > 0, den, 1.0)
+
+
+def _attend(qg, k, v, mask):
+    """qg [B,T,G,h,Dk], k [B,S,G,Dk], v [B,S,G,Dv], mask broadcastable to [B,T,G,h,S]."""
+    scale = 1.0 / math.sqrt(qg.shape[-1])
+    s = jnp.einsum("btghd,bsgd->btghs", qg.astype(jnp.float32), k.astype(jnp.float32)) * scale
+    p = masked_softmax(s, mask)
+    return jnp.einsum("btghs,bsgd->btghd", p, v.astype(jnp.float32))
+
+
+# ---- compressed branch (Eq. 7-8) ----------------------------------------------------------
+def cmp_visible(T: int, Tc: int, cfg: NSAConfig) -> np.ndarray:
+    """[T, Tc] bool: query t sees compressed block i iff i*d + l - 1 <= t (the block is complete)."""
+    t = np.arange(T)[:, None]
+    i = np.arange(Tc)[None, :]
+    return i * cfg.stride_d + cfg.block_l - 1 <= t
+
+
+def cmp_probs(q, k_cmp, cfg: NSAConfig) -> jax.Array:
+    """p_cmp [B,T,G,h,Tc] (Eq. 8): float32 softmax of q . k_cmp / sqrt(Dk) over visible blocks.
+
+    A query that sees no compressed block yet gets an all-zero row.
+    """
+    B, T, Hq, Dk = q.shape
+    Tc, G = k_cmp.shape[1], k_cmp.shape[2]
+    qg = _split_heads(q, G)
+    if Tc == 0:
+        return jnp.zeros((B, T, G, Hq // G, 0), jnp.float32)
+    s = jnp.einsum("btghd,bigd->btghi", qg.astype(jnp.float32), k_cmp.astype(jnp.float32))
+    mask = jnp.asarray(cmp_visible(T, Tc, cfg))[None, :, None, None, :]
+    return masked_softmax(s / math.sqrt(Dk), mask)
+
+
+def compressed_attention(q, k_cmp, v_cmp, cfg: NSAConfig) -> jax.Array:
+    """Attention over compressed tokens (Eq. 8) -> o_cmp [B,T,Hq,Dv] (float32); 0 where no block
+    is visible yet."""
+    B, T, Hq, _ = q.shape
+    p = cmp_probs(q, k_cmp, cfg)
+    o = jnp.einsum("btghi,bigd->btghd", p, v_cmp.astype(jnp.float32))
+    return o.reshape(B, T, Hq, v_cmp.shape[-1])
+
+
+# ---- block scoring (Eq. 9-10) and selection -----------------------------------------------
+def overlap_weights(Tc: int, Ts: int, cfg: NSAConfig) -> np.ndarray:
+    """[Tc, Ts] float32: |[i*d, i*d+l) ∩ [j*l', (j+1)*l')| / d  — Eq. 9 read as overlap.
+
+    For l=32, d=16, l'=64 row weights are 1,2,2,2,1 on compressed blocks 4j-1 .. 4j+3.
+    """
+    i = np.arange(Tc)[:, None]
+    j = np.arange(Ts)[None, :]
+    lo = np.maximum(i * cfg.stride_d, j * cfg.sel_block)
+    hi = np.minimum(i * cfg.stride_d + cfg.block_l, (j + 1) * cfg.sel_block)
+    return (np.maximum(hi - lo, 0) / cfg.stride_d).astype(np.float32)
+
+
+def block_scores(p_cmp: jax.Array, T: int, cfg: NSAConfig) -> jax.Array:
+    """Group-shared selection-block importance [B,T,G,Ts]: Eq. 9 per head, summed over the
+    h heads of a group (Eq. 10)."""
+    Tc = p_cmp.shape[-1]
+    W = jnp.asarray(overlap_weights(Tc, cfg.num_sel_blocks(T), cfg))
+    return jnp.einsum("btghi,ij->btgj", p_cmp.astype(jnp.float32), W)
+
+
+def selection_masks(T: int, cfg: NSAConfig):
+    """``(candidate, forced)`` [T, Ts] bool masks.
+
+    Block j is a candidate for query t iff j*l' <= t. The first ``n_init`` blocks and the
+    ``n_local`` most recent blocks (floor(t/l'), floor(t/l')-1, ...) are forced, among candidates.
+    """
+    Ts = cfg.num_sel_blocks(T)
+    cur = (np.arange(T) // cfg.sel_block)[:, None]
+    j = np.arange(Ts)[None, :]
+    cand = j <= cur
+    forced = cand & ((j < cfg.n_init) | (j > cur - cfg.n_local))
+    return cand, forced
+
+
+def topn_from_scores(scores: jax.Array, cfg: NSAConfig) -> jax.Array:
+    """Top-n selection with forced blocks. scores [B,T,G,Ts] -> int32 [B,T,G,n_sel].
+
+    Forced blocks are always kept (they count within n); remaining slots take the highest
+    scores among candidates, ties to the lower index. Ids come out ascending, with -1 for
+    unused slots at the end.
+    """
+    B, T, G, Ts = scores.shape
+    cand, forced = selection_masks(T, cfg)
+    s = jnp.where(forced[None, :, None, :], jnp.inf,
+                  jnp.where(cand[None, :, None, :], scores.astype(jnp.float32), -jnp.inf))
+    k = min(cfg.n_sel, Ts)
+    vals, ids = jax.lax.top_k(s, k)  # stable: equal values keep the lower index first
+    ids = jnp.where(vals > -jnp.inf, ids, Ts)
+    ids = jnp.sort(ids, axis=-1)
+    ids = jnp.where(ids == Ts, -1, ids).astype(jnp.int32)
+    if k < cfg.n_sel:
+        ids = jnp.concatenate([ids, jnp.full((B, T, G, cfg.n_sel - k), -1, jnp.int32)], axis=-1)
+    return ids
+
+
+def select_blocks(q, k_cmp, cfg: NSAConfig) -> jax.Array:
+    """Selected block ids int32 [B,T,G,n_sel] (ascending, -1 padded). Not differentiable."""
+    q = jax.lax.stop_gradient(q)
+    k_cmp = jax.lax.stop_gradient(k_cmp)
+    return topn_from_scores(block_scores(cmp_probs(q, k_cmp, cfg), q.shape[1], cfg), cfg)
+
+
+# ---- selection and window branches -------------------------------------------------------
+def selected_token_mask(idx: jax.Array, T: int, cfg: NSAConfig) -> jax.Array:
+    """[B,T,G,T] bool: key s is attended by query t iff s <= t and s lies in a selected block."""
+    Ts = cfg.num_sel_blocks(T)
+    blk = jnp.any(idx[..., :, None] == jnp.arange(Ts), axis=-2)  # [B,T,G,Ts]
+    tok_blk = np.arange(T) // cfg.sel_block
+    causal = np.arange(T)[None, :] <= np.arange(T)[:, None]
+    return blk[..., tok_blk] & causal[None, :, None, :]
+
+
+def selection_attention(q, k, v, idx, cfg: NSAConfig):
+    """Attention over the tokens of the selected blocks (§3.3.2). -> [B,T,Hq,Dv]."""
+    B, T, Hq, _ = q.shape
+    mask = selected_token_mask(idx, T, cfg)[:, :, :, None, :]
+    o = _attend(_split_heads(q, k.shape[2]), k, v, mask)
+    return o.reshape(B, T, Hq, v.shape[-1])
+
+
+def window_mask(T: int, window: int) -> np.ndarray:
+    t = np.arange(T)[:, None]
+    s = np.arange(T)[None, :]
+    return (s <= t) & (s > t - window)
+
+
+def window_attention(q, k, v, cfg: NSAConfig):
+    """Sliding-window attention over keys t - w < s <= t (§3.3.3). -> [B,T,Hq,Dv]."""
+    B, T, Hq, _ = q.shape
+    mask = jnp.asarray(window_mask(T, cfg.window))[None, :, None, None, :]
+    o = _attend(_split_heads(q, k.shape[2]), k, v, mask)
+    return o.reshape(B, T, Hq, v.shape[-1])
+
+
+def combine(o_cmp, o_slc, o_win, gates, cfg: NSAConfig, dtype):
+    """Gated sum over branches (Eq. 5): o = sum_c g_c * o_c, with ablated branches dropped."""
+    g = gates.astype(jnp.float32)
+    out = 0.0
+    for c, o in enumerate((o_cmp, o_slc, o_win)):
+        if o is not None:
+            out = out + g[..., c:c + 1] * o
+    return jnp.asarray(out).astype(dtype)
+
+
+def nsa_attention_reference(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg: NSAConfig,
+                            block_idx=None):
+    """Full NSA attention, reference path. ``block_idx`` overrides the selection if given."""
+    br = cfg.branches
+    o_cmp = compressed_attention(q, k_cmp, v_cmp, cfg) if "cmp" in br else None
+    o_slc = None
+    if "slc" in br:
+        idx = select_blocks(q, k_cmp, cfg) if block_idx is None else block_idx
+        o_slc = selection_attention(q, k_slc, v_slc, idx, cfg)
+    o_win = window_attention(q, k_win, v_win, cfg) if "win" in br else None
+    return combine(o_cmp, o_slc, o_win, gates, cfg, q.dtype)
