@@ -90,8 +90,12 @@ class NSAAttention(nnx.Module):
         self.wo = nnx.Linear(H * D, mcfg.dim, use_bias=False, dtype=dt,
                              kernel_init=_normal(std / math.sqrt(2 * mcfg.n_layers)), rngs=rngs)
 
-    def project(self, x, positions):
-        """Projections, φ and RoPE. Returns the 8 inputs of ``nsa_attention``."""
+    def project_raw(self, x, positions):
+        """Projections and RoPE, before φ: ``(q, k_c, v_c, k_s, v_s, k_w, v_w, gates)``.
+
+        ``k_c, v_c`` are the un-rotated cmp-branch keys/values [B,T,G,D] that φ compresses; the
+        decoder (:mod:`nsa_jax.decode`) keeps them to form compressed blocks incrementally.
+        """
         B, T, _ = x.shape
         m = self.mcfg
         H, G, D = m.n_heads, m.n_kv_groups, m.head_dim
@@ -100,14 +104,20 @@ class NSAAttention(nnx.Module):
         k_c, v_c, k_s, v_s, k_w, v_w = (kv[:, :, i] for i in range(6))
         k_s = apply_rope(k_s, positions, m.rope_theta)
         k_w = apply_rope(k_w, positions, m.rope_theta)
+        gates = jax.nn.sigmoid(self.wg(x).astype(jnp.float32)).reshape(B, T, H, 3)
+        gates = (gates * jnp.asarray(self.ncfg.branch_mask())).astype(self.dtype)
+        return q, k_c, v_c, k_s, v_s, k_w, v_w, gates
+
+    def project(self, x, positions):
+        """Projections, φ and RoPE. Returns the 8 inputs of ``nsa_attention``."""
+        m = self.mcfg
+        q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
         k_cmp = self.phi_k(k_c)
         v_cmp = self.phi_v(v_c)
         Tc = k_cmp.shape[1]
         if Tc:
             k_cmp = apply_rope(k_cmp, cmp_positions(Tc, self.ncfg.block_l, self.ncfg.stride_d),
                                m.rope_theta)
-        gates = jax.nn.sigmoid(self.wg(x).astype(jnp.float32)).reshape(B, T, H, 3)
-        gates = (gates * jnp.asarray(self.ncfg.branch_mask())).astype(self.dtype)
         return q, k_cmp, v_cmp, k_s, v_s, k_w, v_w, gates
 
     def __call__(self, x, positions):
