@@ -108,16 +108,21 @@ class NSAAttention(nnx.Module):
         gates = (gates * jnp.asarray(self.ncfg.branch_mask())).astype(self.dtype)
         return q, k_c, v_c, k_s, v_s, k_w, v_w, gates
 
-    def project(self, x, positions):
-        """Projections, φ and RoPE. Returns the 8 inputs of ``nsa_attention``."""
-        m = self.mcfg
-        q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
+    def compress_kv(self, k_c, v_c, offset=0):
+        """φ_K, φ_V (Eq. 7) over un-rotated tokens starting at position ``offset`` (a multiple of
+        d), then RoPE on compressed key i at ``offset + i*d + l - 1``. -> (k_cmp, v_cmp)."""
         k_cmp = self.phi_k(k_c)
         v_cmp = self.phi_v(v_c)
         Tc = k_cmp.shape[1]
         if Tc:
-            k_cmp = apply_rope(k_cmp, cmp_positions(Tc, self.ncfg.block_l, self.ncfg.stride_d),
-                               m.rope_theta)
+            k_cmp = apply_rope(k_cmp, cmp_positions(Tc, self.ncfg.block_l, self.ncfg.stride_d,
+                                                    offset), self.mcfg.rope_theta)
+        return k_cmp, v_cmp
+
+    def project(self, x, positions):
+        """Projections, φ and RoPE. Returns the 8 inputs of ``nsa_attention``."""
+        q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
+        k_cmp, v_cmp = self.compress_kv(k_c, v_c)
         return q, k_cmp, v_cmp, k_s, v_s, k_w, v_w, gates
 
     def __call__(self, x, positions):
