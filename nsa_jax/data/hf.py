@@ -1,0 +1,94 @@
+"""Documents from a HuggingFace ``datasets`` stream (``data.source: hf``).
+
+Opens ``datasets.load_dataset(data.hf_name, data.hf_config, split=data.hf_split,
+streaming=True)`` -- with ``data_files=<data.path>`` when ``data.path`` is set, so
+``hf_name: json`` / ``parquet`` streams local files through exactly the same code path.
+``datasets`` is imported lazily (it is an optional extra: ``pip install 'nsa-jax[data]'``).
+
+Position is a raw document index; a restore reopens the stream and skips forward with
+``IterableDataset.skip`` -- i.e. a resume re-reads the stream up to the saved position.
+Transient read errors (network) reopen the stream at the next unread document, with exponential
+backoff (``HF_MAX_RETRIES`` attempts, first wait ``HF_BACKOFF_S``), each retry logged.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Iterator
+
+from nsa_jax.data.errors import DataError
+from nsa_jax.data.paths import expand_files
+from nsa_jax.data.retry import is_transient, resilient_iter, retry_call
+
+HF_MAX_RETRIES = 5
+HF_BACKOFF_S = 1.0
+HF_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt", ".csv", ".gz", ".zst", ".arrow")
+
+
+def import_datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise DataError("data.source=hf needs the `datasets` package: "
+                        "pip install 'nsa-jax[data]'") from None
+    return datasets
+
+
+class HFDocs:
+    """Documents of a streaming HF dataset; ``iter_docs(start)`` yields ``(index, text)``."""
+
+    def __init__(self, dcfg, max_retries: int = HF_MAX_RETRIES, backoff: float = HF_BACKOFF_S):
+        self.datasets = import_datasets()
+        self.name, self.config, self.split = dcfg.hf_name, dcfg.hf_config, dcfg.hf_split
+        self.field = dcfg.text_field
+        self.max_docs = dcfg.max_docs
+        self.data_files = ([str(f) for f in expand_files(dcfg.path, suffixes=HF_SUFFIXES)]
+                           if dcfg.path else None)
+        self.max_retries, self.backoff = max_retries, backoff
+        self.key = "data.path" if self.data_files else "data.hf_name"
+
+    def describe(self) -> str:
+        cfg = f"/{self.config}" if self.config else ""
+        return f"hf:{self.name}{cfg}[{self.split}]"
+
+    def _load(self):
+        kw = {"data_files": self.data_files} if self.data_files else {}
+        try:
+            return self.datasets.load_dataset(self.name, self.config, split=self.split,
+                                              streaming=True, **kw)
+        except Exception as e:
+            if isinstance(e, DataError) or is_transient(e):
+                raise
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise DataError(f"{self.key}: cannot open {self.describe()} ({msg})") from None
+
+    def check(self) -> None:
+        """Open the stream now (with retries) so a bad name/config/split fails at build time."""
+        ds = retry_call(self._load, max_retries=self.max_retries, backoff=self.backoff,
+                        what=f"opening {self.describe()}")
+        cols = getattr(ds, "column_names", None)
+        if cols is not None and self.field not in cols:
+            raise DataError(f"data.text_field: {self.field!r} is not a column of "
+                            f"{self.describe()} (columns: {', '.join(cols)})")
+
+    def _open_at(self, start: int) -> Iterator[tuple[int, str]]:
+        ds = self._load()
+        if start:
+            ds = ds.skip(start)
+        for i, rec in enumerate(ds, start):
+            if self.field not in rec:
+                raise DataError(f"data.text_field: record {i} of {self.describe()} has no "
+                                f"field {self.field!r}")
+            text = rec[self.field]
+            if text is not None and not isinstance(text, str):
+                raise DataError(f"data.text_field: record {i} of {self.describe()}: "
+                                f"{self.field!r} is {type(text).__name__}, not text")
+            yield i, text or ""
+
+    def iter_docs(self, start: int = 0) -> Iterator[tuple[int, str]]:
+        if self.max_docs and start >= self.max_docs:
+            return iter(())
+        it = resilient_iter(self._open_at, start, max_retries=self.max_retries,
+                            backoff=self.backoff, what=f"reading {self.describe()}")
+        if self.max_docs:
+            it = itertools.islice(it, self.max_docs - start)
+        return it

@@ -1,0 +1,123 @@
+"""Pretokenize a text or hf source into shards: ``python -m nsa_jax.data.prepare``.
+
+    python -m nsa_jax.data.prepare --config configs/prepare_sample.yaml [data.key=value ...]
+
+Reads every document of ``data.source`` (text or hf; ``data.max_docs`` caps the count), tokenizes
+with ``data.tokenizer`` (documents joined by EOS, exactly like the text source's stream), and
+writes ``uint16`` (vocab <= 65536) or ``uint32`` shards of ``data.shard_tokens`` tokens plus
+``index.json`` to ``data.out_dir`` -- atomically: a temporary sibling directory renamed into
+place, removed on any error. Train with ``data.source: tokens`` and ``data.path: <out_dir>``.
+Bad input (ConfigError / DataError) prints one line ``error: ...`` and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Iterator
+
+import numpy as np
+
+from nsa_jax.config import ConfigError, load_config
+from nsa_jax.data.errors import DataError
+from nsa_jax.data.shards import dtype_for_vocab, write_dataset
+from nsa_jax.data.text import doc_token_arrays
+from nsa_jax.data.tokenizer import get_tokenizer
+
+PLAIN_EVERY_S = 10.0
+
+
+def open_docs(d):
+    """The document reader for a text or hf data config."""
+    if d.source == "text":
+        from nsa_jax.data.documents import LocalDocs
+        from nsa_jax.data.paths import expand_files
+
+        docs = LocalDocs(expand_files(d.path), d.text_field, d.max_docs)
+    elif d.source == "hf":
+        from nsa_jax.data.hf import HFDocs
+
+        docs = HFDocs(d)
+    else:
+        raise DataError(f"data.source: prepare reads text or hf, got {d.source!r}")
+    docs.check()
+    return docs
+
+
+class Progress:
+    """tqdm bar on a terminal, else a plain line every PLAIN_EVERY_S seconds."""
+
+    def __init__(self, total: int | None, stream=sys.stderr):
+        self.stream, self.docs, self.tokens = stream, 0, 0
+        self.t0 = self.last = time.monotonic()
+        self.bar = None
+        if stream.isatty():
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total or None, unit="doc", file=stream)
+            except ImportError:
+                pass
+
+    def update(self, n_tokens: int) -> None:
+        self.docs += 1
+        self.tokens += n_tokens
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(tokens=self.tokens, refresh=False)
+        elif time.monotonic() - self.last >= PLAIN_EVERY_S:
+            self.last = time.monotonic()
+            rate = self.tokens / max(self.last - self.t0, 1e-9)
+            print(f"prepare: {self.docs} docs, {self.tokens} tokens ({rate:,.0f} tok/s)",
+                  file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def prepare(cfg, out=sys.stdout) -> dict:
+    """Write ``cfg.data`` as shards to ``cfg.data.out_dir``; returns the index dict."""
+    d = cfg.data
+    if not d.out_dir:
+        raise DataError("data.out_dir: required for prepare (where shards are written)")
+    tok = get_tokenizer(d.tokenizer)
+    docs = open_docs(d)
+    progress = Progress(d.max_docs or None)
+
+    def arrays() -> Iterator[np.ndarray]:
+        for _, toks in doc_token_arrays(docs, tok, 0):
+            progress.update(len(toks))
+            yield toks
+
+    t0 = time.monotonic()
+    try:
+        index = write_dataset(d.out_dir, arrays(), dtype=dtype_for_vocab(tok.vocab_size),
+                              shard_tokens=d.shard_tokens,
+                              meta={"vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
+                                    "tokenizer": d.tokenizer, "source": docs.describe()})
+    finally:
+        progress.close()
+    dt = time.monotonic() - t0
+    print(f"prepared {index['docs']} docs, {index['total_tokens']} tokens, "
+          f"{len(index['shards'])} shards ({index['dtype']}) in {dt:.1f}s -> {d.out_dir}",
+          file=out, flush=True)
+    return index
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m nsa_jax.data.prepare",
+                                 description="Pretokenize a text/hf source into token shards.")
+    ap.add_argument("--config", required=True, help="YAML config (uses its data section)")
+    ap.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    args = ap.parse_args(argv)
+    try:
+        prepare(load_config(args.config, args.overrides))
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
