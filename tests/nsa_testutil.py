@@ -1,0 +1,22 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def rel_err(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def random_inputs(seed, B, T, Hq, G, Dk, Dv, cfg, dtype=jnp.float32, scale=1.0):
+    """Random NSA inputs (q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates)."""
+    Tc = cfg.num_cmp_blocks(T)
+    ks = jax.random.split(jax.random.PRNGKey(seed), 8)
+    n = lambda k, s: (scale * jax.random.normal(k, s, jnp.float32)).astype(dtype)
+    q = n(ks[0], (B, T, Hq, Dk))
+    kc, vc = n(ks[1], (B, Tc, G, Dk)), n(ks[2], (B, Tc, G, Dv))
+    k_s, v_s = n(ks[3], (B, T, G, Dk)), n(ks[4], (B, T, G, Dv))
+    k_w, v_w = n(ks[5], (B, T, G, Dk)), n(ks[6], (B, T, G, Dv))
+    gates = jax.nn.sigmoid(jax.random.normal(ks[7], (B, T, Hq, 3))).astype(dtype)
+    return q, kc, vc, k_s, v_s, k_w, v_w, gates
