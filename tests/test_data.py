@@ -269,6 +269,14 @@ def test_prefetch_thread_surfaces_late_errors_and_stops_on_close(tmp_path):
     assert thread.is_alive()
     fine.close()
     assert not thread.is_alive()
+    dropped = build_loader(make_cfg(source="synthetic", seq_len=8, prefetch=2), batch_size=1)
+    thread = dropped._thread
+    del dropped                      # never closed: the finalizer still stops the thread
+    import gc
+
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
 
 
 # ---- hf source (datasets streaming over local files: the exact hf code path) ---------------

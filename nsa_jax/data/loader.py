@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import queue
 import threading
+import weakref
 
 import numpy as np
 
@@ -19,6 +20,28 @@ from nsa_jax.data.errors import DataError
 
 SPLITS = ("train", "eval")
 _HEADER_KEYS = ("source", "split", "seq_len", "process_index", "process_count")
+
+
+def _produce(source, batch_size: int):
+    batch = np.ascontiguousarray(source.next_rows(batch_size), dtype=np.int32)
+    return batch, copy.deepcopy(source.position())
+
+
+def _prefetch_worker(source, batch_size: int, q: queue.Queue, stop: threading.Event) -> None:
+    """Fill ``q`` with ("ok", (batch, position_after)) or one final ("error", exception)."""
+    while not stop.is_set():
+        try:
+            item = ("ok", _produce(source, batch_size))
+        except BaseException as e:  # handed to the consumer, re-raised by next()
+            item = ("error", e)
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+        if item[0] == "error":
+            return
 
 
 class Loader:
@@ -36,29 +59,16 @@ class Loader:
         self._thread = None
         if prefetch > 0:
             self._queue = queue.Queue(maxsize=prefetch)
-            self._thread = threading.Thread(target=self._work, name="nsa-data-prefetch",
-                                            daemon=True)
+            # the worker holds no reference to the Loader, so an unclosed, dropped Loader is
+            # collected and its finalizer stops the thread
+            self._thread = threading.Thread(
+                target=_prefetch_worker, name="nsa-data-prefetch", daemon=True,
+                args=(source, batch_size, self._queue, self._stop))
             self._thread.start()
+            weakref.finalize(self, self._stop.set)
 
-    # -- producer ---------------------------------------------------------------------------
     def _produce(self):
-        batch = np.ascontiguousarray(self._source.next_rows(self._batch_size), dtype=np.int32)
-        return batch, copy.deepcopy(self._source.position())
-
-    def _work(self) -> None:
-        while not self._stop.is_set():
-            try:
-                item = ("ok", self._produce())
-            except BaseException as e:  # handed to the consumer, re-raised by next()
-                item = ("error", e)
-            while not self._stop.is_set():
-                try:
-                    self._queue.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if item[0] == "error":
-                return
+        return _produce(self._source, self._batch_size)
 
     # -- consumer ---------------------------------------------------------------------------
     def __iter__(self):
@@ -109,12 +119,6 @@ class Loader:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __del__(self):
-        try:
-            self._stop.set()
-        except Exception:
-            pass
 
 
 def _check_state(state: dict, header: dict) -> dict:

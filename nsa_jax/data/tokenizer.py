@@ -9,9 +9,11 @@
   therefore contains EOS ids (documented trade-off: keeps vocab at exactly 256).
 * a path to a HuggingFace ``tokenizer.json`` (relative paths are resolved like ``data.path``).
   EOS is the first of ``<|endoftext|>``, ``</s>``, ``<eos>``, ``<|end_of_text|>``, ``[SEP]`` found.
+  Encoding never adds special tokens (no BOS); documents are separated by EOS only.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from nsa_jax.data.errors import DataError
@@ -71,8 +73,12 @@ class HFTokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
+@functools.lru_cache(maxsize=8)
 def get_tokenizer(name: str):
-    """Return a tokenizer with ``encode``, ``encode_batch``, ``decode``, ``vocab_size``, ``eos_id``."""
+    """Return a tokenizer with ``encode``, ``encode_batch``, ``decode``, ``vocab_size``, ``eos_id``.
+
+    Cached per name (tokenizers are stateless here), so building a fresh eval loader is cheap.
+    """
     if name == "byte":
         return ByteTokenizer()
     if name == "gpt2":
