@@ -396,6 +396,19 @@ def test_prepare_cli_shards_read_back_identically_to_text_stream(tmp_path, capsy
         np.testing.assert_array_equal(next(ld), want)
 
 
+def test_prepare_sample_config_bundled_gpt2(tmp_path, capsys):
+    from nsa_jax.data.prepare import main
+
+    repo = __import__("pathlib").Path(__file__).resolve().parent.parent
+    out = tmp_path / "new" / "sample"                   # parent directories are created
+    assert main(["--config", str(repo / "configs/prepare_sample.yaml"),
+                 f"data.out_dir={out}"]) == 0
+    assert "prepared 150 docs" in capsys.readouterr().out
+    cfg = make_cfg(vocab=50304, source="tokens", path=str(out), seq_len=64)
+    with build_loader(cfg, split="eval", batch_size=2) as ld:
+        assert next(ld).max() < 50257
+
+
 def test_prepare_cli_bad_input_exit_2_one_line_and_nothing_left(tmp_path):
     import subprocess
     import sys

@@ -78,8 +78,10 @@ def write_dataset(out_dir: str | Path, token_arrays: Iterable[np.ndarray], *, dt
     out = Path(out_dir)
     if out.exists():
         raise DataError(f"data.out_dir: {out} already exists (remove it or choose another)")
-    if not out.parent.is_dir():
-        raise DataError(f"data.out_dir: parent directory {out.parent} does not exist")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"data.out_dir: cannot create {out.parent} ({e.strerror})") from None
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -109,7 +111,8 @@ class ShardReader:
         p = resolve_path(path)
         index_path = p if p.name == INDEX else p / INDEX
         if not p.exists():
-            raise DataError(f"{key}: {path} does not exist")
+            raise DataError(f"{key}: {path} does not exist (make it with python -m "
+                            f"nsa_jax.data.prepare)")
         if not index_path.is_file():
             raise DataError(f"{key}: no {INDEX} in {p} (make one with python -m "
                             f"nsa_jax.data.prepare)")
