@@ -1,0 +1,27 @@
+"""Training system: ``python -m nsa_jax.train --config configs/X.yaml [key=value ...]``.
+
+Modules, one concern each: ``cli`` (arguments, error lines, exit codes), ``loop`` (checks, then
+the training loop), ``step`` (jitted train/eval steps), ``optim`` (AdamW, schedule, decay mask),
+``state`` (train state, params <-> NSALM), ``mesh`` (devices, shardings, multi-process),
+``checkpoint`` (orbax manager, resume, ``load_for_inference``), ``metrics`` (jsonl, TensorBoard,
+progress), ``env`` (env.json), ``watchdog``.
+
+    from nsa_jax.train import load_for_inference
+    cfg, model = load_for_inference("runs/tiny-20250101-120000")
+"""
+from __future__ import annotations
+
+__all__ = ["load_for_inference", "train", "CheckpointError", "TrainError", "TrainingFailed"]
+
+
+def __getattr__(name):  # keep `python -m nsa_jax.train --help` free of jax imports
+    if name == "load_for_inference":
+        from nsa_jax.train.checkpoint import load_for_inference
+        return load_for_inference
+    if name == "train":
+        from nsa_jax.train.loop import train
+        return train
+    if name in ("CheckpointError", "TrainError", "TrainingFailed"):
+        from nsa_jax.train import errors
+        return getattr(errors, name)
+    raise AttributeError(f"module 'nsa_jax.train' has no attribute {name!r}")

@@ -1,0 +1,251 @@
+"""Checkpoints: an orbax ``CheckpointManager`` under ``<run.dir>/checkpoints``.
+
+Each step directory holds three items:
+
+* ``params`` -- the model parameters (pure nested dict of float32 arrays);
+* ``train``  -- optimizer state, step counter, RNG key and bad-step counters;
+* ``meta``   -- JSON: step, tokens_seen, elapsed_s, the data loader position of every process
+  (``loader.state()``) and the resolved config.
+
+Saves are asynchronous (orbax copies the arrays to host memory, then writes in the background)
+and atomic (a step directory appears only when complete). The manager keeps the newest
+``train.ckpt_keep``. :func:`load_for_inference` restores the newest ``params`` into a fresh
+``NSALM`` for generation.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+import yaml
+
+from nsa_jax.config import Config, ConfigError, load_config
+from nsa_jax.train.errors import CheckpointError
+
+ITEMS = ("params", "train", "meta")
+# Keys that choose how the same function is computed; a checkpoint may resume under others.
+EXECUTION_ONLY_KEYS = frozenset({"model.nsa_impl", "model.dense_impl", "model.remat"})
+_MISSING = "<missing>"
+
+
+def checkpoint_dir(run_dir) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def _handlers():
+    return {"params": ocp.StandardCheckpointHandler(), "train": ocp.StandardCheckpointHandler(),
+            "meta": ocp.JsonCheckpointHandler()}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+class Checkpointer:
+    """Thin wrapper over ``ocp.CheckpointManager`` with the three items above."""
+
+    def __init__(self, directory, keep: int | None = None, read_only: bool = False):
+        self.dir = Path(directory).absolute()
+        opts = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=not read_only, read_only=read_only,
+            enable_async_checkpointing=not read_only, cleanup_tmp_directories=not read_only)
+        try:
+            self.mgr = ocp.CheckpointManager(self.dir, item_handlers=_handlers(), options=opts)
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"{self.dir}: cannot open checkpoints ({_first_line(e)})") from None
+
+    def steps(self) -> list[int]:
+        return sorted(self.mgr.all_steps())
+
+    def latest_step(self) -> int | None:
+        s = self.steps()
+        return s[-1] if s else None
+
+    def step_dir(self, step: int) -> Path:
+        return self.dir / str(step)
+
+    # ---- save ------------------------------------------------------------------------------
+    def save(self, step: int, state, meta: dict) -> None:
+        train = {"opt_state": state.opt_state, "step": state.step, "rng": state.rng,
+                 "bad_steps": state.bad_steps, "skipped": state.skipped}
+        self.mgr.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(state.params), train=ocp.args.StandardSave(train),
+            meta=ocp.args.JsonSave(meta)), force=True)
+
+    def wait(self) -> None:
+        self.mgr.wait_until_finished()
+
+    def close(self) -> None:
+        self.mgr.close()
+
+    # ---- restore ---------------------------------------------------------------------------
+    def read_meta(self, step: int) -> dict:
+        try:
+            meta = self.mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"{self.step_dir(step)}: unreadable checkpoint "
+                                  f"({_first_line(e)})") from None
+        if not isinstance(meta, dict) or "step" not in meta:
+            raise CheckpointError(f"{self.step_dir(step)}/meta: not a checkpoint of this trainer")
+        return meta
+
+    def _check_shapes(self, step: int, item: str, abstract) -> None:
+        """Name the first leaf whose stored shape/dtype differs from ``abstract``."""
+        try:
+            md = self.mgr.item_metadata(step)[item]
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"{self.step_dir(step)}/{item}: unreadable checkpoint "
+                                  f"({_first_line(e)})") from None
+        if md is None:
+            raise CheckpointError(f"{self.step_dir(step)}/{item}: missing from the checkpoint")
+        stored = {_path_str(p): m for p, m in
+                  jax.tree_util.tree_flatten_with_path(getattr(md, "tree", md))[0]}
+        want = {_path_str(p): a for p, a in jax.tree_util.tree_flatten_with_path(abstract)[0]}
+        for k in want:
+            if k not in stored:
+                raise CheckpointError(f"{self.step_dir(step)}/{item}: has no entry {k} "
+                                      f"(checkpoint from a different model)")
+            s, a = stored[k], want[k]
+            if tuple(getattr(s, "shape", ())) != tuple(a.shape) or (
+                    getattr(s, "dtype", None) is not None and s.dtype != a.dtype):
+                raise CheckpointError(f"{self.step_dir(step)}/{item}: {k} is "
+                                      f"{getattr(s, 'dtype', '?')}{list(getattr(s, 'shape', ()))}"
+                                      f", the model needs {a.dtype}{list(a.shape)}")
+        extra = sorted(set(stored) - set(want))
+        if extra:
+            raise CheckpointError(f"{self.step_dir(step)}/{item}: unexpected entry {extra[0]} "
+                                  f"(checkpoint from a different model)")
+
+    def restore_params(self, step: int, abstract_params):
+        """``abstract_params``: ShapeDtypeStructs with ``sharding`` (the restore target)."""
+        self._check_shapes(step, "params", abstract_params)
+        try:
+            return self.mgr.restore(step, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract_params))).params
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"{self.step_dir(step)}/params: cannot restore "
+                                  f"({_first_line(e)})") from None
+
+    def restore_state(self, step: int, abstract):
+        """Full :class:`TrainState` shaped (and sharded) like ``abstract``."""
+        from nsa_jax.train.state import TrainState
+
+        train_abs = {"opt_state": abstract.opt_state, "step": abstract.step, "rng": abstract.rng,
+                     "bad_steps": abstract.bad_steps, "skipped": abstract.skipped}
+        self._check_shapes(step, "params", abstract.params)
+        self._check_shapes(step, "train", train_abs)
+        try:
+            r = self.mgr.restore(step, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract.params),
+                train=ocp.args.StandardRestore(train_abs)))
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"{self.step_dir(step)}: cannot restore "
+                                  f"({_first_line(e)})") from None
+        t = r.train
+        return TrainState(step=t["step"], params=r.params, opt_state=t["opt_state"], rng=t["rng"],
+                          bad_steps=t["bad_steps"], skipped=t["skipped"])
+
+
+def _path_str(path) -> str:
+    out = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                out.append(str(getattr(k, attr)))
+                break
+        else:
+            out.append(str(k))
+    return "/".join(out)
+
+
+# ---- config compatibility ------------------------------------------------------------------
+def _norm(v):
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)):
+        return float(v)
+    return v
+
+
+def config_mismatch(saved: dict, cfg: Config) -> str | None:
+    """First ``section.key`` of model/nsa where ``saved`` (a config dict) differs from ``cfg``."""
+    cur = cfg.to_dict()
+    for sec in ("model", "nsa"):
+        old = saved.get(sec) or {}
+        if not isinstance(old, dict):
+            return f"{sec}: saved section is not a mapping"
+        for k in sorted(set(old) | set(cur[sec])):
+            key = f"{sec}.{k}"
+            if key in EXECUTION_ONLY_KEYS:
+                continue
+            a, b = old.get(k, _MISSING), cur[sec].get(k, _MISSING)
+            if _norm(a) != _norm(b):
+                return f"{key}: the checkpoint was trained with {key}={a!r}, this config has {b!r}"
+    return None
+
+
+def read_saved_config(path: Path) -> dict:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise CheckpointError(f"{path}: cannot read the saved config ({_first_line(e)})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: the saved config is not a mapping")
+    return raw
+
+
+def check_compatible(run_dir, cfg: Config, meta: dict | None = None) -> None:
+    """Refuse a resume whose model/nsa sections differ from the run's saved ``config.yaml``."""
+    path = Path(run_dir) / "config.yaml"
+    if path.is_file():
+        saved, where = read_saved_config(path), path
+    elif meta is not None and isinstance(meta.get("config"), dict):
+        saved, where = meta["config"], checkpoint_dir(run_dir)
+    else:
+        raise CheckpointError(f"{path}: missing; cannot check the checkpoint matches this config")
+    diff = config_mismatch(saved, cfg)
+    if diff:
+        raise CheckpointError(f"incompatible checkpoint in {where}: {diff}")
+
+
+# ---- inference -----------------------------------------------------------------------------
+def load_for_inference(run_dir, step: int | None = None):
+    """``(Config, NSALM)`` from a run directory: its ``config.yaml`` and newest (or ``step``)
+    checkpoint's parameters, on the first local device. Raises :class:`CheckpointError` naming
+    the path when something is missing or does not match."""
+    from nsa_jax.train.state import ModelSpec
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: run directory not found")
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{cfg_path}: not found (is {run_dir} a training run directory?)")
+    try:
+        cfg = load_config(cfg_path)
+    except ConfigError as e:
+        raise CheckpointError(f"{cfg_path}: {e}") from None
+    ck_dir = checkpoint_dir(run_dir)
+    if not ck_dir.is_dir():
+        raise CheckpointError(f"{ck_dir}: no checkpoints directory")
+    ck = Checkpointer(ck_dir, read_only=True)
+    try:
+        steps = ck.steps()
+        if not steps:
+            raise CheckpointError(f"{ck_dir}: no checkpoint")
+        if step is None:
+            step = steps[-1]
+        elif step not in steps:
+            raise CheckpointError(f"{ck_dir}: no checkpoint for step {step} (have {steps})")
+        spec = ModelSpec(cfg.model, cfg.nsa, cfg.train.seed)
+        sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                              spec.abstract_params)
+        params = ck.restore_params(step, target)
+    finally:
+        ck.close()
+    return cfg, spec.model(params)

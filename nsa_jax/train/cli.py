@@ -1,0 +1,101 @@
+"""Command line: ``python -m nsa_jax.train --config configs/X.yaml [key=value ...]``.
+
+Bad input -- config or override (ConfigError), data (DataError), run directory, checkpoint or
+device layout (TrainError) -- prints one line ``error: ...`` on stderr and exits with status 2
+before any compute. A failure during training (e.g. ``train.max_bad_steps`` non-finite steps)
+prints ``error: ...`` and exits 1; the watchdog exits 3. ``--debug`` adds the traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+
+EPILOG = """\
+outputs (in run.dir, default runs/<config-name>-<timestamp>):
+  config.yaml       the resolved config         env.json      versions, devices, git commit
+  metrics.jsonl     one JSON object per log/eval step
+  tensorboard/      scalars: tensorboard --logdir <run.dir>
+  checkpoints/      orbax checkpoints (every train.ckpt_every steps and at the end)
+  profile/          jax.profiler trace (train.profile_steps=[a,b] or --profile)
+
+examples:
+  python -m nsa_jax.train --config configs/tiny.yaml
+  python -m nsa_jax.train --config configs/tiny.yaml train.steps=300 run.dir=runs/a
+  python -m nsa_jax.train --config configs/tiny.yaml run.dir=runs/a run.resume=true train.steps=600
+
+multi-process (one process per host; single-process runs need none of these):
+  python -m nsa_jax.train --config C.yaml --distributed run.dir=/shared/run   (SLURM, Open MPI, ...)
+  python -m nsa_jax.train --config C.yaml --coordinator host0:1234 --num-processes 2 --process-id 0
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, status 2
+        sys.stderr.write(f"error: {message} (see --help)\n")
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m nsa_jax.train",
+                description="Train an NSA (or dense) language model from a YAML config.",
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, metavar="PATH", help="YAML config, e.g. configs/tiny.yaml")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides with dotted keys, e.g. train.steps=100 run.resume=true")
+    p.add_argument("--profile", action="store_true",
+                   help="trace a few steps with jax.profiler into run.dir/profile "
+                        "(train.profile_steps=[a,b] picks the steps)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks with errors")
+    g = p.add_argument_group("multi-process")
+    g.add_argument("--distributed", action="store_true",
+                   help="call jax.distributed.initialize() and let it detect the cluster")
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="coordinator address (process 0)")
+    g.add_argument("--num-processes", type=int, metavar="N")
+    g.add_argument("--process-id", type=int, metavar="I")
+    return p
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+    from nsa_jax.config import ConfigError, load_config
+    from nsa_jax.data import DataError
+    from nsa_jax.train.errors import TrainError, TrainingFailed
+
+    def report(e: BaseException, status: int, prefix: str = "", suffix: str = "") -> int:
+        if args.debug:
+            traceback.print_exc()
+        sys.stderr.write(f"error: {prefix}{_one_line(e)}{suffix}\n")
+        sys.stderr.flush()
+        return status
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        from nsa_jax.train.mesh import init_distributed
+        init_distributed(args.distributed, args.coordinator, args.num_processes, args.process_id)
+        from nsa_jax.train.loop import train
+        train(cfg, profile=args.profile, argv=["python", "-m", "nsa_jax.train", *argv])
+        return 0
+    except (ConfigError, DataError, TrainError) as e:
+        return report(e, EXIT_BAD_INPUT)
+    except TrainingFailed as e:
+        return report(e, EXIT_FAILED)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted (the newest complete checkpoint is intact; resume with "
+                         "run.resume=true)\n")
+        return 130
+    except Exception as e:  # noqa: BLE001 - a bug: one line unless --debug
+        hint = "" if args.debug else " (rerun with --debug for the traceback)"
+        return report(e, EXIT_FAILED, prefix=f"internal error: {type(e).__name__}: ", suffix=hint)

@@ -1,0 +1,144 @@
+"""Run outputs for humans and tools: ``metrics.jsonl``, TensorBoard scalars, progress display.
+
+* :class:`MetricsLog` appends one JSON object per line and flushes it. On resume,
+  ``truncate_after(step)`` drops entries past the restored step so no step appears twice.
+* :class:`TensorBoardWriter` writes scalar events with TensorBoard's own event writer and protos
+  (no TensorFlow, no torch). On resume it first writes a ``SessionLog.START`` at the restored
+  step, which tells TensorBoard to discard the orphaned events after it.
+* :class:`Progress`: a tqdm bar (step, loss, tok/s, ETA) when stdout is a terminal, else one
+  plain line per logged step.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+
+class MetricsLog:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._f = None
+
+    def truncate_after(self, step: int) -> int:
+        """Keep only entries with ``step <= step`` (and whole lines). Returns how many were dropped."""
+        if not self.path.exists():
+            return 0
+        kept, dropped = [], 0
+        for line in self.path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:     # a line cut short by a kill
+                dropped += 1
+                continue
+            if isinstance(entry, dict) and entry.get("step", 0) <= step:
+                kept.append(line)
+            else:
+                dropped += 1
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(l + "\n" for l in kept))
+        os.replace(tmp, self.path)
+        return dropped
+
+    def write(self, entry: dict) -> None:
+        if self._f is None:
+            self._f = open(self.path, "a")
+        self._f.write(json.dumps(entry) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def read_metrics(path) -> list[dict]:
+    return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+
+
+class TensorBoardWriter:
+    """Scalars into ``<dir>/events.out.tfevents.*`` via tensorboard's EventFileWriter."""
+
+    def __init__(self, logdir: Path, restart_step: int | None = None):
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event_pb2 = event_pb2
+        self._w = EventFileWriter(str(logdir))
+        if restart_step is not None:
+            self._w.add_event(event_pb2.Event(
+                wall_time=time.time(), step=restart_step,
+                session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+
+    def scalars(self, step: int, values: dict, prefix: str = "") -> None:
+        from tensorboard.compat.proto import summary_pb2
+
+        vals = [summary_pb2.Summary.Value(tag=prefix + k, simple_value=float(v))
+                for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if vals:
+            self._w.add_event(self._event_pb2.Event(wall_time=time.time(), step=step,
+                                                    summary=summary_pb2.Summary(value=vals)))
+
+    def flush(self) -> None:
+        self._w.flush()
+
+    def close(self) -> None:
+        self._w.close()
+
+
+def fmt_duration(s: float) -> str:
+    if not math.isfinite(s):
+        return "?"
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+
+
+class Progress:
+    """tqdm bar on a terminal, plain lines otherwise (``enabled=False``: silent, e.g. process > 0)."""
+
+    def __init__(self, total: int, initial: int, enabled: bool = True, stream=None):
+        self.total, self.enabled = total, enabled
+        self.stream = stream or sys.stdout
+        self.bar = None
+        self._t0, self._s0 = time.perf_counter(), initial
+        if enabled and self.stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, file=self.stream, unit="step",
+                            dynamic_ncols=True, desc="train")
+
+    def step(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def log(self, entry: dict) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{entry['loss']:.4f}",
+                                 tok_s=f"{entry['tokens_per_s']:,.0f}", refresh=True)
+            return
+        s = entry["step"]
+        rate = (s - self._s0) / max(time.perf_counter() - self._t0, 1e-9)
+        eta = (self.total - s) / rate if rate > 0 else float("inf")
+        self.line(f"step {s}/{self.total} | loss {entry['loss']:.4f} | lr {entry['lr']:.3e} | "
+                  f"grad_norm {entry['grad_norm']:.3f} | {entry['tokens_per_s']:,.0f} tok/s | "
+                  f"elapsed {fmt_duration(entry['elapsed_s'])} | ETA {fmt_duration(eta)}")
+
+    def line(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
