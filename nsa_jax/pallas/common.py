@@ -1,0 +1,119 @@
+"""Shared plumbing for the NSA Pallas kernels: backend choice, tile sizes, Triton API guards.
+
+All kernels address their operands as whole-array refs and compute every index themselves
+(``ref[b, t, head, :]`` style), which lowers to the same pointer arithmetic under Pallas-Triton
+on the GPU and to gathers/dynamic slices in interpret mode on the CPU. Rules every kernel keeps:
+
+* loads are masked with ``other=0`` (interpret mode pads out-of-bounds slices with NaN);
+* stores through integer-array indices send masked rows to an out-of-bounds index, so interpret
+  mode drops them (a scatter with a clamped duplicate index could overwrite a valid row);
+* tile shapes are powers of two and every ``dot`` operand dimension is at least 16.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+# jax 0.4.3x named it TritonCompilerParams; 0.5+ (incl. 0.10.x / 0.11.x) CompilerParams.
+_CompilerParams = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams")
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+MIN_DOT = 16  # smallest dot operand dimension Triton's tensor-core lowering accepts
+
+
+def use_interpret() -> bool:
+    """Run kernels through the Pallas interpreter unless the default backend is a GPU."""
+    return jax.default_backend() != "gpu"
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def compiler_params(num_warps: int, num_stages: int):
+    return _CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def dot(a, b, *, trans_a: bool = False, trans_b: bool = False, precision=None):
+    """2-D matmul with float32 accumulation (``plgpu.dot``)."""
+    return plgpu.dot(a, b, trans_a=trans_a, trans_b=trans_b, precision=precision)
+
+
+def dot_precision(dtype, interpret: bool):
+    """float32 operands on the GPU get IEEE dots (Triton's default would be tf32); bf16/f16
+    use the tensor cores' native precision; the CPU interpreter is exact either way."""
+    if interpret or jnp.dtype(dtype) != jnp.float32:
+        return None
+    return lax.Precision.HIGHEST
+
+
+def load(ref_view, mask, other=0):
+    """Masked load; ``mask`` is broadcast to the loaded shape."""
+    return plgpu.load(ref_view, mask=jnp.broadcast_to(mask, ref_view.shape), other=other)
+
+
+def store(ref_view, val, mask):
+    plgpu.store(ref_view, val.astype(ref_view.dtype), mask=jnp.broadcast_to(mask, val.shape))
+
+
+def idiv(a, b: int):
+    """Integer division of non-negative int32 values by a static positive int."""
+    return lax.div(a, jnp.int32(b))
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tile sizes of the NSA kernels (all powers of two).
+
+    Rows of the compressed-attention and inverted selection-backward tiles are (query, head)
+    pairs of one KV group: a tile holds ``rows // h`` queries times the group's h heads, so every
+    head of a group shares one K/V load and small groups still fill a tensor-core tile.
+
+    cmp_rows:     (query, head) rows per compressed-attention tile (fwd, scoring, dq, dk/dv).
+    cmp_keys:     compressed keys per tile in compressed attention fwd/bwd.
+    score_sel:    selection blocks per scoring tile (S); the scoring kernel walks compressed
+                  keys in steps of S * l'/d so each step finishes S block scores.
+    sel_keys:     keys per sub-tile of a selected block (l' is split or masked to this).
+    sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
+    sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
+    sel_bwd:      "inverted" (block -> query index, one atomic tile add per work item) or
+                  "atomic" (per-query programs atomically add every block's dK/dV).
+    num_warps, num_stages: Triton launch parameters for the attention kernels.
+    """
+    cmp_rows: int = 128
+    cmp_keys: int = 64
+    score_sel: int = 16
+    sel_keys: int = 64
+    sel_rows: int = 128
+    sel_chunk: int = 256
+    sel_bwd: str = "inverted"
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for f in ("cmp_rows", "cmp_keys", "score_sel", "sel_keys", "sel_rows"):
+            v = getattr(self, f)
+            if v < MIN_DOT or v & (v - 1):
+                raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
+        if self.sel_chunk < 1:
+            raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
+        if self.sel_bwd not in ("inverted", "atomic"):
+            raise ValueError(f"BlockSizes.sel_bwd: 'inverted' or 'atomic', got {self.sel_bwd!r}")
+
+    @classmethod
+    def for_shape(cls, h: int, head_dim: int) -> "BlockSizes":
+        """Defaults by group size h and head dim: 128 rows (query, head) per tile; 8 warps once
+        tiles carry 128-wide heads."""
+        warps = 8 if head_dim >= 128 else 4
+        return cls(num_warps=warps)

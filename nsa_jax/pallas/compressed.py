@@ -1,0 +1,336 @@
+"""Compressed-token attention (NSA Eq. 8) and fused block scoring (Eq. 9-10): Pallas kernels.
+
+Rows of every tile are (query, head) pairs of one KV group: ``rows // h`` consecutive queries x
+the group's h heads, so the heads sharing a compressed key are computed from one K/V load.
+Compressed block i covers tokens [i*d, i*d + l) and is visible to query t iff i*d + l - 1 <= t.
+
+* forward: flash attention over the visible compressed keys -> o (float32) and the base-2
+  log-sum-exp per (t, head) (also returned, so the scoring pass can reuse it);
+* scoring: a second pass recomputes p_cmp = exp2(s - lse) tile by tile and multiplies it by the
+  overlap weights W[i, j] = |[i*d, i*d+l) ∩ [j*l', (j+1)*l')| / d built from iotas (Eq. 9),
+  then sums the h heads of each query with a 0/1 matrix product (Eq. 10). It walks the
+  compressed keys in steps of S*l'/d, which finishes S selection blocks per step; the one block
+  a step's last compressed keys spill into is carried to the next step as a per-row vector.
+  Output: scores [B,T,G,Ts] — no [B,T,Hq,Tc] probability tensor ever reaches memory;
+* backward: dQ per query tile and dK/dV per compressed-key tile (FlashAttention-2 style, no
+  atomics), from the saved lse and delta = rowsum(dO * O). A cotangent on the returned lse is
+  honoured (d lse / d s = p).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from nsa_jax.nsa.config import NSAConfig
+from nsa_jax.pallas.common import (LOG2E, MIN_DOT, BlockSizes, cdiv, compiler_params, dot,
+                                   dot_precision, idiv, load, next_pow2, store)
+
+NEG_INF = float("-inf")
+POS_INF = float("inf")
+
+
+def _tile_rows(h: int, bs: BlockSizes) -> int:
+    return max(bs.cmp_rows, next_pow2(h))
+
+
+def _rows(qt, g, h: int, rows: int, T: int):
+    """Row r of query tile qt -> (query-in-tile, head, position t (0 where masked), valid)."""
+    bq = rows // h
+    r = jnp.arange(rows)
+    qi = idiv(r, h)
+    head = g * h + (r - qi * h)
+    t = qt * bq + qi
+    ok = (qi < bq) & (t < T)
+    return qi, head, jnp.where(ok, t, 0), ok
+
+
+def _num_visible(t, d: int, l: int, Tc: int):
+    """Number of compressed blocks visible to position t: #{i : i*d + l - 1 <= t}."""
+    n = idiv(jnp.maximum(t - (l - 1), 0), d) + 1
+    return jnp.where(t >= l - 1, jnp.minimum(n, Tc), 0)
+
+
+def _load_rows(ref, b, t, head, ok, D):
+    dd = jnp.arange(D)
+    return load(ref.at[b, t[:, None], head[:, None], dd[None, :]], ok[:, None])
+
+
+def _store_rows(ref, val, b, t, head, ok):
+    dd = jnp.arange(val.shape[-1])
+    t_st = jnp.where(ok, t, ref.shape[1])  # masked rows -> out of bounds (dropped)
+    store(ref.at[b, t_st[:, None], head[:, None], dd[None, :]], val, ok[:, None])
+
+
+# ---- forward ---------------------------------------------------------------------------------
+def _fwd_kernel(q_ref, k_ref, *refs, h, rows, bk, d, l, scale, prec, with_o):
+    if with_o:
+        v_ref, o_ref, lse_ref = refs
+    else:
+        (lse_ref,) = refs
+    qt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    T, Tc, Dk = q_ref.shape[1], k_ref.shape[1], q_ref.shape[-1]
+    bq = rows // h
+    _, head, t, ok = _rows(qt, g, h, rows, T)
+    q = _load_rows(q_ref, b, t, head, ok, Dk)
+    n_vis = _num_visible(jnp.minimum(qt * bq + bq - 1, T - 1), d, l, Tc)
+    c = scale * LOG2E
+    Dv = v_ref.shape[-1] if with_o else MIN_DOT
+
+    def step(kt, carry):
+        m, lsum, acc = carry
+        i = kt * bk + jnp.arange(bk)
+        imask = i < n_vis
+        k = load(k_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
+        s = dot(q, k, trans_b=True, precision=prec) * c
+        vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
+        s = jnp.where(vis, s, NEG_INF)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+        alpha = jnp.exp2(m - m_safe)
+        p = jnp.exp2(s - m_safe[:, None])
+        lsum = lsum * alpha + jnp.sum(p, axis=1)
+        if with_o:
+            v = load(v_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
+            acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
+        return m_new, lsum, acc
+
+    init = (jnp.full((rows,), NEG_INF, jnp.float32), jnp.zeros((rows,), jnp.float32),
+            jnp.zeros((rows, Dv), jnp.float32))
+    m, lsum, acc = lax.fori_loop(0, idiv(n_vis + (bk - 1), bk), step, init)
+    has = lsum > 0
+    l_safe = jnp.where(has, lsum, 1.0)
+    lse = jnp.where(has, m + jnp.log2(l_safe), POS_INF)
+    t_st = jnp.where(ok, t, T)
+    store(lse_ref.at[b, t_st, head], lse, ok)
+    if with_o:
+        _store_rows(o_ref, acc / l_safe[:, None], b, t, head, ok)
+
+
+def cmp_forward(q, kc, vc, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
+    """-> (o float32 [B,T,Hq,Dv] or None when vc is None, lse2 float32 [B,T,Hq]); lse2 is the
+    base-2 log-sum-exp of the scaled logits over visible blocks, +inf where none is visible."""
+    B, T, Hq, Dk = q.shape
+    Tc, G = kc.shape[1], kc.shape[2]
+    h = Hq // G
+    rows = _tile_rows(h, bs)
+    with_o = vc is not None
+    Dv = vc.shape[-1] if with_o else 0
+    if Tc == 0:
+        o = jnp.zeros((B, T, Hq, Dv), jnp.float32) if with_o else None
+        return o, jnp.full((B, T, Hq), POS_INF, jnp.float32)
+    kern = functools.partial(_fwd_kernel, h=h, rows=rows, bk=bs.cmp_keys, d=cfg.stride_d,
+                             l=cfg.block_l, scale=scale, prec=dot_precision(q.dtype, interpret),
+                             with_o=with_o)
+    lse_shape = jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)
+    out_shape = [jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32), lse_shape] if with_o \
+        else [lse_shape]
+    res = pl.pallas_call(
+        kern, grid=(cdiv(T, rows // h), G, B), out_shape=out_shape,
+        compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+        interpret=interpret, name="nsa_cmp_fwd" if with_o else "nsa_cmp_lse",
+    )(*((q, kc, vc) if with_o else (q, kc)))
+    return (res[0], res[1]) if with_o else (None, res[0])
+
+
+# ---- fused block scoring ----------------------------------------------------------------------
+def _overlap(i, j, d: int, l: int, l_sel: int):
+    """|[i*d, i*d+l) ∩ [j*l', (j+1)*l')| / d, broadcasting int arrays i and j (Eq. 9)."""
+    lo = jnp.maximum(i * d, j * l_sel)
+    hi = jnp.minimum(i * d + l, (j + 1) * l_sel)
+    return jnp.maximum(hi - lo, 0).astype(jnp.float32) / d
+
+
+def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, rows, S, step, bks, d, l, l_sel,
+                  scale, prec, sprec):
+    qt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    T, Tc, Dk = q_ref.shape[1], k_ref.shape[1], q_ref.shape[-1]
+    Ts = sc_ref.shape[-1]
+    bq = rows // h
+    bqp = max(MIN_DOT, next_pow2(bq))
+    qi, head, t, ok = _rows(qt, g, h, rows, T)
+    q = _load_rows(q_ref, b, t, head, ok, Dk)
+    lse = load(lse_ref.at[b, t, head], ok, POS_INF)
+    # A[u, r] = 1 iff row r belongs to query u of the tile: sums the h heads of a group (Eq. 10).
+    A = ((jnp.arange(bqp)[:, None] == qi[None, :]) & ok[None, :]).astype(jnp.float32)
+    u = jnp.arange(bqp)
+    tq = qt * bq + u
+    q_ok = (u < bq) & (tq < T)
+    tq_st = jnp.where(q_ok, tq, T)
+    col = jnp.arange(S)
+    n_vis = _num_visible(jnp.minimum(qt * bq + bq - 1, T - 1), d, l, Tc)
+    c = scale * LOG2E
+
+    def emit(kt, C):
+        jj = kt * S + col
+        sc = dot(A, C, precision=sprec)  # [bqp, S]
+        jj_ok = jj < Ts
+        store(sc_ref.at[b, tq_st[:, None], g, jnp.where(jj_ok, jj, Ts)[None, :]], sc,
+              q_ok[:, None] & jj_ok[None, :])
+
+    def score_step(kt, carry):
+        ii = kt * step + jnp.arange(bks)
+        imask = (jnp.arange(bks) < step) & (ii < n_vis)
+        k = load(k_ref.at[b, pl.ds(kt * step, bks), g, :], imask[:, None])
+        s = dot(q, k, trans_b=True, precision=prec) * c
+        vis = ok[:, None] & imask[None, :] & (ii[None, :] * d + (l - 1) <= t[:, None])
+        p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])  # p_cmp, Eq. 8
+        W = _overlap(ii[:, None], (kt * S + col)[None, :], d, l, l_sel)  # [bks, S]
+        C = dot(p, W, precision=sprec) + jnp.where(col[None, :] == 0, carry[:, None], 0.0)
+        emit(kt, C)
+        w_spill = _overlap(ii, (kt + 1) * S, d, l, l_sel)  # into the next step's first block
+        return jnp.sum(p * w_spill[None, :], axis=1)
+
+    n_steps = idiv(n_vis + (step - 1), step)
+    carry = lax.fori_loop(0, n_steps, score_step, jnp.zeros((rows,), jnp.float32))
+
+    def rest(kt, carry):  # blocks past the visible range: the last spill, then zeros
+        emit(kt, jnp.where(col[None, :] == 0, carry[:, None], 0.0))
+        return jnp.zeros_like(carry)
+
+    lax.fori_loop(n_steps, cdiv(Ts, S), rest, carry)
+
+
+def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
+    """Group-shared selection-block importance [B,T,G,Ts] (Eq. 9-10) from the compressed
+    attention's lse; equals ``reference.block_scores(reference.cmp_probs(q, kc))``."""
+    B, T, Hq, Dk = q.shape
+    Tc, G = kc.shape[1], kc.shape[2]
+    Ts = cfg.num_sel_blocks(T)
+    h = Hq // G
+    if Tc == 0:
+        return jnp.zeros((B, T, G, Ts), jnp.float32)
+    rows = _tile_rows(h, bs)
+    S = bs.score_sel
+    step = S * (cfg.sel_block // cfg.stride_d)
+    kern = functools.partial(
+        _score_kernel, h=h, rows=rows, S=S, step=step, bks=max(MIN_DOT, next_pow2(step)),
+        d=cfg.stride_d, l=cfg.block_l, l_sel=cfg.sel_block, scale=scale,
+        prec=dot_precision(q.dtype, interpret),
+        sprec=None if interpret else lax.Precision.HIGHEST)
+    return pl.pallas_call(
+        kern, grid=(cdiv(T, rows // h), G, B),
+        out_shape=jax.ShapeDtypeStruct((B, T, G, Ts), jnp.float32),
+        compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+        interpret=interpret, name="nsa_cmp_scores",
+    )(q, kc, lse)
+
+
+# ---- backward --------------------------------------------------------------------------------
+def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, h, rows, bk, d,
+                   l, scale, prec):
+    qt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    T, Tc = q_ref.shape[1], k_ref.shape[1]
+    Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
+    cdt = q_ref.dtype
+    bq = rows // h
+    _, head, t, ok = _rows(qt, g, h, rows, T)
+    q = _load_rows(q_ref, b, t, head, ok, Dk)
+    do = _load_rows(do_ref, b, t, head, ok, Dv).astype(cdt)
+    lse = load(lse_ref.at[b, t, head], ok, POS_INF)
+    delta = load(delta_ref.at[b, t, head], ok)
+    n_vis = _num_visible(jnp.minimum(qt * bq + bq - 1, T - 1), d, l, Tc)
+    c = scale * LOG2E
+
+    def step(kt, dq):
+        i = kt * bk + jnp.arange(bk)
+        imask = i < n_vis
+        k = load(k_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
+        v = load(v_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
+        s = dot(q, k, trans_b=True, precision=prec) * c
+        vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
+        p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
+        dp = dot(do, v, trans_b=True, precision=prec)
+        ds = p * (dp - delta[:, None])
+        return dq + dot(ds.astype(cdt), k, precision=prec)
+
+    dq = lax.fori_loop(0, idiv(n_vis + (bk - 1), bk), step, jnp.zeros((rows, Dk), jnp.float32))
+    _store_rows(dq_ref, dq * scale, b, t, head, ok)
+
+
+def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, h, rows,
+                    bk, d, l, scale, prec):
+    kt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    T, Tc = q_ref.shape[1], k_ref.shape[1]
+    Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
+    cdt = q_ref.dtype
+    bq = rows // h
+    i = kt * bk + jnp.arange(bk)
+    imask = i < Tc
+    k = load(k_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
+    v = load(v_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
+    c = scale * LOG2E
+
+    def step(qt, carry):
+        dk, dv = carry
+        _, head, t, ok = _rows(qt, g, h, rows, T)
+        q = _load_rows(q_ref, b, t, head, ok, Dk)
+        do = _load_rows(do_ref, b, t, head, ok, Dv).astype(cdt)
+        lse = load(lse_ref.at[b, t, head], ok, POS_INF)
+        delta = load(delta_ref.at[b, t, head], ok)
+        s = dot(q, k, trans_b=True, precision=prec) * c
+        vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
+        p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
+        dv = dv + dot(p.astype(cdt), do, trans_a=True, precision=prec)
+        dp = dot(do, v, trans_b=True, precision=prec)
+        ds = p * (dp - delta[:, None])
+        dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
+        return dk, dv
+
+    first_t = kt * bk * d + (l - 1)  # first query that sees any block of this tile
+    dk, dv = lax.fori_loop(idiv(first_t, bq), cdiv(T, bq), step,
+                           (jnp.zeros((bk, Dk), jnp.float32), jnp.zeros((bk, Dv), jnp.float32)))
+    store(dk_ref.at[b, pl.ds(kt * bk, bk), g, :], dk * scale, imask[:, None])
+    store(dv_ref.at[b, pl.ds(kt * bk, bk), g, :], dv, imask[:, None])
+
+
+def cmp_backward(q, kc, vc, o, lse, do, dlse, cfg: NSAConfig, bs: BlockSizes, scale: float,
+                 interpret: bool):
+    B, T, Hq, Dk = q.shape
+    Tc, G, Dv = kc.shape[1], kc.shape[2], vc.shape[-1]
+    if Tc == 0:
+        return jnp.zeros_like(q), jnp.zeros_like(kc), jnp.zeros_like(vc)
+    h = Hq // G
+    rows = _tile_rows(h, bs)
+    # d lse2 / d s = p * log2(e): folding it into delta gives dS = P * (dP - delta + dlse).
+    delta = jnp.sum(o * do, axis=-1) - dlse * LOG2E
+    common = dict(h=h, rows=rows, bk=bs.cmp_keys, d=cfg.stride_d, l=cfg.block_l, scale=scale,
+                  prec=dot_precision(q.dtype, interpret))
+    cp = compiler_params(bs.num_warps, bs.num_stages)
+    dq = pl.pallas_call(
+        functools.partial(_bwd_dq_kernel, **common), grid=(cdiv(T, rows // h), G, B),
+        out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32), compiler_params=cp,
+        interpret=interpret, name="nsa_cmp_bwd_dq",
+    )(q, kc, vc, do, lse, delta)
+    dk, dv = pl.pallas_call(
+        functools.partial(_bwd_dkv_kernel, **common), grid=(cdiv(Tc, bs.cmp_keys), G, B),
+        out_shape=[jax.ShapeDtypeStruct((B, Tc, G, Dk), jnp.float32),
+                   jax.ShapeDtypeStruct((B, Tc, G, Dv), jnp.float32)], compiler_params=cp,
+        interpret=interpret, name="nsa_cmp_bwd_dkv",
+    )(q, kc, vc, do, lse, delta)
+    return dq.astype(q.dtype), dk.astype(kc.dtype), dv.astype(vc.dtype)
+
+
+# ---- custom VJP ---------------------------------------------------------------------------------
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def cmp_attention(q, kc, vc, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
+    """Compressed attention (Eq. 8) -> (o float32 [B,T,Hq,Dv], lse2 float32 [B,T,Hq])."""
+    return cmp_forward(q, kc, vc, cfg, bs, scale, interpret)
+
+
+def _vjp_fwd(q, kc, vc, cfg, bs, scale, interpret):
+    o, lse = cmp_forward(q, kc, vc, cfg, bs, scale, interpret)
+    return (o, lse), (q, kc, vc, o, lse)
+
+
+def _vjp_bwd(cfg, bs, scale, interpret, res, cts):
+    q, kc, vc, o, lse = res
+    do, dlse = cts
+    return cmp_backward(q, kc, vc, o, lse, do.astype(jnp.float32), dlse.astype(jnp.float32),
+                        cfg, bs, scale, interpret)
+
+
+cmp_attention.defvjp(_vjp_fwd, _vjp_bwd)

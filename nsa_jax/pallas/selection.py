@@ -1,0 +1,327 @@
+"""Selected-block attention (NSA §3.3.2, Eq. 10-12 applied): Pallas kernels, custom VJP.
+
+Forward: one program per (query t, KV group g, batch b). It loads the h query heads of the group
+together (padded to >= 16 rows so the dots use tensor cores), walks the group's n selected blocks
+of l' keys (ids from ``idx [B,T,G,n]``; -1 = unused slot) with an online softmax and keeps keys
+s <= t. It writes o (float32) and the base-2 log-sum-exp per (t, head) for the backward.
+
+Backward: dQ comes from the same per-query program shape (recompute p from the saved lse,
+dS = P * (dO V^T - delta), dQ = dS K). dK/dV need the transpose: every key block receives
+gradient from the queries that selected it. Two ways are implemented (``BlockSizes.sel_bwd``):
+
+* ``"atomic"``: the per-query dQ program also forms each selected block's dK/dV tile and
+  atomically adds it to a float32 accumulator: n * l' * (Dk + Dv) atomic adds per (t, g).
+* ``"inverted"`` (default): a block -> query index is built with one sort of the
+  (block, query) pairs; each work item is one key block and up to ``sel_chunk`` of its queries,
+  gathered ``rows // h`` queries x h heads per tile, so dK/dV accumulate in registers with
+  full-height tensor-core tiles and only one atomic tile add per work item reaches memory
+  (a block can have up to T queries — forced initial blocks do — so blocks are split into
+  chunks to keep programs balanced, and the chunks of one block meet in the atomic add).
+
+Why inverted is the default: at the benchmark shape (T=65536, G=4, h=16, l'=64, D=128) the atomic
+variant issues 16 * 64 * 256 * 65536 * 4 ≈ 6.9e10 float32 atomic adds (~275 GB of
+read-modify-write traffic, with neighbouring queries hitting the same addresses), while the
+inverted one issues ≈ (T*n*G/sel_chunk + Ts*G) * l' * (Dk+Dv) ≈ 3.4e8 and computes dK/dV with
+128-row tiles instead of 16-row ones. bench/kernels.py times both (bench/NOTES.md has numbers).
+Indices are not differentiable.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from nsa_jax.nsa.config import NSAConfig
+from nsa_jax.pallas.common import (LOG2E, MIN_DOT, BlockSizes, cdiv, compiler_params, dot,
+                                   dot_precision, idiv, load, next_pow2, store)
+
+NEG_INF = float("-inf")
+POS_INF = float("inf")
+
+
+def _head_rows(h: int):
+    """Rows of a per-query tile: the group's h heads padded to a power of two >= 16."""
+    return max(MIN_DOT, next_pow2(h))
+
+
+def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
+    """Key sub-tile size BK and count for one selected block of l' keys."""
+    bk = min(bs.sel_keys, max(MIN_DOT, next_pow2(cfg.sel_block)))
+    return bk, cdiv(cfg.sel_block, bk)
+
+
+# ---- forward ---------------------------------------------------------------------------------
+def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, o_ref, lse_ref, *, h, n_sel, l_sel, bk, n_sub,
+                scale, prec):
+    t, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
+    hp = _head_rows(h)
+    r = jnp.arange(hp)
+    row_ok = r < h
+    head = g * h + jnp.where(row_ok, r, 0)
+    dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
+    q = load(q_ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None])
+    c = scale * LOG2E
+
+    def block(si, carry):
+        m, l, acc = carry
+        j = idx_ref[b, t, g, si]
+        valid = j >= 0
+        base = jnp.maximum(j, 0) * l_sel
+        for sub in range(n_sub):
+            off = sub * bk + jnp.arange(bk)
+            kmask = valid & (off < l_sel) & (base + off <= t)
+            k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
+            v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
+            s = dot(q, k, trans_b=True, precision=prec) * c
+            s = jnp.where(kmask[None, :], s, NEG_INF)
+            m_new = jnp.maximum(m, jnp.max(s, axis=1))
+            m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+            alpha = jnp.exp2(m - m_safe)
+            p = jnp.exp2(s - m_safe[:, None])
+            l = l * alpha + jnp.sum(p, axis=1)
+            acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
+            m = m_new
+        return m, l, acc
+
+    init = (jnp.full((hp,), NEG_INF, jnp.float32), jnp.zeros((hp,), jnp.float32),
+            jnp.zeros((hp, Dv), jnp.float32))
+    m, l, acc = lax.fori_loop(0, n_sel, block, init)
+    has = l > 0
+    l_safe = jnp.where(has, l, 1.0)
+    o = acc / l_safe[:, None]
+    lse = jnp.where(has, m + jnp.log2(l_safe), POS_INF)
+    head_st = jnp.where(row_ok, head, o_ref.shape[2])  # masked rows -> out of bounds
+    store(o_ref.at[b, t, head_st[:, None], dv_[None, :]], o, row_ok[:, None])
+    store(lse_ref.at[b, t, head_st], lse, row_ok)
+
+
+def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
+    """-> o float32 [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of scaled logits,
+    +inf for a row with no visible key)."""
+    B, T, Hq, Dk = q.shape
+    G, Dv = k.shape[2], v.shape[-1]
+    h = Hq // G
+    bk, n_sub = _sub_tiles(cfg, bs)
+    kernel = functools.partial(_fwd_kernel, h=h, n_sel=idx.shape[-1], l_sel=cfg.sel_block,
+                               bk=bk, n_sub=n_sub, scale=scale,
+                               prec=dot_precision(q.dtype, interpret))
+    return pl.pallas_call(
+        kernel, grid=(T, G, B),
+        out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
+                   jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
+        compiler_params=compiler_params(bs.num_warps if Dv >= 128 else 4, bs.num_stages),
+        interpret=interpret, name="nsa_sel_fwd",
+    )(q, k, v, idx)
+
+
+# ---- backward: dQ (and dK/dV in "atomic" mode) -------------------------------------------------
+def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, lse_ref, delta_ref, *refs, h, n_sel,
+                  l_sel, bk, n_sub, scale, prec, atomic):
+    if atomic:
+        _dk_in, _dv_in, dq_ref, dk_ref, dv_ref = refs
+    else:
+        (dq_ref,) = refs
+    t, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
+    cdt = q_ref.dtype
+    hp = _head_rows(h)
+    r = jnp.arange(hp)
+    row_ok = r < h
+    head = g * h + jnp.where(row_ok, r, 0)
+    dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
+    q = load(q_ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None])
+    do = load(do_ref.at[b, t, head[:, None], dv_[None, :]], row_ok[:, None]).astype(cdt)
+    lse = load(lse_ref.at[b, t, head], row_ok, POS_INF)
+    delta = load(delta_ref.at[b, t, head], row_ok)
+    c = scale * LOG2E
+
+    def block(si, dq):
+        j = idx_ref[b, t, g, si]
+        valid = j >= 0
+        base = jnp.maximum(j, 0) * l_sel
+        for sub in range(n_sub):
+            off = sub * bk + jnp.arange(bk)
+            kmask = valid & (off < l_sel) & (base + off <= t)
+            k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
+            v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
+            s = dot(q, k, trans_b=True, precision=prec) * c
+            p = jnp.exp2(jnp.where(kmask[None, :], s, NEG_INF) - lse[:, None])
+            dp = dot(do, v, trans_b=True, precision=prec)
+            ds = p * (dp - delta[:, None])
+            dq = dq + dot(ds.astype(cdt), k, precision=prec)
+            if atomic:
+                dv_t = dot(p.astype(cdt), do, trans_a=True, precision=prec)
+                dk_t = dot(ds.astype(cdt), q, trans_a=True, precision=prec) * scale
+                plgpu.atomic_add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)), dk_t)
+                plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv_t)
+        return dq
+
+    dq = lax.fori_loop(0, n_sel, block, jnp.zeros((hp, Dk), jnp.float32))
+    head_st = jnp.where(row_ok, head, dq_ref.shape[2])
+    store(dq_ref.at[b, t, head_st[:, None], dk_[None, :]], dq * scale, row_ok[:, None])
+
+
+# ---- backward: dK/dV through the inverted block -> query index -------------------------------
+def _bwd_kv_kernel(meta_ref, qt_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, _dk_in,
+                   _dv_in, dk_ref, dv_ref, *, h, rows, l_sel, bk, n_sub, scale, prec):
+    ci = pl.program_id(0)
+    b, g, j = meta_ref[ci, 0], meta_ref[ci, 1], meta_ref[ci, 2]
+    start, count = meta_ref[ci, 3], meta_ref[ci, 4]
+    T = q_ref.shape[1]
+    Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
+    cdt = q_ref.dtype
+    bq = rows // h
+    r = jnp.arange(rows)
+    qi = idiv(r, h)
+    head = g * h + (r - qi * h)
+    dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
+    c = scale * LOG2E
+    n_tiles = idiv(count + (bq - 1), bq)
+    base = j * l_sel
+
+    for sub in range(n_sub):
+        off = sub * bk + jnp.arange(bk)
+        kpos = base + off
+        kvalid = (off < l_sel) & (kpos < T)
+        k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
+        v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
+
+        def tile(it, carry, k=k, v=v, kpos=kpos, kvalid=kvalid):
+            dk, dv = carry
+            e = it * bq + qi
+            row_ok = (qi < bq) & (e < count)
+            t = load(qt_ref.at[b, g, jnp.where(row_ok, start + e, 0)], row_ok)
+            t_safe = jnp.where(row_ok, t, 0)
+            q = load(q_ref.at[b, t_safe[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
+            do = load(do_ref.at[b, t_safe[:, None], head[:, None], dv_[None, :]],
+                      row_ok[:, None]).astype(cdt)
+            lse = load(lse_ref.at[b, t_safe, head], row_ok, POS_INF)
+            delta = load(delta_ref.at[b, t_safe, head], row_ok)
+            s = dot(q, k, trans_b=True, precision=prec) * c
+            mask = row_ok[:, None] & kvalid[None, :] & (kpos[None, :] <= t_safe[:, None])
+            p = jnp.exp2(jnp.where(mask, s, NEG_INF) - lse[:, None])
+            dv = dv + dot(p.astype(cdt), do, trans_a=True, precision=prec)
+            dp = dot(do, v, trans_b=True, precision=prec)
+            ds = p * (dp - delta[:, None])
+            dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
+            return dk, dv
+
+        dk, dv = lax.fori_loop(0, n_tiles, tile, (jnp.zeros((bk, Dk), jnp.float32),
+                                                  jnp.zeros((bk, Dv), jnp.float32)))
+
+        @pl.when(count > 0)
+        def _add(dk=dk, dv=dv, sub=sub):
+            plgpu.atomic_add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)), dk * scale)
+            plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv)
+
+
+def inverted_index(idx, T: int, Ts: int, chunk: int):
+    """Block -> query index of a selection, split into work items of <= ``chunk`` queries.
+
+    idx [B,T,G,n] (block ids, -1 unused) -> (meta int32 [NC, 5] rows (b, g, j, start, count),
+    qt int32 [B,G,T*n]: for each (b, g) the query positions sorted by (block, query)). Work item
+    c covers ``qt[b, g, start:start+count]``, all of which selected block j. NC is a static upper
+    bound; unused items have count 0.
+    """
+    B, _, G, n = idx.shape
+    tpos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :, None, None], idx.shape)
+    jkey = jnp.where(idx >= 0, idx, Ts).astype(jnp.int32)
+    jkey = jkey.transpose(0, 2, 1, 3).reshape(B, G, T * n)
+    tkey = tpos.transpose(0, 2, 1, 3).reshape(B, G, T * n)
+    jsort, tsort = lax.sort((jkey, tkey), dimension=-1, num_keys=2)
+    bounds = jnp.arange(Ts + 1, dtype=jnp.int32)
+    starts = jax.vmap(jax.vmap(lambda row: jnp.searchsorted(row, bounds, side="left")))(jsort)
+    starts = starts.astype(jnp.int32)                       # [B,G,Ts+1]
+    cnt = (starts[..., 1:] - starts[..., :-1]).reshape(-1)  # [B*G*Ts]
+    first = starts[..., :-1].reshape(-1)
+    nch = (cnt + chunk - 1) // chunk
+    ends = jnp.cumsum(nch)
+    NC = B * G * (cdiv(T * n, chunk) + Ts)
+    cid = jnp.arange(NC, dtype=jnp.int32)
+    blk = jnp.searchsorted(ends, cid, side="right").astype(jnp.int32)
+    live = blk < B * G * Ts
+    blk = jnp.minimum(blk, B * G * Ts - 1)
+    within = cid - (ends[blk] - nch[blk])
+    start = first[blk] + within * chunk
+    count = jnp.where(live, jnp.clip(cnt[blk] - within * chunk, 0, chunk), 0)
+    bb, rem = blk // (G * Ts), blk % (G * Ts)
+    meta = jnp.stack([bb, rem // Ts, rem % Ts, start, count], axis=-1).astype(jnp.int32)
+    return meta, tsort
+
+
+def sel_backward(q, k, v, idx, o, lse, do, cfg: NSAConfig, bs: BlockSizes, scale: float,
+                 interpret: bool):
+    """-> dq, dk, dv in the input dtypes."""
+    B, T, Hq, Dk = q.shape
+    G, Dv = k.shape[2], v.shape[-1]
+    h = Hq // G
+    n = idx.shape[-1]
+    bk, n_sub = _sub_tiles(cfg, bs)
+    prec = dot_precision(q.dtype, interpret)
+    Ts = cfg.num_sel_blocks(T)
+    T_acc = Ts * cfg.sel_block + bk  # every atomic tile [j*l' + sub*bk, +bk) stays in bounds
+    delta = jnp.sum(o * do, axis=-1)  # [B,T,Hq] float32
+    acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
+    warps = bs.num_warps if max(Dk, Dv) >= 128 else 4
+    atomic = bs.sel_bwd == "atomic"
+    common = dict(h=h, n_sel=n, l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale, prec=prec)
+    dq_shape = jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32)
+    if atomic:
+        dq, dk, dv = pl.pallas_call(
+            functools.partial(_bwd_q_kernel, atomic=True, **common), grid=(T, G, B),
+            out_shape=[dq_shape, jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
+                       jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
+            input_output_aliases={7: 1, 8: 2},
+            compiler_params=compiler_params(warps, bs.num_stages),
+            interpret=interpret, name="nsa_sel_bwd_atomic",
+        )(q, k, v, idx, do, lse, delta, *acc)
+    else:
+        dq = pl.pallas_call(
+            functools.partial(_bwd_q_kernel, atomic=False, **common), grid=(T, G, B),
+            out_shape=dq_shape, compiler_params=compiler_params(warps, bs.num_stages),
+            interpret=interpret, name="nsa_sel_bwd_dq",
+        )(q, k, v, idx, do, lse, delta)
+        rows = max(bs.sel_rows, next_pow2(h))
+        bq = rows // h
+        chunk = bq * cdiv(bs.sel_chunk, bq)
+        meta, qt = inverted_index(idx, T, Ts, chunk)
+        kern = functools.partial(_bwd_kv_kernel, h=h, rows=rows, l_sel=cfg.sel_block, bk=bk,
+                                 n_sub=n_sub, scale=scale, prec=prec)
+        dk, dv = pl.pallas_call(
+            kern, grid=(meta.shape[0],),
+            out_shape=[jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
+                       jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
+            input_output_aliases={8: 0, 9: 1},
+            compiler_params=compiler_params(warps, bs.num_stages),
+            interpret=interpret, name="nsa_sel_bwd_dkv",
+        )(meta, qt, q, k, v, do, lse, delta, *acc)
+    return (dq.astype(q.dtype), dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype))
+
+
+# ---- custom VJP ---------------------------------------------------------------------------------
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def selection_attention(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float,
+                        interpret: bool):
+    """Selected-block attention -> o float32 [B,T,Hq,Dv]. ``idx`` int32 [B,T,G,n] (-1 unused);
+    ids must be distinct per (b, t, g), as ``topn_from_scores`` makes them."""
+    return sel_forward(q, k, v, idx, cfg, bs, scale, interpret)[0]
+
+
+def _vjp_fwd(q, k, v, idx, cfg, bs, scale, interpret):
+    o, lse = sel_forward(q, k, v, idx, cfg, bs, scale, interpret)
+    return o, (q, k, v, idx, o, lse)
+
+
+def _vjp_bwd(cfg, bs, scale, interpret, res, do):
+    q, k, v, idx, o, lse = res
+    dq, dk, dv = sel_backward(q, k, v, idx, o, lse, do.astype(jnp.float32), cfg, bs, scale,
+                              interpret)
+    return dq, dk, dv, None
+
+
+selection_attention.defvjp(_vjp_fwd, _vjp_bwd)
