@@ -47,7 +47,8 @@ def open_docs(d):
 class Progress:
     """tqdm bar on a terminal, else a plain line every PLAIN_EVERY_S seconds."""
 
-    def __init__(self, total: int | None, stream=sys.stderr):
+    def __init__(self, total: int | None, stream=None):
+        stream = stream if stream is not None else sys.stderr
         self.stream, self.docs, self.tokens = stream, 0, 0
         self.t0 = self.last = time.monotonic()
         self.bar = None
@@ -76,8 +77,9 @@ class Progress:
             self.bar.close()
 
 
-def prepare(cfg, out=sys.stdout) -> dict:
+def prepare(cfg, out=None) -> dict:
     """Write ``cfg.data`` as shards to ``cfg.data.out_dir``; returns the index dict."""
+    out = out if out is not None else sys.stdout
     d = cfg.data
     if not d.out_dir:
         raise DataError("data.out_dir: required for prepare (where shards are written)")
