@@ -78,7 +78,8 @@ class LocalDocs:
                 try:
                     yield path.read_text(encoding="utf-8")
                 except UnicodeDecodeError as e:
-                    raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+                    raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte "
+                                    f"{e.start})") from None
             return
         if path.suffix == ".jsonl":
             yield from self._read_jsonl(path, skip)

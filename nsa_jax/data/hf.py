@@ -7,7 +7,9 @@ streaming=True)`` -- with ``data_files=<data.path>`` when ``data.path`` is set, 
 
 Splits and processes are assigned per document exactly as for the text source
 (:mod:`nsa_jax.data.split`): every process streams the dataset and keeps its own share
-("skip-every"), which works for any number of underlying files. Position is a raw document index; a restore reopens the stream and skips forward with
+("skip-every"), which works for any number of underlying files.
+
+Position is a raw document index; a restore reopens the stream and skips forward with
 ``IterableDataset.skip`` -- i.e. a resume re-reads the stream up to the saved position.
 Transient read errors (network) reopen the stream at the next unread document, with exponential
 backoff (``HF_MAX_RETRIES`` attempts, first wait ``HF_BACKOFF_S``), each retry logged.

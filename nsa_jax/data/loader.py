@@ -123,7 +123,8 @@ class Loader:
 
 def _check_state(state: dict, header: dict) -> dict:
     if not isinstance(state, dict):
-        raise DataError(f"data state: must be a dict from loader.state(), got {type(state).__name__}")
+        raise DataError(f"data state: must be a dict from loader.state(), got "
+                        f"{type(state).__name__}")
     for k in _HEADER_KEYS:
         if k not in state:
             raise DataError(f"data state: missing key {k!r} (not a loader.state() dict)")

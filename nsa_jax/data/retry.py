@@ -18,7 +18,7 @@ def is_transient(e: BaseException) -> bool:
 
 def retry_call(fn: Callable[[], T], *, max_retries: int, backoff: float, what: str,
                sleep: Callable[[float], None] = time.sleep) -> T:
-    """Call ``fn()``; on a transient error wait ``backoff * 2**attempt`` s and retry, logging each."""
+    """Call ``fn()``; on a transient error wait ``backoff * 2**attempt`` s and retry (logged)."""
     for attempt in range(max_retries + 1):
         try:
             return fn()

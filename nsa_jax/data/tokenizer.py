@@ -50,7 +50,8 @@ class HFTokenizer:
         try:
             tok = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception on malformed json
-            raise DataError(f"data.tokenizer: cannot load {path} ({str(e).splitlines()[0]})") from None
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise DataError(f"data.tokenizer: cannot load {path} ({msg})") from None
         tok.no_truncation()
         tok.no_padding()
         self._tok = tok
