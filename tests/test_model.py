@@ -1,0 +1,119 @@
+"""The Flax NNX LM: φ, both attentions, causality of the full model, learning, bf16 path."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from nsa_jax.config import ModelConfig
+from nsa_jax.model import build_model, count_params, lm_loss
+from nsa_jax.nsa import NSAConfig
+from nsa_jax.nsa.compression import compress, compress_naive
+from nsa_jax.nsa.rope import apply_rope
+from nsa_testutil import rel_err
+
+MCFG = ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_groups=2, head_dim=8,
+                   mlp_hidden=64)
+NCFG = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=3, window=12)
+
+
+@pytest.mark.parametrize("l,d,T", [(8, 4, 37), (8, 8, 40), (16, 4, 16), (32, 16, 100)])
+def test_compress_matches_literal_eq7(l, d, T):
+    cfg = NSAConfig(block_l=l, stride_d=d, sel_block=max(l, 2 * d), n_sel=3, window=8)
+    ks = jax.random.split(jax.random.PRNGKey(0), 6)
+    D, H = 6, 10
+    x = jax.random.normal(ks[0], (2, T, 3, D))
+    pos = jax.random.normal(ks[1], (l, D))
+    w1, b1 = jax.random.normal(ks[2], (l * D, H)), jax.random.normal(ks[3], (H,))
+    w2, b2 = jax.random.normal(ks[4], (H, 5)), jax.random.normal(ks[5], (5,))
+    got = compress(x, pos, w1, b1, w2, b2, cfg)
+    assert got.shape == (2, cfg.num_cmp_blocks(T), 3, 5)
+    assert rel_err(got, compress_naive(x, pos, w1, b1, w2, b2, cfg)) < 1e-5
+
+
+def test_rope_relative():
+    """q(t)·k(s) after RoPE depends only on t - s."""
+    q = jax.random.normal(jax.random.PRNGKey(1), (1, 1, 1, 8))
+    k = jax.random.normal(jax.random.PRNGKey(2), (1, 1, 1, 8))
+    dot = lambda t, s: float((apply_rope(q, jnp.array([t])) * apply_rope(k, jnp.array([s]))).sum())
+    assert abs(dot(10, 3) - dot(107, 100)) < 1e-4
+    assert abs(dot(10, 3) - dot(10, 4)) > 1e-3
+
+
+@pytest.mark.parametrize("attention", ["nsa", "dense"])
+def test_model_runs_and_loss_near_uniform(attention):
+    model = build_model(dataclasses.replace(MCFG, attention=attention), NCFG)
+    toks = jax.random.randint(jax.random.PRNGKey(0), (2, 41), 0, 97)
+    loss = float(nnx.jit(lm_loss)(model, toks))
+    assert abs(loss - np.log(97)) < 0.3
+    assert count_params(model) > 0
+
+
+def test_nsa_module_has_separate_branch_kv_and_phi():
+    model = build_model(MCFG, NCFG)
+    attn = model.blocks[0].attn
+    assert attn.wkv.kernel.shape == (32, 6 * 2 * 8)  # k, v for each of cmp, slc, win
+    assert attn.wg.kernel.shape == (32, 4 * 3)      # one gate per head per branch
+    assert attn.phi_k.pos_emb.shape == (8, 8) and attn.phi_v.pos_emb.shape == (8, 8)
+    assert attn.phi_k.w1.shape == (8 * 8, 32)
+
+
+@pytest.mark.parametrize("attention", ["nsa", "dense"])
+def test_full_model_causality(attention):
+    """d hidden[t] / d embedding-output[s] is exactly zero for s > t."""
+    model = build_model(dataclasses.replace(MCFG, attention=attention), NCFG)
+    T = 40
+    x = jax.random.normal(jax.random.PRNGKey(3), (1, T, 32))
+    pos = jnp.arange(T)
+
+    @jax.jit
+    def run(x):
+        for blk in model.blocks:
+            x = blk(x, pos)
+        return model.norm(x)
+
+    _, vjp = jax.vjp(run, x)
+    for t in (0, 9, 23, 31):
+        (g,) = vjp(jnp.zeros((1, T, 32)).at[:, t].set(1.0))
+        g = np.asarray(g)
+        assert np.all(g[:, t + 1:] == 0.0), t
+        assert np.abs(g[:, : t + 1]).sum() > 0
+
+
+@pytest.mark.parametrize("attention", ["nsa", "dense"])
+def test_loss_falls_on_repeated_batch(attention):
+    model = build_model(dataclasses.replace(MCFG, attention=attention), NCFG, seed=1)
+    opt = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
+    toks = jax.random.randint(jax.random.PRNGKey(7), (4, 33), 0, 97)
+
+    @nnx.jit
+    def step(model, opt, toks):
+        loss, grads = nnx.value_and_grad(lm_loss)(model, toks)
+        opt.update(model, grads)
+        return loss
+
+    losses = [float(step(model, opt, toks)) for _ in range(40)]
+    assert losses[-1] < 0.6 * losses[0], losses[::5]
+
+
+def test_bf16_compute_path():
+    m = dataclasses.replace(MCFG, compute_dtype="bfloat16")
+    model = build_model(m, NCFG)
+    assert model.blocks[0].attn.wq.kernel.dtype == jnp.float32  # params stay float32
+    toks = jax.random.randint(jax.random.PRNGKey(0), (2, 41), 0, 97)
+    h = nnx.jit(lambda mdl, t: mdl(t))(model, toks[:, :-1])
+    assert h.dtype == jnp.bfloat16
+    loss, grads = nnx.jit(nnx.value_and_grad(lm_loss))(model, toks)
+    assert np.isfinite(float(loss)) and abs(float(loss) - np.log(97)) < 0.5
+    leaves = jax.tree_util.tree_leaves(nnx.state(grads))
+    assert all(leaf.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(leaf))) for leaf in leaves)
+
+
+def test_branch_ablation_in_model():
+    model = build_model(MCFG, dataclasses.replace(NCFG, branches=("win",)))
+    x = jax.random.normal(jax.random.PRNGKey(0), (1, 20, 32))
+    gates = model.blocks[0].attn.project(x, jnp.arange(20))[-1]
+    assert np.all(np.asarray(gates[..., :2]) == 0) and np.all(np.asarray(gates[..., 2]) > 0)
