@@ -74,6 +74,9 @@ class DataConfig:
     out_dir: Optional[str] = None       # prepare: where shards are written
     shard_tokens: int = 50_000_000      # prepare: tokens per shard
     max_docs: int = 0                   # 0 = all documents
+    shuffle: bool = True                # tokens: visit train windows in a seeded order per epoch
+    retries: int = 5                    # hf: attempts for a failing read before giving up
+    retry_backoff_s: float = 1.0        # hf: first wait between retries (doubles each time)
 
     def validate(self) -> None:
         if self.seq_len < 1:
@@ -82,6 +85,10 @@ class DataConfig:
             raise ConfigError(f"data.path: required when data.source={self.source}")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction: must be in [0, 1), got {self.eval_fraction}")
+        if self.retries < 0:
+            raise ConfigError(f"data.retries: must be >= 0, got {self.retries}")
+        if self.retry_backoff_s < 0:
+            raise ConfigError(f"data.retry_backoff_s: must be >= 0, got {self.retry_backoff_s}")
         if self.prefetch < 0:
             raise ConfigError(f"data.prefetch: must be >= 0, got {self.prefetch}")
 

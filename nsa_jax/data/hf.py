@@ -12,7 +12,7 @@ Splits and processes are assigned per document exactly as for the text source
 Position is a raw document index; a restore reopens the stream and skips forward with
 ``IterableDataset.skip`` -- i.e. a resume re-reads the stream up to the saved position.
 Transient read errors (network) reopen the stream at the next unread document, with exponential
-backoff (``HF_MAX_RETRIES`` attempts, first wait ``HF_BACKOFF_S``), each retry logged.
+backoff (``data.retries`` attempts, first wait ``data.retry_backoff_s``), each retry logged.
 """
 from __future__ import annotations
 
@@ -23,8 +23,6 @@ from nsa_jax.data.errors import DataError
 from nsa_jax.data.paths import expand_files
 from nsa_jax.data.retry import is_transient, resilient_iter, retry_call
 
-HF_MAX_RETRIES = 5
-HF_BACKOFF_S = 1.0
 HF_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt", ".csv", ".gz", ".zst", ".arrow")
 
 
@@ -40,14 +38,15 @@ def import_datasets():
 class HFDocs:
     """Documents of a streaming HF dataset; ``iter_docs(start)`` yields ``(index, text)``."""
 
-    def __init__(self, dcfg, max_retries: int = HF_MAX_RETRIES, backoff: float = HF_BACKOFF_S):
+    def __init__(self, dcfg, max_retries: int | None = None, backoff: float | None = None):
         self.datasets = import_datasets()
         self.name, self.config, self.split = dcfg.hf_name, dcfg.hf_config, dcfg.hf_split
         self.field = dcfg.text_field
         self.max_docs = dcfg.max_docs
         self.data_files = ([str(f) for f in expand_files(dcfg.path, suffixes=HF_SUFFIXES)]
                            if dcfg.path else None)
-        self.max_retries, self.backoff = max_retries, backoff
+        self.max_retries = dcfg.retries if max_retries is None else max_retries
+        self.backoff = dcfg.retry_backoff_s if backoff is None else backoff
         self.key = "data.path" if self.data_files else "data.hf_name"
 
     def describe(self) -> str:

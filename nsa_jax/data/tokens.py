@@ -3,8 +3,8 @@
 The token stream of a prepared directory (see :mod:`nsa_jax.data.shards`) is split by position:
 eval is the last ``data.eval_fraction`` of tokens, train everything before it. A split of ``R``
 tokens holds ``W = (R - 1) // seq_len`` windows of ``seq_len + 1`` tokens (stride ``seq_len``).
-Each train epoch visits the windows in a permutation drawn from (``train.seed``, epoch); eval is
-in order. Process ``p`` of ``P`` takes every ``P``-th window of that order (``W // P`` per
+Each train epoch visits the windows in a permutation drawn from (``train.seed``, epoch) (in order
+when ``data.shuffle`` is false); eval is in order. Process ``p`` of ``P`` takes every ``P``-th window of that order (``W // P`` per
 epoch, so all processes see equally many). Position: ``{"cursor": windows consumed}``.
 """
 from __future__ import annotations
@@ -21,8 +21,10 @@ class TokensSource:
     kind = "tokens"
 
     def __init__(self, reader: ShardReader, seq_len: int, split: str, eval_fraction: float,
-                 seed: int, process_index: int, process_count: int, position: dict | None = None):
+                 seed: int, process_index: int, process_count: int, position: dict | None = None,
+                 shuffle: bool = True):
         self.r, self.T, self.split, self.seed = reader, seq_len, split, seed
+        self.shuffle = shuffle
         self.p, self.P = process_index, process_count
         n = reader.total
         if n == 0:
@@ -49,7 +51,7 @@ class TokensSource:
     def _window(self, c: int) -> int:
         epoch, k = divmod(c, self.per_proc)
         if epoch != self._order_epoch:
-            if self.split == "train":
+            if self.split == "train" and self.shuffle:
                 rng = np.random.default_rng([self.seed, _TAG, epoch])
                 self._order = rng.permutation(self.W)
             else:
@@ -75,4 +77,4 @@ def build_tokens_source(cfg, split, process_index, process_count, position):
         raise DataError(f"data.path: {reader.dir}/index.json vocab {reader.vocab_size} > "
                         f"model.vocab_size {cfg.model.vocab_size}")
     return TokensSource(reader, d.seq_len, split, d.eval_fraction, cfg.train.seed,
-                        process_index, process_count, position)
+                        process_index, process_count, position, shuffle=d.shuffle)
