@@ -39,7 +39,8 @@ class ModelConfig:
     tie_embeddings: bool = True
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     param_dtype: Literal["float32"] = "float32"
-    remat: Literal["none", "block", "attention"] = "none"
+    remat: Literal["none", "block"] = "none"
+    loss_chunk: int = 2048          # tokens per cross-entropy chunk (logits never materialised whole)
     init_std: float = 0.02
 
     def validate(self) -> None:
@@ -52,6 +53,8 @@ class ModelConfig:
                               f"n_kv_groups={self.n_kv_groups}")
         if self.head_dim % 2:
             raise ConfigError(f"model.head_dim: must be even for RoPE, got {self.head_dim}")
+        if self.loss_chunk < 1:
+            raise ConfigError(f"model.loss_chunk: must be >= 1, got {self.loss_chunk}")
         if self.phi_hidden < 0:
             raise ConfigError(f"model.phi_hidden: must be >= 0, got {self.phi_hidden}")
         if self.rope_theta <= 0:

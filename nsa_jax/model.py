@@ -233,14 +233,49 @@ class NSALM(nnx.Module):
         return self.head_logits(self(tokens, positions)).astype(jnp.float32)
 
 
+def chunked_cross_entropy(h, w_out, targets, chunk: int, loss_mask=None):
+    """Sum and count of next-token cross-entropy without materialising [B,T,V] logits.
+
+    h [B,T,D] final hidden states, w_out [D,V] the LM head, targets [B,T]. The sequence is cut into
+    chunks of ``chunk`` tokens; each chunk's logits are computed in float32 inside a rematerialised
+    ``lax.scan`` step, so the forward and the backward hold one chunk of logits at a time.
+    """
+    B, T, D = h.shape
+    n = -(-T // chunk)
+    pad = n * chunk - T
+    mask = jnp.ones((B, T), jnp.float32) if loss_mask is None else loss_mask.astype(jnp.float32)
+    if pad:
+        h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+        mask = jnp.pad(mask, ((0, 0), (0, pad)))
+    xs = (h.reshape(B, n, chunk, D).swapaxes(0, 1), targets.reshape(B, n, chunk).swapaxes(0, 1),
+          mask.reshape(B, n, chunk).swapaxes(0, 1))
+
+    @jax.checkpoint
+    def body(total, x):
+        hc, tc, mc = x
+        logits = jnp.einsum("bcd,dv->bcv", hc, w_out.astype(hc.dtype),
+                            preferred_element_type=jnp.float32)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, tc)
+        return total + jnp.sum(ce * mc), None
+
+    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), xs)
+    return total, jnp.sum(mask)
+
+
 def lm_loss(model: NSALM, tokens, loss_mask=None):
-    """Mean next-token cross-entropy. tokens [B, T+1]: inputs tokens[:, :-1], targets tokens[:, 1:]."""
+    """Mean next-token cross-entropy. tokens [B, T+1]: inputs tokens[:, :-1], targets tokens[:, 1:].
+
+    Uses :func:`chunked_cross_entropy` with ``model.loss_chunk`` tokens per chunk."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    logits = model.logits(inputs)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    if loss_mask is None:
-        return ce.mean()
-    return (ce * loss_mask).sum() / jnp.maximum(loss_mask.sum(), 1)
+    h = model(inputs)
+    if model.mcfg.tie_embeddings:
+        w_out = model.embed.embedding[...].T
+    else:
+        w_out = model.head.kernel[...]
+    total, count = chunked_cross_entropy(h, w_out, targets, min(model.mcfg.loss_chunk, h.shape[1]),
+                                         loss_mask)
+    return total / jnp.maximum(count, 1.0)
 
 
 def build_model(mcfg: ModelConfig, ncfg: NSAConfig, seed: int = 0) -> NSALM:
