@@ -220,7 +220,7 @@ def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, i
 
 
 # ---- backward --------------------------------------------------------------------------------
-def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, h, rows, bk, d,
+def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dq_ref, *, h, rows, bk, d,
                    l, scale, prec):
     qt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     T, Tc = q_ref.shape[1], k_ref.shape[1]
@@ -230,6 +230,7 @@ def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, h
     _, head, t, ok = _rows(qt, g, h, rows, T)
     q = _load_rows(q_ref, b, t, head, ok, Dk)
     do = _load_rows(do_ref, b, t, head, ok, Dv).astype(cdt)
+    gs = load(gs_ref.at[b, t, head], ok)
     lse = load(lse_ref.at[b, t, head], ok, POS_INF)
     delta = load(delta_ref.at[b, t, head], ok)
     n_vis = _num_visible(jnp.minimum(qt * bq + bq - 1, T - 1), d, l, Tc)
@@ -243,7 +244,7 @@ def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, h
         s = dot(q, k, trans_b=True, precision=prec) * c
         vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
         p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
-        dp = dot(do, v, trans_b=True, precision=prec)
+        dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
         ds = p * (dp - delta[:, None])
         return dq + dot(ds.astype(cdt), k, precision=prec)
 
@@ -251,7 +252,7 @@ def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, h
     _store_rows(dq_ref, dq * scale, b, t, head, ok)
 
 
-def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, h, rows,
+def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, h, rows,
                     bk, d, l, scale, prec):
     kt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     T, Tc = q_ref.shape[1], k_ref.shape[1]
@@ -269,13 +270,14 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_
         _, head, t, ok = _rows(qt, g, h, rows, T)
         q = _load_rows(q_ref, b, t, head, ok, Dk)
         do = _load_rows(do_ref, b, t, head, ok, Dv).astype(cdt)
+        gs = load(gs_ref.at[b, t, head], ok)
         lse = load(lse_ref.at[b, t, head], ok, POS_INF)
         delta = load(delta_ref.at[b, t, head], ok)
         s = dot(q, k, trans_b=True, precision=prec) * c
         vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
         p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
-        dv = dv + dot(p.astype(cdt), do, trans_a=True, precision=prec)
-        dp = dot(do, v, trans_b=True, precision=prec)
+        dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
+        dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
         ds = p * (dp - delta[:, None])
         dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
         return dk, dv
@@ -287,16 +289,22 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_
     store(dv_ref.at[b, pl.ds(kt * bk, bk), g, :], dv, imask[:, None])
 
 
-def cmp_backward(q, kc, vc, o, lse, do, dlse, cfg: NSAConfig, bs: BlockSizes, scale: float,
+def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes, scale: float,
                  interpret: bool):
+    """-> dq (float32), dk, dv (input dtypes) for output cotangent ``gs[..., None] * do`` and lse
+    cotangent ``dlse`` (None = 0); ``gs`` [B,T,Hq] per-row float32 scale (None = 1), applied after
+    the dots so a bf16 ``do`` reaches them unrounded."""
     B, T, Hq, Dk = q.shape
     Tc, G, Dv = kc.shape[1], kc.shape[2], vc.shape[-1]
     if Tc == 0:
-        return jnp.zeros_like(q), jnp.zeros_like(kc), jnp.zeros_like(vc)
+        return jnp.zeros(q.shape, jnp.float32), jnp.zeros_like(kc), jnp.zeros_like(vc)
     h = Hq // G
     rows = _tile_rows(h, bs)
     # d lse2 / d s = p * log2(e): folding it into delta gives dS = P * (dP - delta + dlse).
-    delta = jnp.sum(o * do, axis=-1) - dlse * LOG2E
+    gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
+    delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)
+    if dlse is not None:
+        delta = delta - dlse.astype(jnp.float32) * LOG2E
     common = dict(h=h, rows=rows, bk=bs.cmp_keys, d=cfg.stride_d, l=cfg.block_l, scale=scale,
                   prec=dot_precision(q.dtype, interpret))
     cp = compiler_params(bs.num_warps, bs.num_stages)
@@ -304,14 +312,14 @@ def cmp_backward(q, kc, vc, o, lse, do, dlse, cfg: NSAConfig, bs: BlockSizes, sc
         functools.partial(_bwd_dq_kernel, **common), grid=(cdiv(T, rows // h), G, B),
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32), compiler_params=cp,
         interpret=interpret, name="nsa_cmp_bwd_dq",
-    )(q, kc, vc, do, lse, delta)
+    )(q, kc, vc, do, gs, lse, delta)
     dk, dv = pl.pallas_call(
         functools.partial(_bwd_dkv_kernel, **common), grid=(cdiv(Tc, bs.cmp_keys), G, B),
         out_shape=[jax.ShapeDtypeStruct((B, Tc, G, Dk), jnp.float32),
                    jax.ShapeDtypeStruct((B, Tc, G, Dv), jnp.float32)], compiler_params=cp,
         interpret=interpret, name="nsa_cmp_bwd_dkv",
-    )(q, kc, vc, do, lse, delta)
-    return dq.astype(q.dtype), dk.astype(kc.dtype), dv.astype(vc.dtype)
+    )(q, kc, vc, do, gs, lse, delta)
+    return dq, dk.astype(kc.dtype), dv.astype(vc.dtype)
 
 
 # ---- custom VJP ---------------------------------------------------------------------------------
@@ -329,8 +337,8 @@ def _vjp_fwd(q, kc, vc, cfg, bs, scale, interpret):
 def _vjp_bwd(cfg, bs, scale, interpret, res, cts):
     q, kc, vc, o, lse = res
     do, dlse = cts
-    return cmp_backward(q, kc, vc, o, lse, do.astype(jnp.float32), dlse.astype(jnp.float32),
-                        cfg, bs, scale, interpret)
+    dq, dk, dv = cmp_backward(q, kc, vc, o, lse, do, None, dlse, cfg, bs, scale, interpret)
+    return dq.astype(q.dtype), dk, dv
 
 
 cmp_attention.defvjp(_vjp_fwd, _vjp_bwd)

@@ -8,6 +8,8 @@ the Pallas interpreter elsewhere (``jax.default_backend()``).
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import jax
@@ -16,8 +18,8 @@ import jax.numpy as jnp
 from nsa_jax.nsa import reference
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import MIN_DOT, BlockSizes, next_pow2, use_interpret
-from nsa_jax.pallas.compressed import cmp_attention, cmp_block_scores, cmp_forward
-from nsa_jax.pallas.selection import selection_attention
+from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
+from nsa_jax.pallas.selection import sel_backward, sel_forward
 from nsa_jax.pallas.window import window_attention
 
 
@@ -59,37 +61,103 @@ def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | Non
     return reference.topn_from_scores(block_scores_pallas(q, k_cmp, cfg, block_sizes), cfg)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    cfg: NSAConfig
+    bs: BlockSizes
+    interpret: bool
+    select: bool  # compute the selection (else block ids are an input)
+
+
 def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg: NSAConfig,
                          block_idx=None, block_sizes: BlockSizes | None = None):
     """NSA attention output [B,T,Hq,Dv] in q's dtype; same contract as
-    ``reference.nsa_attention_reference`` (``block_idx`` overrides the selection)."""
-    B, T, Hq, Dk = q.shape
-    G, Dv = k_slc.shape[2], v_slc.shape[-1]
-    bs = _block_sizes(q, G, block_sizes)
-    interpret = use_interpret()
-    scale = 1.0 / math.sqrt(Dk)
-    Dkp, Dvp = _padded_dims(Dk, Dv)
-    qp = _pad_dim(q, Dkp)
-    br = cfg.branches
+    ``reference.nsa_attention_reference`` (``block_idx`` overrides the selection).
 
+    One custom VJP spans the three branches and the gated sum (Eq. 5): the output cotangent
+    reaches every kernel in its own dtype with the gate applied in float32 inside, and dQ is
+    summed over branches in float32 and rounded once.
+    """
+    B, T, _, _ = q.shape
+    G = k_slc.shape[2]
+    st = _Static(cfg, _block_sizes(q, G, block_sizes), use_interpret(), block_idx is None)
+    if block_idx is None:
+        idx = jnp.zeros((B, T, G, 0), jnp.int32)  # placeholder; the forward selects
+    else:
+        idx = jax.lax.stop_gradient(jnp.asarray(block_idx, jnp.int32))
+    return _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
+def _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st: _Static):
+    return _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st)[0]
+
+
+def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st: _Static):
+    cfg, bs, interpret = st.cfg, st.bs, st.interpret
+    Dk, Dv = q.shape[-1], v_slc.shape[-1]
+    Dkp, Dvp = _padded_dims(Dk, Dv)
+    scale = 1.0 / math.sqrt(Dk)
+    qp, kcp = _pad_dim(q, Dkp), _pad_dim(k_cmp, Dkp)
+    br = cfg.branches
     o_cmp = o_slc = o_win = None
-    lse = None
-    if "cmp" in br:
-        kc = _pad_dim(k_cmp, Dkp)
-        o_cmp, lse = cmp_attention(qp, kc, _pad_dim(v_cmp, Dvp), cfg, bs, scale, interpret)
-        o_cmp = o_cmp[..., :Dv]
+    res = {}
+    if "cmp" in br or ("slc" in br and st.select):
+        vcp = _pad_dim(v_cmp, Dvp) if "cmp" in br else None
+        o_c, lse_c = cmp_forward(qp, kcp, vcp, cfg, bs, scale, interpret)
+        if "cmp" in br:
+            o_cmp = o_c[..., :Dv]
+            res["cmp"] = (o_c, lse_c)
     if "slc" in br:
-        idx = block_idx
-        if idx is None:
-            qs, kcs = jax.lax.stop_gradient(qp), jax.lax.stop_gradient(_pad_dim(k_cmp, Dkp))
-            if lse is None:
-                _, lse = cmp_forward(qs, kcs, None, cfg, bs, scale, interpret)
-            scores = cmp_block_scores(qs, kcs, jax.lax.stop_gradient(lse), cfg, bs, scale,
-                                      interpret)
-            idx = reference.topn_from_scores(scores, cfg)
-        idx = jax.lax.stop_gradient(jnp.asarray(idx, jnp.int32))
-        o_slc = selection_attention(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, cfg, bs,
-                                    scale, interpret)[..., :Dv]
+        if st.select:
+            idx = reference.topn_from_scores(
+                cmp_block_scores(qp, kcp, lse_c, cfg, bs, scale, interpret), cfg)
+        o_s, lse_s = sel_forward(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, cfg, bs,
+                                 scale, interpret)
+        o_slc = o_s[..., :Dv]
+        res["slc"] = (idx, o_s, lse_s)
     if "win" in br:
-        o_win = window_attention(q, k_win, v_win, cfg, interpret)
-    return reference.combine(o_cmp, o_slc, o_win, gates, cfg, q.dtype)
+        o_win, win_vjp = jax.vjp(lambda a, b, c: window_attention(a, b, c, cfg, interpret),
+                                 q, k_win, v_win)
+        res["win"] = (o_win, win_vjp)
+    out = reference.combine(o_cmp, o_slc, o_win, gates, cfg, q.dtype)
+    return out, (q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, res)
+
+
+def _nsa_bwd(st: _Static, resid, dout):
+    cfg, bs, interpret = st.cfg, st.bs, st.interpret
+    q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, res = resid
+    Dk, Dv = q.shape[-1], v_slc.shape[-1]
+    Dkp, Dvp = _padded_dims(Dk, Dv)
+    scale = 1.0 / math.sqrt(Dk)
+    qp, dop = _pad_dim(q, Dkp), _pad_dim(dout, Dvp)
+    g = gates.astype(jnp.float32)
+    dout32 = dout.astype(jnp.float32)
+    dgates = [jnp.zeros(q.shape[:3], jnp.float32) for _ in range(3)]
+    dq = jnp.zeros(qp.shape, jnp.float32)
+    zeros = [jnp.zeros_like(x) for x in (k_cmp, v_cmp, k_slc, v_slc, k_win, v_win)]
+    dkc, dvc, dks, dvs, dkw, dvw = zeros
+    if "cmp" in res:
+        o_c, lse_c = res["cmp"]
+        dgates[0] = jnp.sum(o_c[..., :Dv] * dout32, axis=-1)
+        dq_c, dkc, dvc = cmp_backward(qp, _pad_dim(k_cmp, Dkp), _pad_dim(v_cmp, Dvp), o_c, lse_c,
+                                      dop, g[..., 0], None, cfg, bs, scale, interpret)
+        dq = dq + dq_c
+    if "slc" in res:
+        idx, o_s, lse_s = res["slc"]
+        dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
+        dq_s, dks, dvs = sel_backward(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, o_s,
+                                      lse_s, dop, g[..., 1], cfg, bs, scale, interpret)
+        dq = dq + dq_s
+    dq = dq[..., :Dk]
+    if "win" in res:
+        o_w, win_vjp = res["win"]
+        dgates[2] = jnp.sum(o_w * dout32, axis=-1)
+        dq_w, dkw, dvw = win_vjp(g[..., 2:3] * dout32)
+        dq = dq + dq_w.astype(jnp.float32)
+    dg = jnp.stack(dgates, axis=-1).astype(gates.dtype)
+    return (dq.astype(q.dtype), dkc[..., :Dk], dvc[..., :Dv], dks[..., :Dk], dvs[..., :Dv],
+            dkw.astype(k_win.dtype), dvw.astype(v_win.dtype), dg, None)
+
+
+_nsa.defvjp(_nsa_fwd, _nsa_bwd)

@@ -114,13 +114,13 @@ def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, inte
         kernel, grid=(T, G, B),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
-        compiler_params=compiler_params(bs.num_warps if Dv >= 128 else 4, bs.num_stages),
+        compiler_params=compiler_params(4, bs.num_stages),
         interpret=interpret, name="nsa_sel_fwd",
     )(q, k, v, idx)
 
 
 # ---- backward: dQ (and dK/dV in "atomic" mode) -------------------------------------------------
-def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, lse_ref, delta_ref, *refs, h, n_sel,
+def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_ref, *refs, h, n_sel,
                   l_sel, bk, n_sub, scale, prec, atomic):
     if atomic:
         _dk_in, _dv_in, dq_ref, dk_ref, dv_ref = refs
@@ -136,6 +136,7 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, lse_ref, delta_ref, *ref
     dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
     q = load(q_ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None])
     do = load(do_ref.at[b, t, head[:, None], dv_[None, :]], row_ok[:, None]).astype(cdt)
+    gs = load(gs_ref.at[b, t, head], row_ok)
     lse = load(lse_ref.at[b, t, head], row_ok, POS_INF)
     delta = load(delta_ref.at[b, t, head], row_ok)
     c = scale * LOG2E
@@ -151,11 +152,11 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, lse_ref, delta_ref, *ref
             v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
             s = dot(q, k, trans_b=True, precision=prec) * c
             p = jnp.exp2(jnp.where(kmask[None, :], s, NEG_INF) - lse[:, None])
-            dp = dot(do, v, trans_b=True, precision=prec)
+            dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
             ds = p * (dp - delta[:, None])
             dq = dq + dot(ds.astype(cdt), k, precision=prec)
             if atomic:
-                dv_t = dot(p.astype(cdt), do, trans_a=True, precision=prec)
+                dv_t = dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
                 dk_t = dot(ds.astype(cdt), q, trans_a=True, precision=prec) * scale
                 plgpu.atomic_add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)), dk_t)
                 plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv_t)
@@ -167,7 +168,7 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, lse_ref, delta_ref, *ref
 
 
 # ---- backward: dK/dV through the inverted block -> query index -------------------------------
-def _bwd_kv_kernel(meta_ref, qt_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, _dk_in,
+def _bwd_kv_kernel(meta_ref, qt_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in,
                    _dv_in, dk_ref, dv_ref, *, h, rows, l_sel, bk, n_sub, scale, prec):
     ci = pl.program_id(0)
     b, g, j = meta_ref[ci, 0], meta_ref[ci, 1], meta_ref[ci, 2]
@@ -200,13 +201,14 @@ def _bwd_kv_kernel(meta_ref, qt_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta
             q = load(q_ref.at[b, t_safe[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
             do = load(do_ref.at[b, t_safe[:, None], head[:, None], dv_[None, :]],
                       row_ok[:, None]).astype(cdt)
+            gs = load(gs_ref.at[b, t_safe, head], row_ok)
             lse = load(lse_ref.at[b, t_safe, head], row_ok, POS_INF)
             delta = load(delta_ref.at[b, t_safe, head], row_ok)
             s = dot(q, k, trans_b=True, precision=prec) * c
             mask = row_ok[:, None] & kvalid[None, :] & (kpos[None, :] <= t_safe[:, None])
             p = jnp.exp2(jnp.where(mask, s, NEG_INF) - lse[:, None])
-            dv = dv + dot(p.astype(cdt), do, trans_a=True, precision=prec)
-            dp = dot(do, v, trans_b=True, precision=prec)
+            dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
+            dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
             ds = p * (dp - delta[:, None])
             dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
             return dk, dv
@@ -254,9 +256,14 @@ def inverted_index(idx, T: int, Ts: int, chunk: int):
     return meta, tsort
 
 
-def sel_backward(q, k, v, idx, o, lse, do, cfg: NSAConfig, bs: BlockSizes, scale: float,
+def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, scale: float,
                  interpret: bool):
-    """-> dq, dk, dv in the input dtypes."""
+    """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``.
+
+    ``do`` [B,T,Hq,Dv] is the cotangent as it arrives (bf16 stays bf16: it feeds the dots
+    unrounded) and ``gs`` [B,T,Hq] float32 a per-row scale (the branch gate; None = 1) applied in
+    float32 after the dots.
+    """
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     h = Hq // G
@@ -265,9 +272,11 @@ def sel_backward(q, k, v, idx, o, lse, do, cfg: NSAConfig, bs: BlockSizes, scale
     prec = dot_precision(q.dtype, interpret)
     Ts = cfg.num_sel_blocks(T)
     T_acc = Ts * cfg.sel_block + bk  # every atomic tile [j*l' + sub*bk, +bk) stays in bounds
-    delta = jnp.sum(o * do, axis=-1)  # [B,T,Hq] float32
+    if gs is None:
+        gs = jnp.ones((B, T, Hq), jnp.float32)
+    gs = gs.astype(jnp.float32)
+    delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
-    warps = bs.num_warps if max(Dk, Dv) >= 128 else 4
     atomic = bs.sel_bwd == "atomic"
     common = dict(h=h, n_sel=n, l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale, prec=prec)
     dq_shape = jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32)
@@ -276,16 +285,16 @@ def sel_backward(q, k, v, idx, o, lse, do, cfg: NSAConfig, bs: BlockSizes, scale
             functools.partial(_bwd_q_kernel, atomic=True, **common), grid=(T, G, B),
             out_shape=[dq_shape, jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
                        jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
-            input_output_aliases={7: 1, 8: 2},
-            compiler_params=compiler_params(warps, bs.num_stages),
+            input_output_aliases={8: 1, 9: 2},
+            compiler_params=compiler_params(4, bs.num_stages),
             interpret=interpret, name="nsa_sel_bwd_atomic",
-        )(q, k, v, idx, do, lse, delta, *acc)
+        )(q, k, v, idx, do, gs, lse, delta, *acc)
     else:
         dq = pl.pallas_call(
             functools.partial(_bwd_q_kernel, atomic=False, **common), grid=(T, G, B),
-            out_shape=dq_shape, compiler_params=compiler_params(warps, bs.num_stages),
+            out_shape=dq_shape, compiler_params=compiler_params(4, bs.num_stages),
             interpret=interpret, name="nsa_sel_bwd_dq",
-        )(q, k, v, idx, do, lse, delta)
+        )(q, k, v, idx, do, gs, lse, delta)
         rows = max(bs.sel_rows, next_pow2(h))
         bq = rows // h
         chunk = bq * cdiv(bs.sel_chunk, bq)
@@ -296,11 +305,11 @@ def sel_backward(q, k, v, idx, o, lse, do, cfg: NSAConfig, bs: BlockSizes, scale
             kern, grid=(meta.shape[0],),
             out_shape=[jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
                        jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
-            input_output_aliases={8: 0, 9: 1},
-            compiler_params=compiler_params(warps, bs.num_stages),
+            input_output_aliases={9: 0, 10: 1},
+            compiler_params=compiler_params(bs.num_warps, bs.num_stages),
             interpret=interpret, name="nsa_sel_bwd_dkv",
-        )(meta, qt, q, k, v, do, lse, delta, *acc)
-    return (dq.astype(q.dtype), dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype))
+        )(meta, qt, q, k, v, do, gs, lse, delta, *acc)
+    return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
 
 
 # ---- custom VJP ---------------------------------------------------------------------------------
@@ -319,9 +328,8 @@ def _vjp_fwd(q, k, v, idx, cfg, bs, scale, interpret):
 
 def _vjp_bwd(cfg, bs, scale, interpret, res, do):
     q, k, v, idx, o, lse = res
-    dq, dk, dv = sel_backward(q, k, v, idx, o, lse, do.astype(jnp.float32), cfg, bs, scale,
-                              interpret)
-    return dq, dk, dv, None
+    dq, dk, dv = sel_backward(q, k, v, idx, o, lse, do, None, cfg, bs, scale, interpret)
+    return dq.astype(q.dtype), dk, dv, None
 
 
 selection_attention.defvjp(_vjp_fwd, _vjp_bwd)

@@ -1,0 +1,262 @@
+"""Benchmark of the NSA Pallas kernels against cuDNN dense attention (GPU).
+
+    PYTHONPATH=. python3 bench/kernels.py --out bench/results/kernels_h200.json [--T 8192 65536]
+        [--shapes bench 125m] [--reps 20]
+
+For each head shape and sequence length (B=1, bf16, l=32, d=16, l'=64, n=16, w=512) it times, in
+one process: selection attention fwd and bwd (both dK/dV strategies); compressed attention +
+fused scoring + top-n fwd and the compressed backward; the sliding window fwd+bwd (cuDNN); the
+whole ``nsa_attention(impl="pallas")`` fwd and fwd+bwd; cuDNN dense causal attention fwd and
+fwd+bwd on the same q / k_slc / v_slc. Each number is the median wall time of ``--reps`` calls
+(block_until_ready) after a compile call and warm-up calls, alternating between two input sets
+so repeated calls do not just re-read L2. The JSON is rewritten after every (shape, T).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from nsa_jax.nsa import NSAConfig, nsa_attention
+from nsa_jax.nsa import reference as ref
+from nsa_jax.pallas import BlockSizes
+from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
+from nsa_jax.pallas.selection import sel_backward, sel_forward
+from nsa_jax.pallas.window import window_attention
+
+SHAPES = {"bench": (64, 4, 128), "125m": (12, 2, 64)}  # Hq, G, D
+CFG = NSAConfig(block_l=32, stride_d=16, sel_block=64, n_sel=16, window=512)
+INTERP = jax.default_backend() != "gpu"  # --smoke also runs on the CPU (interpret mode)
+
+
+def timed(fn, argsets, reps, warmup=3):
+    """Median ms of fn(*args) over reps calls, alternating argument sets."""
+    jax.block_until_ready(fn(*argsets[0]))  # compile
+    for i in range(warmup):
+        jax.block_until_ready(fn(*argsets[i % len(argsets)]))
+    ts = []
+    for i in range(reps):
+        a = argsets[i % len(argsets)]
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*a))
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def make_inputs(seed, T, Hq, G, D, dtype=jnp.bfloat16):
+    ks = jax.random.split(jax.random.PRNGKey(seed), 9)
+    Tc = CFG.num_cmp_blocks(T)
+    n = lambda k, s: jax.random.normal(k, s, jnp.float32).astype(dtype)
+    return (n(ks[0], (1, T, Hq, D)), n(ks[1], (1, Tc, G, D)), n(ks[2], (1, Tc, G, D)),
+            n(ks[3], (1, T, G, D)), n(ks[4], (1, T, G, D)), n(ks[5], (1, T, G, D)),
+            n(ks[6], (1, T, G, D)), jax.nn.sigmoid(n(ks[7], (1, T, Hq, 3))).astype(dtype),
+            n(ks[8], (1, T, Hq, D)))
+
+
+def flops(T, Hq, D, cfg=CFG):
+    """Matmul FLOPs (2 per multiply-add) of the forward passes, causal work only."""
+    n_keys_sel = cfg.n_sel * cfg.sel_block
+    Tc = cfg.num_cmp_blocks(T)
+    vis_cmp = sum(min(Tc, max(0, (t - cfg.block_l + 1) // cfg.stride_d + 1)) for t in
+                  range(0, T, 64)) * 64  # sum_t visible compressed blocks (sampled every 64)
+    win = sum(min(t + 1, cfg.window) for t in range(T))
+    return {"sel_fwd": 4 * Hq * D * T * n_keys_sel, "cmp_fwd": 4 * Hq * D * vis_cmp,
+            "win_fwd": 4 * Hq * D * win, "dense_fwd": 4 * Hq * D * T * (T + 1) // 2}
+
+
+def bench_one(shape, T, reps, log):
+    Hq, G, D = SHAPES[shape]
+    bs = BlockSizes.for_shape(Hq // G, D)
+    scale = 1.0 / math.sqrt(D)
+    sets = [make_inputs(s, T, Hq, G, D) for s in (0, 1)]
+    res = {}
+
+    def run(name, fn, argsets, reps_=reps):
+        try:
+            res[name] = round(timed(fn, argsets, reps_), 4)
+        except Exception as e:  # keep going: one failing kernel must not hide the others
+            res[name] = None
+            log(f"  {name}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            return
+        log(f"  {name:28s} {res[name]:10.3f} ms")
+
+    select = jax.jit(lambda q, kc: ref.topn_from_scores(
+        cmp_block_scores(q, kc, cmp_forward(q, kc, None, CFG, bs, scale, INTERP)[1], CFG, bs,
+                         scale, INTERP), CFG))
+    idxs = [select(a[0], a[1]) for a in sets]
+    jax.block_until_ready(idxs)
+
+    # selection attention
+    sel_f = jax.jit(lambda q, k, v, i: sel_forward(q, k, v, i, CFG, bs, scale, INTERP))
+    run("sel_fwd", sel_f, [(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)])
+    fw = [sel_f(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)]
+    for mode in ("inverted", "atomic"):
+        bsm = dataclasses.replace(bs, sel_bwd=mode)
+        sel_b = jax.jit(lambda q, k, v, i, o, lse, do, gs, bsm=bsm: sel_backward(
+            q, k, v, i, o, lse, do, gs, CFG, bsm, scale, INTERP))
+        run(f"sel_bwd_{mode}", sel_b, [(a[0], a[3], a[4], i, o, lse, a[8], a[7][..., 1])
+                                       for a, i, (o, lse) in zip(sets, idxs, fw)])
+
+    # compressed attention + scoring + top-n
+    cmp_f = jax.jit(lambda q, kc, vc: cmp_forward(q, kc, vc, CFG, bs, scale, INTERP))
+    run("cmp_fwd", cmp_f, [(a[0], a[1], a[2]) for a in sets])
+    cf = [cmp_f(a[0], a[1], a[2]) for a in sets]
+    score = jax.jit(lambda q, kc, lse: cmp_block_scores(q, kc, lse, CFG, bs, scale, INTERP))
+    run("cmp_scores", score, [(a[0], a[1], lse) for a, (_, lse) in zip(sets, cf)])
+    sc = [score(a[0], a[1], lse) for a, (_, lse) in zip(sets, cf)]
+    topn = jax.jit(lambda s: ref.topn_from_scores(s, CFG))
+    run("topn", topn, [(s,) for s in sc])
+    del sc
+
+    def cmp_all(q, kc, vc):
+        o, lse = cmp_forward(q, kc, vc, CFG, bs, scale, INTERP)
+        return o, ref.topn_from_scores(cmp_block_scores(q, kc, lse, CFG, bs, scale, INTERP), CFG)
+    run("cmp_score_topn_fwd", jax.jit(cmp_all), [(a[0], a[1], a[2]) for a in sets])
+    cmp_b = jax.jit(lambda q, kc, vc, o, lse, do, gs: cmp_backward(
+        q, kc, vc, o, lse, do, gs, None, CFG, bs, scale, INTERP))
+    run("cmp_bwd", cmp_b, [(a[0], a[1], a[2], o, lse, a[8], a[7][..., 0])
+                           for a, (o, lse) in zip(sets, cf)])
+    del cf, fw
+
+    # sliding window (cuDNN)
+    def win_loss(q, k, v, c):
+        return jnp.sum(window_attention(q, k, v, CFG, INTERP) * c.astype(jnp.float32))
+    run("win_fwd", jax.jit(lambda q, k, v: window_attention(q, k, v, CFG, INTERP)),
+        [(a[0], a[5], a[6]) for a in sets])
+    run("win_fwd_bwd", jax.jit(jax.grad(win_loss, argnums=(0, 1, 2))),
+        [(a[0], a[5], a[6], a[8]) for a in sets])
+
+    # whole NSA
+    nsa_f = jax.jit(lambda *a: nsa_attention(*a, CFG, impl="pallas"))
+    run("nsa_fwd", nsa_f, [a[:8] for a in sets])
+
+    def nsa_loss(*a):
+        return jnp.sum(nsa_attention(*a[:8], CFG, impl="pallas").astype(jnp.float32)
+                       * a[8].astype(jnp.float32))
+    run("nsa_fwd_bwd", jax.jit(jax.grad(nsa_loss, argnums=tuple(range(8)))), sets)
+
+    # cuDNN dense causal attention on the same q / k / v
+    def dense(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+
+    def dense_loss(q, k, v, c):
+        return jnp.sum(dense(q, k, v).astype(jnp.float32) * c.astype(jnp.float32))
+    run("dense_fwd", jax.jit(dense), [(a[0], a[3], a[4]) for a in sets])
+    run("dense_fwd_bwd", jax.jit(jax.grad(dense_loss, argnums=(0, 1, 2))),
+        [(a[0], a[3], a[4], a[8]) for a in sets])
+
+    r = {"shape": shape, "Hq": Hq, "G": G, "D": D, "T": T, "ms": res, "flops": flops(T, Hq, D),
+         "block_sizes": dataclasses.asdict(bs)}
+    nf, df = res.get("nsa_fwd_bwd"), res.get("dense_fwd_bwd")
+    if nf and df:
+        r["speedup_fwd_bwd_vs_dense"] = round(df / nf, 3)
+    return r
+
+
+def smoke(log):
+    """Compile every kernel once at a small odd shape and compare with the float32 reference,
+    each in its own try block so one call reports every compile error."""
+    import traceback
+    T, Hq, G, D = 1000, 8, 2, 64
+    bs = BlockSizes.for_shape(Hq // G, D)
+    scale = 1.0 / math.sqrt(D)
+    a = make_inputs(11, T, Hq, G, D)
+    f = [x.astype(jnp.float32) for x in a]
+    rel = lambda x, y: float(jnp.linalg.norm(jnp.asarray(x, jnp.float32) - y) / jnp.linalg.norm(y))
+    idx = ref.select_blocks(f[0], f[1], CFG)
+    B = 1
+
+    def check(name, fn):
+        try:
+            log(f"  {name:24s} ok  {fn()}")
+        except Exception:
+            log(f"  {name:24s} FAILED\n" + traceback.format_exc()[-4000:])
+
+    check("sel_fwd", lambda: rel(sel_forward(a[0], a[3], a[4], idx, CFG, bs, scale, INTERP)[0],
+                                 ref.selection_attention(f[0], f[3], f[4], idx, CFG)))
+    o, lse = sel_forward(a[0], a[3], a[4], idx, CFG, bs, scale, INTERP)
+    do = a[8].astype(jnp.float32)
+    gs = a[7][..., 1].astype(jnp.float32)
+    _, vjp = jax.vjp(lambda q, k, v: ref.selection_attention(q, k, v, idx, CFG), f[0], f[3], f[4])
+    rg = vjp(do * gs[..., None])
+    for mode in ("inverted", "atomic"):
+        bsm = dataclasses.replace(bs, sel_bwd=mode)
+        check(f"sel_bwd_{mode}", lambda bsm=bsm: [rel(x, y) for x, y in zip(sel_backward(
+            a[0], a[3], a[4], idx, o, lse, a[8], gs, CFG, bsm, scale, INTERP), rg)])
+    check("cmp_fwd", lambda: rel(cmp_forward(a[0], a[1], a[2], CFG, bs, scale, INTERP)[0],
+                                 ref.compressed_attention(f[0], f[1], f[2], CFG)))
+    check("cmp_lse", lambda: rel(cmp_forward(a[0], a[1], None, CFG, bs, scale, INTERP)[1][:, 64:],
+                                 cmp_forward(a[0], a[1], a[2], CFG, bs, scale, INTERP)[1][:, 64:]))
+    oc, lc = cmp_forward(a[0], a[1], a[2], CFG, bs, scale, INTERP)
+    check("cmp_scores", lambda: rel(cmp_block_scores(a[0], a[1], lc, CFG, bs, scale, INTERP),
+                                    ref.block_scores(ref.cmp_probs(f[0], f[1], CFG), T, CFG)))
+    _, vjp = jax.vjp(lambda q, k, v: ref.compressed_attention(q, k, v, CFG), f[0], f[1], f[2])
+    rg = vjp(do * gs[..., None])
+    check("cmp_bwd", lambda: [rel(x, y) for x, y in zip(cmp_backward(
+        a[0], a[1], a[2], oc, lc, a[8], gs, None, CFG, bs, scale, INTERP), rg)])
+    check("window_fwd", lambda: rel(window_attention(a[0], a[5], a[6], CFG, INTERP),
+                                    ref.window_attention(f[0], f[5], f[6], CFG)))
+    def nsa_grads(impl, args):
+        fn = lambda *x: nsa_attention(*x, CFG, impl=impl, block_idx=idx)
+        o, vjp = jax.vjp(fn, *args[:8])
+        return [o] + list(vjp(args[8].astype(o.dtype)))
+    check("nsa_fwd_bwd", lambda: [round(rel(x, y), 5) for x, y in zip(
+        nsa_grads("pallas", a), nsa_grads("reference", f))])
+    del B
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out")
+    p.add_argument("--smoke", action="store_true", help="compile + check every kernel, small T")
+    p.add_argument("--T", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
+    p.add_argument("--shapes", nargs="+", default=["bench", "125m"], choices=sorted(SHAPES))
+    p.add_argument("--reps", type=int, default=20)
+    a = p.parse_args(argv)
+    log = lambda s: print(s, flush=True)
+    if a.smoke:
+        return smoke(log)
+    if not a.out:
+        p.error("--out is required")
+    if jax.default_backend() != "gpu":
+        sys.exit("bench/kernels.py: needs a GPU (jax.default_backend() is "
+                 f"{jax.default_backend()!r})")
+    dev = jax.devices()[0]
+    doc = {"device": dev.device_kind, "jax": jax.__version__, "python": platform.python_version(),
+           "B": 1, "dtype": "bfloat16", "nsa": dataclasses.asdict(CFG),
+           "reps": a.reps, "stat": "median wall ms, block_until_ready", "results": []}
+    if os.path.exists(a.out):  # extend an earlier run (e.g. the other head shape)
+        with open(a.out) as f:
+            old = json.load(f)
+        keep = [r for r in old.get("results", [])
+                if not (r["shape"] in a.shapes and r["T"] in a.T)]
+        doc["results"] = keep
+    for shape in a.shapes:
+        for T in a.T:
+            log(f"== {shape} T={T}")
+            t0 = time.time()
+            doc["results"].append(bench_one(shape, T, a.reps, log))
+            log(f"   ({time.time() - t0:.0f} s)")
+            doc["results"].sort(key=lambda r: (r["shape"], r["T"]))
+            with open(a.out, "w") as f:
+                json.dump(doc, f, indent=1)
+    # short table last
+    cols = ["sel_fwd", "sel_bwd_inverted", "sel_bwd_atomic", "cmp_score_topn_fwd", "cmp_bwd",
+            "win_fwd_bwd", "nsa_fwd", "nsa_fwd_bwd", "dense_fwd", "dense_fwd_bwd"]
+    print("shape  T      " + " ".join(f"{c[:12]:>12s}" for c in cols) + "  x_dense")
+    for r in doc["results"]:
+        vals = " ".join(f"{r['ms'].get(c) or float('nan'):12.2f}" for c in cols)
+        print(f"{r['shape']:6s} {r['T']:6d} {vals}  {r.get('speedup_fwd_bwd_vs_dense', '-')}")
+
+
+if __name__ == "__main__":
+    main()
