@@ -1,0 +1,217 @@
+"""Incremental decoding with NSA KV caches against the parallel forward and the reference."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from nsa_jax.config import ModelConfig
+from nsa_jax.decode import (DecodeError, Decoder, block_scores_decode, cache_sizes, decode_reads,
+                            dense_reads, nsa_decode_attention, topn_decode)
+from nsa_jax.model import build_model
+from nsa_jax.nsa import NSAConfig
+from nsa_jax.nsa import reference as ref
+from nsa_testutil import random_inputs, rel_err
+
+SMALL = dict(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16)
+
+
+def _model(attention="nsa", seed=0, **nsa):
+    # init_std 0.3 (not 0.02) makes the compressed softmax peaky enough that block scores differ
+    # clearly, so the data-dependent top-n selection is exercised (not near-ties decided by
+    # rounding).
+    mcfg = ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_groups=2, head_dim=8,
+                       mlp_hidden=64, attention=attention, init_std=0.3)
+    return build_model(mcfg, NSAConfig(**{**SMALL, **nsa}), seed)
+
+
+def _forward_logits(model, toks):
+    graphdef, state = nnx.split(model)
+    return np.asarray(jax.jit(lambda s, x: nnx.merge(graphdef, s).logits(x))(state, toks))
+
+
+def _decode_all(model, toks, P):
+    """Logits [B,T,V] from prefill over toks[:, :P], then one decode step per remaining token."""
+    B, T = toks.shape
+    dec = Decoder(model, B, T)
+    outs = [np.asarray(dec.prefill(toks[:, :P], all_logits=True))]
+    for t in range(P, T):
+        outs.append(np.asarray(dec.step(toks[:, t]))[:, None])
+    return np.concatenate(outs, axis=1), dec
+
+
+def _max_rel(got, want):
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+# (attention, nsa overrides, T, prompt lengths): T and P are not multiples of d, l or l', and
+# T > n*l' so that top-n really chooses among candidate blocks.
+PARITY = [
+    ("nsa", {}, 90, (1, 70)),
+    ("nsa", dict(block_l=4, stride_d=4, sel_block=8, n_sel=3, window=5, n_init=0, n_local=1),
+     61, (6,)),
+    ("nsa", dict(branches=("slc", "win")), 75, (9,)),
+    ("nsa", dict(branches=("cmp",)), 45, (3,)),
+    ("dense", {}, 50, (1, 37)),
+]
+
+
+@pytest.mark.parametrize("attention,nsa,T,prompts", PARITY,
+                         ids=["nsa", "nsa-l=d", "nsa-slc-win", "nsa-cmp", "dense"])
+def test_prefill_then_decode_equals_full_forward(attention, nsa, T, prompts):
+    model = _model(attention, **nsa)
+    toks = jax.random.randint(jax.random.PRNGKey(1), (2, T), 0, 97)
+    want = _forward_logits(model, toks)
+    for P in prompts:
+        got, dec = _decode_all(model, toks, P)
+        assert got.shape == want.shape
+        assert _max_rel(got, want) <= 1e-4, (P, _max_rel(got, want))
+        assert rel_err(got, want) <= 1e-4
+    if attention == "nsa" and "cmp" in model.ncfg.branches:
+        _check_cmp_cache(model, toks, dec.cache["layers"][0])
+
+
+def _check_cmp_cache(model, toks, lc):
+    """Compressed K/V emitted every d tokens equal φ + RoPE of the parallel path (layer 0)."""
+    T = toks.shape[1]
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def layer0_cmp(state, toks):
+        m = nnx.merge(graphdef, state)
+        blk = m.blocks[0]
+        return blk.attn.project(blk.norm1(m.embed(toks)), jnp.arange(T))[1:3]
+
+    k_cmp, v_cmp = layer0_cmp(state, toks)
+    Tc = model.ncfg.num_cmp_blocks(T)
+    assert Tc > 5 and k_cmp.shape[1] == Tc
+    for got, want in ((lc["k_cmp"], k_cmp), (lc["v_cmp"], v_cmp)):
+        np.testing.assert_allclose(np.swapaxes(np.asarray(got[:, :, :Tc]), 1, 2), want,
+                                   rtol=1e-5, atol=1e-5)
+        assert not np.any(np.asarray(got[:, :, Tc:]))  # nothing emitted past the last block
+
+
+def _caches_at(t, T, args, cfg):
+    """Caches as the decoder holds them after tokens 0..t, with *future* tokens also written to
+    the cmp and slc caches (they must be masked out)."""
+    q, kc, vc, ks, vs, kw, vw, gates = (np.asarray(a) for a in args)
+    sz = cache_sizes(cfg, T)
+    B, _, G, D = ks.shape
+
+    def full(x, S):
+        out = np.zeros((B, G, S, x.shape[-1]), x.dtype)
+        out[:, :, :x.shape[1]] = np.swapaxes(x, 1, 2)
+        return out
+
+    W = sz["win"]
+    ring_k = np.full((B, G, W, D), 7.0, np.float32)  # garbage in never-written slots
+    ring_v = np.full((B, G, W, vw.shape[-1]), -7.0, np.float32)
+    for s in range(max(0, t + 1 - W), t + 1):
+        ring_k[:, :, s % W] = kw[:, s]
+        ring_v[:, :, s % W] = vw[:, s]
+    return {"k_cmp": full(kc, sz["cmp"]), "v_cmp": full(vc, sz["cmp"]),
+            "k_slc": full(ks, sz["slc"]), "v_slc": full(vs, sz["slc"]),
+            "k_win": ring_k, "v_win": ring_v}
+
+
+ATTN_CASES = [  # (l, d, l', n, w, n_init, n_local, B, T, G, h, branches)
+    (8, 4, 16, 4, 16, 1, 2, 2, 75, 2, 2, ("cmp", "slc", "win")),
+    (8, 8, 8, 2, 7, 0, 1, 1, 37, 1, 4, ("cmp", "slc", "win")),    # l == d == l', MQA
+    (16, 4, 16, 4, 12, 2, 1, 1, 70, 3, 1, ("slc", "win")),        # r = l/d = 4, two init
+]
+
+
+@pytest.mark.parametrize("case", ATTN_CASES, ids=[f"case{i}" for i in range(len(ATTN_CASES))])
+def test_decode_attention_matches_reference_rows(case):
+    l, d, lp, n, w, ni, nl, B, T, G, h, br = case
+    cfg = NSAConfig(block_l=l, stride_d=d, sel_block=lp, n_sel=n, window=w, n_init=ni,
+                    n_local=nl, branches=br)
+    args = random_inputs(sum(case[:11]), B, T, G * h, G, 8, 6, cfg, scale=2.0)
+    want = np.asarray(jax.jit(lambda *a: ref.nsa_attention_reference(*a, cfg))(*args))
+    want_ids = np.asarray(jax.jit(lambda q, k: ref.select_blocks(q, k, cfg))(args[0], args[1]))
+    f = jax.jit(lambda q, lc, t, g: nsa_decode_attention(q, lc, t, g, cfg, return_info=True))
+    q, gates = np.asarray(args[0]), np.asarray(args[7])
+    free_choices = set()   # non-forced selected blocks, over all t
+    for t in range(T):
+        out, info = f(q[:, t], _caches_at(t, T, args, cfg), jnp.int32(t), gates[:, t])
+        assert rel_err(out, want[:, t]) < 1e-5, t
+        np.testing.assert_array_equal(info["ids"], want_ids[:, t], err_msg=f"t={t}")
+        cur = t // lp
+        free_choices.add(tuple(j for j in np.asarray(info["ids"][0, 0])
+                               if j >= 0 and not (j < ni or j > cur - nl)))
+        reads = decode_reads(t, cfg)
+        for b in ("cmp", "win"):
+            if b in info and b in br:
+                assert int(info[b]) == reads[b], (t, b)
+        assert int(info["slc"]) <= reads["slc"]
+        if (t + 1) <= n * lp or (t + 1) % lp == 0:
+            assert int(info["slc"]) == reads["slc"], t
+    if "slc" in br:   # the data-dependent part of the selection really varied
+        assert len(free_choices) > 2, free_choices
+
+
+def test_topn_decode_matches_reference_with_ties():
+    cfg = NSAConfig(block_l=4, stride_d=4, sel_block=8, n_sel=4, window=8, n_init=1, n_local=1)
+    T = 70
+    Ts = cfg.num_sel_blocks(T)
+    # integer scores in {0, 1, 2}: many exact ties, which must go to the lower block index
+    scores = jax.random.randint(jax.random.PRNGKey(3), (2, T, 3, Ts), 0, 3).astype(jnp.float32)
+    want = np.asarray(ref.topn_from_scores(scores, cfg))
+    rows = jax.jit(jax.vmap(lambda s, t: topn_decode(s, t, cfg), in_axes=(1, 0), out_axes=1))
+    np.testing.assert_array_equal(rows(scores, jnp.arange(T)), want)
+    # larger cache than context: extra (non-candidate) blocks change nothing
+    wide = jnp.concatenate([scores, jnp.full((2, T, 3, 5), 9.0)], axis=-1)
+    np.testing.assert_array_equal(rows(wide, jnp.arange(T)), want)
+
+
+def test_block_scores_decode_equals_overlap_weights():
+    rng = np.random.default_rng(0)
+    for l, d, lp, T in [(32, 16, 64, 700), (8, 4, 16, 8), (8, 4, 16, 53), (4, 4, 8, 30),
+                        (16, 4, 16, 77), (8, 8, 32, 100)]:
+        cfg = NSAConfig(block_l=l, stride_d=d, sel_block=lp, n_sel=2, window=8, n_local=1)
+        Tc, Ts = cfg.num_cmp_blocks(T), cfg.num_sel_blocks(T)
+        p = rng.uniform(size=(2, 3, Tc)).astype(np.float32)
+        want = p @ ref.overlap_weights(Tc, Ts, cfg)
+        np.testing.assert_allclose(block_scores_decode(p, cfg, Ts), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("N,nsa_total,dense_total",
+                         [(8192, 2048, 8192), (16384, 2560, 16384), (32768, 3584, 32768),
+                          (65536, 5632, 65536)])
+def test_decode_reads_paper_table4(N, nsa_total, dense_total):
+    cfg = NSAConfig()   # l=32, d=16, l'=64, n=16, w=512
+    paper = decode_reads(N - 1, cfg, convention="paper")
+    assert paper["total"] == nsa_total
+    assert (paper["cmp"], paper["slc"], paper["win"]) == (N // 16, 1024, 512)
+    exact = decode_reads(N - 1, cfg)
+    # exact counts complete blocks only: l/d - 1 = 1 trailing block fewer than N/d
+    assert exact["cmp"] == (N - 32) // 16 + 1 == N // 16 - 1
+    assert exact["total"] == nsa_total - 1
+    assert dense_reads(N - 1) == dense_total
+
+
+def test_decode_reads_small_contexts_and_ablation():
+    cfg = NSAConfig(**SMALL)
+    assert decode_reads(0, cfg) == {"cmp": 0, "slc": 1, "win": 1, "total": 2}
+    assert decode_reads(6, cfg)["cmp"] == 0 and decode_reads(7, cfg)["cmp"] == 1
+    assert decode_reads(11, cfg)["cmp"] == 2 and decode_reads(30, cfg)["win"] == 16
+    assert decode_reads(100, cfg)["slc"] == 64
+    ab = decode_reads(100, NSAConfig(**SMALL, branches=("win",)))
+    assert ab == {"cmp": 0, "slc": 0, "win": 16, "total": 16}
+    with pytest.raises(ValueError, match="convention"):
+        decode_reads(3, cfg, convention="table")
+
+
+def test_decoder_errors_are_clear():
+    model = _model("dense")
+    dec = Decoder(model, 1, 6)
+    with pytest.raises(DecodeError, match="prefill"):
+        dec.step([1])
+    with pytest.raises(DecodeError, match="max_len=6"):
+        dec.prefill(jnp.ones((1, 7), jnp.int32))
+    with pytest.raises(DecodeError, match="batch=1"):
+        dec.prefill(jnp.ones((2, 3), jnp.int32))
+    dec.prefill(jnp.ones((1, 5), jnp.int32))
+    dec.step([2])
+    with pytest.raises(DecodeError, match="cache full"):
+        dec.step([3])
