@@ -63,7 +63,7 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    source: Literal["synthetic", "text", "hf", "tokens"] = "synthetic"
+    source: Literal["synthetic", "text", "hf", "tokens", "retrieval"] = "synthetic"
     path: Optional[str] = None          # file, directory or glob (text, tokens)
     text_field: str = "text"            # column for jsonl / parquet / hf
     tokenizer: str = "gpt2"             # gpt2 | byte | path/to/tokenizer.json
@@ -80,6 +80,14 @@ class DataConfig:
     shuffle: bool = True                # tokens: visit train windows in a seeded order per epoch
     retries: int = 5                    # hf: attempts for a failing read before giving up
     retry_backoff_s: float = 1.0        # hf: first wait between retries (doubles each time)
+    # retrieval: key-value pairs in filler, queries at the end (layout: nsa_jax/data/retrieval.py)
+    retrieval_pairs: int = 64           # retrieval: (PAIR, key, value) triples per row
+    retrieval_queries: int = 16         # retrieval: (QUERY, key, value) triples ending each row
+    retrieval_keys: int = 256           # retrieval: distinct key ids
+    retrieval_values: int = 256         # retrieval: distinct value ids (chance = 1/this)
+    retrieval_filler: int = 0           # retrieval: filler ids; 0 = all ids left below vocab
+    retrieval_min_distance: int = 1     # retrieval: query-to-value distance range, in tokens
+    retrieval_max_distance: int = 0     # retrieval: 0 = as far as the row allows
 
     def validate(self) -> None:
         if self.seq_len < 1:

@@ -1,9 +1,11 @@
-"""Torch-free data pipeline: tokenizers, sources (synthetic, text, hf, tokens), prefetching loader.
+"""Torch-free data pipeline: tokenizers, sources (synthetic, text, hf, tokens, retrieval),
+prefetching loader.
 
     from nsa_jax.data import build_loader, get_tokenizer, DataError
 
 Modules: ``loader`` (build_loader, prefetch thread, exact state), ``synthetic`` (generated
-streams with learnable structure), ``text`` (packing documents into windows; text and hf
+streams with learnable structure), ``retrieval`` (key-value pairs in filler, queries at the
+end, accuracy against distance), ``text`` (packing documents into windows; text and hf
 sources), ``documents`` (.txt/.jsonl/.parquet readers), ``hf`` (``datasets`` streaming),
 ``split`` (train/eval and per-process document assignment), ``tokens`` + ``shards``
 (memory-mapped pretokenized shards), ``prepare`` (CLI writing shards), ``retry``, ``paths``,

@@ -155,6 +155,10 @@ def _make_source(cfg, split: str, process_index: int, process_count: int, positi
         from nsa_jax.data.tokens import build_tokens_source
 
         return build_tokens_source(cfg, split, process_index, process_count, position)
+    if d.source == "retrieval":
+        from nsa_jax.data.retrieval import build_retrieval_source
+
+        return build_retrieval_source(cfg, split, process_index, process_count, position)
     raise DataError(f"data.source: unknown source {d.source!r}")
 
 

@@ -1,0 +1,547 @@
+"""Does NSA learn? Long-range retrieval and loss parity with dense attention (issue 8).
+
+Both studies train with the product's own command (``python -m nsa_jax.train``), one subprocess
+per run, then evaluate the saved runs in this process:
+
+* ``retrieval``: ``data.source: retrieval`` (key-value pairs scattered over an 8k context, queries
+  at the end; layout in :mod:`nsa_jax.data.retrieval`). Three attentions from
+  ``configs/quality_retrieval.yaml``: full NSA, window only (``nsa.branches=[win]``) and dense.
+  Each run is restored with ``load_for_inference`` and scored on held-out rows: argmax accuracy
+  at every answer, binned by the distance from the query's key back to the pair's key, in
+  multiples of the window w (bins ``(lo, hi]``). With n_layers stacked windows, information can
+  travel at most n_layers * w tokens, so a window-only model of 4 layers is at chance beyond 4w.
+* ``parity``: NSA and dense from ``configs/quality_parity.yaml`` on the same pretokenized tokens
+  (``data.source: tokens``, seq 4096, same seed, so the same windows in the same order); held-out
+  loss (``eval_loss`` in each run's ``metrics.jsonl``) against training tokens.
+
+Results: ``<results>/quality_{retrieval,parity}_<device>.json`` and ``.png``. A report merges
+with an existing JSON of the same study, so variants trained in separate sessions end up in one
+file (each entry records its run's config). ``--smoke`` runs everything at tiny sizes on any
+machine (a minute or two on 2 CPU cores); its outputs go under ``runs/quality_smoke/`` and its
+numbers mean nothing beyond "the pipeline works".
+
+Reproduce (GPU; fill in the durations when you run them -- every command must fit in 10 min)::
+
+    # once, anywhere with the texts (FineWeb-Edu sample + Gutenberg books), then carry
+    # data_prepared/quality_parity to the GPU machine
+    python bench/quality.py prepare-parity --texts ../shared/data/fineweb_edu/fineweb_sample.txt \\
+        ../shared/data/text/nltk_gutenberg                                      # duration: ?
+    # retrieval: one training run per command, the last one also reports all three
+    python bench/quality.py retrieval --variants nsa --no-report              # duration: ?
+    python bench/quality.py retrieval --variants win --no-report              # duration: ?
+    python bench/quality.py retrieval --variants dense                        # duration: ?
+    # loss parity
+    python bench/quality.py parity --variants nsa --no-report                 # duration: ?
+    python bench/quality.py parity --variants dense                           # duration: ?
+    cp bench/results/quality_* "$OUT"/
+
+Run directories default to ``runs/quality/<study>_<variant>``; a run whose directory already has
+checkpoints is resumed (a finished one is a no-op), so an interrupted command can simply be
+repeated. ``--set key=value`` adds overrides to every training run (e.g. ``train.steps=800``);
+``--no-train`` only reports.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:        # run as a script from a checkout: python bench/quality.py
+    sys.path.insert(0, str(ROOT))
+
+CONFIGS = {"retrieval": "configs/quality_retrieval.yaml", "parity": "configs/quality_parity.yaml"}
+PREPARE_CONFIG = "configs/quality_prepare.yaml"
+VARIANTS = {
+    "retrieval": {"nsa": ["model.attention=nsa", "nsa.branches=[cmp,slc,win]"],
+                  "win": ["model.attention=nsa", "nsa.branches=[win]"],
+                  "dense": ["model.attention=dense"]},
+    "parity": {"nsa": ["model.attention=nsa"], "dense": ["model.attention=dense"]},
+}
+LABELS = {"nsa": "NSA (cmp+slc+win)", "win": "window only", "dense": "dense"}
+COLORS = {"nsa": "tab:blue", "win": "tab:orange", "dense": "tab:green"}
+PARITY_TOLERANCE = 0.02      # nats: NSA's held-out loss may exceed dense by at most this
+RETRIEVAL_TARGET = 0.90      # NSA accuracy wanted at distances > 4w
+
+# Tiny sizes for --smoke (CPU): the same code path, minutes -> seconds.
+_SMOKE_MODEL = ["model.dim=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_groups=1",
+                "model.head_dim=32", "model.mlp_hidden=128", "model.compute_dtype=float32",
+                "nsa.block_l=16", "nsa.stride_d=8", "nsa.sel_block=16", "nsa.n_sel=3",
+                "nsa.window=32", "train.batch_size=4", "train.steps=6", "train.warmup_steps=2",
+                "train.log_every=2", "train.eval_every=3", "train.eval_batches=1",
+                "train.ckpt_every=0", "data.prefetch=1"]
+SMOKE = {
+    "retrieval": _SMOKE_MODEL + ["model.vocab_size=256", "data.seq_len=256",
+                                 "data.retrieval_pairs=8", "data.retrieval_queries=8",
+                                 "data.retrieval_keys=32", "data.retrieval_values=32"],
+    "parity": _SMOKE_MODEL + ["data.seq_len=128", "data.eval_fraction=0.1"],
+}
+SMOKE_ROWS = 8                # held-out retrieval rows scored in --smoke
+
+
+class BenchError(Exception):
+    """A failed step; printed as one line ``error: ...``."""
+
+
+def log(msg: str) -> None:
+    print(f"[quality] {msg}", flush=True)
+
+
+# ---- training through the product's CLI -----------------------------------------------------
+def has_checkpoint(run_dir: Path) -> bool:
+    ck = run_dir / "checkpoints"
+    return ck.is_dir() and any(p.name.isdigit() for p in ck.iterdir())
+
+
+def train_command(study: str, variant: str, run_dir: Path, extra: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "nsa_jax.train", "--config", CONFIGS[study],
+           *VARIANTS[study][variant], f"run.dir={run_dir}", f"name={study}_{variant}", *extra]
+    if has_checkpoint(run_dir):
+        cmd.append("run.resume=true")
+    return cmd
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
+                                     else "")
+    return env
+
+
+def run_training(study: str, variant: str, run_dir: Path, extra: list[str]) -> None:
+    cmd = train_command(study, variant, run_dir, extra)
+    log(f"train {study}/{variant}: {' '.join(cmd[1:])}")
+    t0 = time.perf_counter()
+    rc = subprocess.run(cmd, cwd=ROOT, env=_env()).returncode
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        raise BenchError(f"training {study}/{variant} failed (exit {rc}); command: "
+                         f"{' '.join(cmd[1:])}")
+    rec = run_dir / "bench_train.json"
+    hist = json.loads(rec.read_text()) if rec.is_file() else []
+    hist.append({"command": " ".join(["python", *cmd[1:]]), "wall_s": round(wall, 1),
+                 "finished": _now()})
+    rec.write_text(json.dumps(hist, indent=1) + "\n")
+    log(f"train {study}/{variant}: done in {wall:.0f}s")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise BenchError(f"{path}: not found (did the run start?)")
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+
+
+def train_summary(run_dir: Path, cfg) -> dict:
+    """What the run's own records say: steps, losses, throughput, time."""
+    m = read_metrics(run_dir)
+    train = [e for e in m if "loss" in e]
+    evals = [e for e in m if "eval_loss" in e]
+    rec = run_dir / "bench_train.json"
+    hist = json.loads(rec.read_text()) if rec.is_file() else []
+    tps = sorted(e["tokens_per_s"] for e in train[1:]) or [None]   # first window has compile
+    return {"steps": train[-1]["step"] if train else 0,
+            "final_loss": train[-1]["loss"] if train else None,
+            "final_eval_loss": evals[-1]["eval_loss"] if evals else None,
+            "train_elapsed_s": train[-1]["elapsed_s"] if train else None,
+            "median_tokens_per_s": tps[len(tps) // 2],
+            "command_wall_s": sum(h["wall_s"] for h in hist) if hist else None,
+            "commands": [h["command"] for h in hist],
+            "model": {k: getattr(cfg.model, k) for k in ("attention", "dim", "n_layers",
+                                                         "n_heads", "n_kv_groups", "head_dim",
+                                                         "vocab_size", "compute_dtype")},
+            "nsa": cfg.to_dict()["nsa"], "seq_len": cfg.data.seq_len,
+            "batch_size": cfg.train.batch_size, "lr": cfg.train.lr, "seed": cfg.train.seed}
+
+
+# ---- retrieval evaluation ---------------------------------------------------------------------
+def make_predictor(model):
+    """``predict(inputs [B,T], positions [B,Q]) -> argmax token after each position [B,Q]``."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def fwd(state, inputs, positions):
+        m = nnx.merge(graphdef, state)
+        h = m(inputs)
+        hq = jnp.take_along_axis(h, positions[..., None], axis=1)   # [B,Q,D]
+        return jnp.argmax(m.head_logits(hq).astype(jnp.float32), axis=-1)
+
+    def predict(inputs, positions):
+        return jax.device_get(fwd(state, jnp.asarray(inputs, jnp.int32),
+                                  jnp.asarray(positions, jnp.int32)))
+
+    return predict
+
+
+def evaluate_retrieval_run(run_dir: Path, rows: int, batch_size: int | None) -> dict:
+    from nsa_jax.data import build_loader
+    from nsa_jax.data.retrieval import RetrievalLayout, evaluate_retrieval
+    from nsa_jax.train.checkpoint import load_for_inference
+
+    cfg, model = load_for_inference(run_dir)
+    if cfg.data.source != "retrieval":
+        raise BenchError(f"{run_dir}: trained on data.source={cfg.data.source}, not retrieval")
+    layout = RetrievalLayout.from_config(cfg)
+    bs = batch_size or cfg.train.batch_size
+    n_batches = max(1, -(-rows // bs))
+    predict = make_predictor(model)
+    t0 = time.perf_counter()
+    with build_loader(cfg, "eval", bs) as loader:
+        res = evaluate_retrieval(predict, (next(loader) for _ in range(n_batches)), layout,
+                                 cfg.nsa.window)
+    res["eval_rows"] = n_batches * bs
+    res["eval_s"] = round(time.perf_counter() - t0, 1)
+    res["layout"] = {k: getattr(layout, k) for k in ("seq_len", "pairs", "queries", "keys",
+                                                     "values", "filler", "min_distance",
+                                                     "max_distance")}
+    res["train"] = train_summary(run_dir, cfg)
+    return res
+
+
+def binomial_upper(p: float, n: int, z: float = 3.0) -> float:
+    return p + z * math.sqrt(p * (1 - p) / max(n, 1))
+
+
+def retrieval_checks(variants: dict) -> dict:
+    """The issue's criteria, computed (not asserted) from the measured numbers."""
+    out = {}
+    nsa, win = variants.get("nsa"), variants.get("win")
+    if nsa and nsa["beyond_4w"]["accuracy"] is not None:
+        out["nsa_beyond_4w_accuracy"] = nsa["beyond_4w"]["accuracy"]
+        out[f"nsa_beyond_4w_ge_{RETRIEVAL_TARGET}"] = nsa["beyond_4w"]["accuracy"] >= \
+            RETRIEVAL_TARGET
+    if win and win["beyond_4w"]["accuracy"] is not None:
+        b = win["beyond_4w"]
+        out["win_beyond_4w_accuracy"] = b["accuracy"]
+        out["win_beyond_4w_chance_3sigma"] = binomial_upper(win["chance"], b["n"])
+        out["win_beyond_4w_at_chance"] = b["accuracy"] <= binomial_upper(win["chance"], b["n"])
+    return out
+
+
+def plot_retrieval(data: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    w = None
+    for v in ("nsa", "win", "dense"):
+        r = data["variants"].get(v)
+        if not r:
+            continue
+        w = r["window"]
+        bins = [b for b in r["bins"] if b["n"]]
+        x = [b["hi"] / w for b in bins]
+        y = [b["accuracy"] * 100 for b in bins]
+        ax.plot(x, y, "o-", color=COLORS[v], label=f"{LABELS[v]}")
+        chance = r["chance"] * 100
+    if w is None:
+        plt.close(fig)
+        return
+    ax.axhline(chance, color="gray", ls=":", label=f"chance ({chance:.2g}%)")
+    ax.axvline(4, color="gray", ls="--", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"distance from query to key, upper bin edge / window (w = {w})")
+    ax.set_ylabel("answer accuracy (%)")
+    ax.set_ylim(-3, 103)
+    ax.set_title(f"Retrieval against distance ({data['device']}"
+                 + (", smoke" if data["smoke"] else "") + ")")
+    ax.legend(loc="best", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---- parity ---------------------------------------------------------------------------------
+def parity_entry(run_dir: Path) -> dict:
+    from nsa_jax.config import load_config
+
+    cfg = load_config(run_dir / "config.yaml")
+    m = read_metrics(run_dir)
+    tps = cfg.train.batch_size * cfg.data.seq_len
+    curve = [{"step": e["step"], "tokens": e["step"] * tps, "eval_loss": e["eval_loss"]}
+             for e in m if "eval_loss" in e]
+    if not curve:
+        raise BenchError(f"{run_dir}/metrics.jsonl: no eval_loss entries (train.eval_every=0?)")
+    train = [{"step": e["step"], "loss": e["loss"]} for e in m if "loss" in e]
+    return {"eval_curve": curve, "train_curve": train, "train": train_summary(run_dir, cfg),
+            "data_path": cfg.data.path}
+
+
+def parity_checks(variants: dict) -> dict:
+    nsa, dense = variants.get("nsa"), variants.get("dense")
+    if not (nsa and dense):
+        return {}
+    a = {c["step"]: c["eval_loss"] for c in nsa["eval_curve"]}
+    b = {c["step"]: c["eval_loss"] for c in dense["eval_curve"]}
+    common = sorted(set(a) & set(b))
+    if not common:
+        return {"note": "no common eval steps"}
+    last = common[-1]
+    diff = a[last] - b[last]
+    return {"step": last, "nsa_eval_loss": a[last], "dense_eval_loss": b[last],
+            "nsa_minus_dense": diff, f"within_{PARITY_TOLERANCE}": diff <= PARITY_TOLERANCE,
+            "best_nsa_minus_best_dense": min(a[s] for s in common) - min(b[s] for s in common)}
+
+
+def plot_parity(data: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for v in ("nsa", "dense"):
+        r = data["variants"].get(v)
+        if not r:
+            continue
+        c = r["eval_curve"]
+        ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c], "o-", ms=3,
+                color=COLORS[v], label=LABELS[v].split(" (")[0])
+    ax.set_xlabel("training tokens (M)")
+    ax.set_ylabel("held-out loss (nats/token)")
+    chk = data.get("checks") or {}
+    sub = (f"; final NSA - dense = {chk['nsa_minus_dense']:+.3f}" if "nsa_minus_dense" in chk
+           else "")
+    ax.set_title(f"Held-out loss, seq {data.get('seq_len')} ({data['device']}"
+                 + (", smoke" if data["smoke"] else "") + f"){sub}", fontsize=10)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---- reports ----------------------------------------------------------------------------------
+def device_tag() -> str:
+    import jax
+
+    d = jax.devices()[0]
+    if d.platform == "cpu":
+        return "cpu"
+    kind = re.sub(r"^nvidia\s+", "", d.device_kind.strip().lower())
+    return re.sub(r"[^a-z0-9]+", "_", kind).strip("_") or d.platform
+
+
+def device_desc() -> str:
+    import jax
+
+    d = jax.devices()
+    return f"{len(d)} x {d[0].device_kind} ({d[0].platform}), jax {jax.__version__}"
+
+
+def merge_results(path: Path, study: str, smoke: bool, device: str, fresh: dict) -> dict:
+    """``fresh`` variants merged into the study's JSON at ``path`` (other variants are kept)."""
+    old = {}
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            raise BenchError(f"{path}: not valid JSON (remove it to start over)") from None
+        if old.get("study") != study:
+            raise BenchError(f"{path}: holds study {old.get('study')!r}, not {study!r}")
+    variants = dict(old.get("variants") or {})
+    variants.update(fresh)
+    return {"study": study, "device": device, "smoke": smoke, "updated": _now(),
+            "variants": variants}
+
+
+def report(study: str, args, run_root: Path, results: Path) -> dict:
+    tag = args.device_tag or device_tag()
+    json_path = results / f"quality_{study}_{tag}.json"
+    fresh = {}
+    for v in VARIANTS[study]:
+        run_dir = run_root / f"{study}_{v}"
+        if not has_checkpoint(run_dir):
+            log(f"report {study}: no checkpoint in {run_dir}; {v} not (re)evaluated")
+            continue
+        log(f"report {study}: evaluating {v} from {run_dir}")
+        if study == "retrieval":
+            rows = SMOKE_ROWS if args.smoke else args.eval_rows
+            entry = evaluate_retrieval_run(run_dir, rows, args.eval_batch_size)
+        else:
+            entry = parity_entry(run_dir)
+        entry["run_dir"] = str(run_dir)
+        entry["device"] = device_desc()
+        entry["evaluated"] = _now()
+        fresh[v] = entry
+    if not fresh and not json_path.is_file():
+        raise BenchError(f"report {study}: no finished run under {run_root} and no {json_path}")
+    data = merge_results(json_path, study, args.smoke, tag, fresh)
+    if study == "retrieval":
+        data["checks"] = retrieval_checks(data["variants"])
+    else:
+        data["seq_len"] = next(iter(data["variants"].values()))["train"]["seq_len"]
+        data["checks"] = parity_checks(data["variants"])
+    results.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(data, indent=1) + "\n")
+    png = json_path.with_suffix(".png")
+    (plot_retrieval if study == "retrieval" else plot_parity)(data, png)
+    log(f"report {study}: wrote {json_path} and {png}")
+    print_summary(data)
+    return data
+
+
+def print_summary(data: dict) -> None:
+    if data["study"] == "retrieval":
+        for v, r in data["variants"].items():
+            bins = "  ".join(f"({b['lo']},{b['hi']}]:"
+                             + (f"{b['accuracy']:.2f}" if b["n"] else "-") for b in r["bins"])
+            log(f"retrieval {v:5s} beyond 4w {r['beyond_4w']['accuracy']} "
+                f"(n={r['beyond_4w']['n']}, chance {r['chance']:.3g}) | {bins}")
+    else:
+        for v, r in data["variants"].items():
+            c = r["eval_curve"][-1]
+            log(f"parity {v:5s} step {c['step']} eval_loss {c['eval_loss']:.4f}")
+    log(f"checks: {json.dumps(data.get('checks'))}")
+
+
+# ---- parity data --------------------------------------------------------------------------
+def ensure_smoke_tokens(smoke_root: Path) -> Path:
+    out = smoke_root / "tokens"
+    if not (out / "index.json").is_file():
+        cmd = [sys.executable, "-m", "nsa_jax.data.prepare", "--config",
+               "configs/prepare_sample.yaml", f"data.out_dir={out}"]
+        log(f"prepare: {' '.join(cmd[1:])}")
+        if subprocess.run(cmd, cwd=ROOT, env=_env()).returncode != 0:
+            raise BenchError("preparing the bundled sample failed")
+    return out
+
+
+def read_text_any(path: Path) -> str:
+    """UTF-8, else ISO-8859-1 (one Gutenberg file is Latin-1); CRLF -> LF."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("latin-1")
+    return text.replace("\r\n", "\n")
+
+
+def stage_texts(inputs: list[str], out: Path, chunks: int) -> list[Path]:
+    """Cut every input text into ``chunks`` pieces at line breaks, written as
+    ``<k>_<name>.txt``: sorted by name, piece k of every text precedes piece k+1, so the tail of
+    the prepared token stream (the tokens source's eval split) is the tail of every text."""
+    files = []
+    for p in map(Path, inputs):
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*.txt") if not f.name.upper().startswith("README"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise BenchError(f"--texts: {p} does not exist")
+    if not files:
+        raise BenchError("--texts: no .txt files found")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for f in files:
+        lines = read_text_any(f).splitlines(keepends=True)
+        per = -(-len(lines) // chunks)
+        for k in range(chunks):
+            piece = "".join(lines[k * per:(k + 1) * per])
+            if piece.strip():
+                (out / f"{k:03d}_{f.stem}.txt").write_text(piece, encoding="utf-8")
+    return files
+
+
+def prepare_parity(args) -> None:
+    from nsa_jax.config import load_config
+
+    cfg = load_config(ROOT / PREPARE_CONFIG)
+    staging = ROOT / cfg.data.path
+    out = ROOT / cfg.data.out_dir
+    if out.exists():
+        raise BenchError(f"{out} already exists (remove it to prepare again)")
+    files = stage_texts(args.texts, staging, args.chunks)
+    log(f"staged {len(files)} texts as {args.chunks} pieces each in {staging}")
+    cmd = [sys.executable, "-m", "nsa_jax.data.prepare", "--config", PREPARE_CONFIG]
+    log(f"prepare: {' '.join(cmd[1:])}")
+    if subprocess.run(cmd, cwd=ROOT, env=_env()).returncode != 0:
+        raise BenchError("prepare failed")
+
+
+# ---- main -----------------------------------------------------------------------------------
+def run_study(study: str, args) -> None:
+    smoke_root = ROOT / "runs" / "quality_smoke"
+    run_root = Path(args.runs) if args.runs else (smoke_root if args.smoke
+                                                  else ROOT / "runs" / "quality")
+    results = Path(args.results) if args.results else (smoke_root / "results" if args.smoke
+                                                       else ROOT / "bench" / "results")
+    extra = list(SMOKE[study]) if args.smoke else []
+    if study == "parity" and args.smoke:
+        extra.append(f"data.path={ensure_smoke_tokens(smoke_root)}")
+    extra += args.set
+    variants = args.variants or list(VARIANTS[study])
+    if args.study == "all":
+        variants = [v for v in variants if v in VARIANTS[study]]
+    for v in variants:
+        if v not in VARIANTS[study]:
+            raise BenchError(f"--variants: {v!r} is not a {study} variant "
+                             f"({', '.join(VARIANTS[study])})")
+    if not args.no_train:
+        for v in variants:
+            run_training(study, v, run_root / f"{study}_{v}", extra)
+    if not args.no_report:
+        report(study, args, run_root, results)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python bench/quality.py", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("study", choices=["retrieval", "parity", "all", "prepare-parity"])
+    p.add_argument("--variants", nargs="+", metavar="V",
+                   help="retrieval: nsa win dense; parity: nsa dense (default: all)")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny sizes, outputs under runs/quality_smoke (checks the pipeline)")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="extra overrides for every training run, e.g. train.steps=800")
+    p.add_argument("--no-train", action="store_true", help="only evaluate and report")
+    p.add_argument("--no-report", action="store_true", help="only train")
+    p.add_argument("--runs", help="run directories root (default runs/quality)")
+    p.add_argument("--results", help="JSON/PNG directory (default bench/results)")
+    p.add_argument("--device-tag", help="file name tag (default from the device, e.g. h200)")
+    p.add_argument("--eval-rows", type=int, default=128,
+                   help="retrieval: held-out rows to score (default 128)")
+    p.add_argument("--eval-batch-size", type=int, help="retrieval: rows per forward "
+                   "(default train.batch_size)")
+    p.add_argument("--texts", nargs="+", help="prepare-parity: .txt files or directories")
+    p.add_argument("--chunks", type=int, default=20,
+                   help="prepare-parity: pieces per text (default 20)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.study == "prepare-parity":
+            if not args.texts:
+                raise BenchError("prepare-parity: --texts is required")
+            prepare_parity(args)
+        else:
+            for study in (["retrieval", "parity"] if args.study == "all" else [args.study]):
+                run_study(study, args)
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""Synthetic long-range retrieval (``data.source: retrieval``): key-value pairs in a haystack.
+
+Token ids, with ``K = data.retrieval_keys``, ``V = data.retrieval_values`` and ``F`` filler ids
+(``data.retrieval_filler``; 0 means every id left below ``model.vocab_size``)::
+
+    0                   PAIR marker
+    1                   QUERY marker
+    2 .. 2+K-1          keys
+    2+K .. 2+K+V-1      values
+    2+K+V .. 2+K+V+F-1  filler
+
+A row has ``n = seq_len + 1`` tokens: a context of ``C = n - 3Q`` tokens, then ``Q`` queries::
+
+    [ filler with P pairs (PAIR, key, value) written over it | (QUERY, key, value) x Q ]
+      0 .. C-1                                                 C .. n-1
+
+* ``P = data.retrieval_pairs`` pairs sit at non-overlapping places in the context; their keys are
+  distinct within the row, their values uniform (repeats allowed); filler is uniform iid.
+* Query ``j`` occupies ``[C+3j, C+3j+3)`` and asks for pair ``j`` (pairs ``Q..P-1`` are
+  distractors that are never asked). Its *answer* is the value at row position
+  ``a_j = C + 3j + 2``, predicted from position ``a_j - 1`` (the query's key token).
+* *Distance* of query ``j``: position of the query's key minus position of the pair's key, so a
+  causal sliding window of ``w`` tokens at the query's key sees the stored value iff
+  ``distance <= w``. Each query's distance is drawn uniformly from
+  ``[data.retrieval_min_distance, data.retrieval_max_distance]`` intersected with what fits
+  (``[3j+3, C+3j]``), then the pair is placed there (uniformly among free places when the drawn
+  one collides).
+
+Training uses the plain next-token loss over the whole row: filler, keys, values and the choice of
+queried key are unpredictable, so their loss is a constant floor, and what the model can learn is
+concentrated in the answer tokens (and the trivial query markers). Accuracy is measured only at the
+answers (:func:`answer_info`, :func:`evaluate_retrieval`); chance is ``1 / V``.
+
+Row ``g`` of a split comes from its own RNG keyed by (``train.seed``, split, ``g``): the stream is
+infinite, deterministic and random-access; the position is one integer like the synthetic source
+(process ``p`` of ``P`` takes global rows ``p, p+P, p+2P, ...``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable
+
+import numpy as np
+
+from nsa_jax.data.errors import DataError
+
+_TAG = 0x2E7A  # domain-separates the retrieval RNG streams from other uses of the seed
+PAIR, QUERY = 0, 1
+N_SPECIAL = 2
+_TRIES = 8     # random draws before falling back to listing the free places
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrievalLayout:
+    """Sizes and token ids of the retrieval rows (see module docstring)."""
+
+    seq_len: int
+    pairs: int
+    queries: int
+    keys: int
+    values: int
+    filler: int
+    min_distance: int = 1
+    max_distance: int = 0     # 0 = as far as the row allows
+
+    @classmethod
+    def from_config(cls, cfg) -> "RetrievalLayout":
+        """Layout of ``cfg.data`` for a model of ``cfg.model.vocab_size``; validated."""
+        d = cfg.data
+        vocab = cfg.model.vocab_size
+        filler = d.retrieval_filler or vocab - N_SPECIAL - d.retrieval_keys - d.retrieval_values
+        lay = cls(d.seq_len, d.retrieval_pairs, d.retrieval_queries, d.retrieval_keys,
+                  d.retrieval_values, filler, d.retrieval_min_distance, d.retrieval_max_distance)
+        lay.validate(vocab)
+        return lay
+
+    # ---- ids and positions -----------------------------------------------------------------
+    @property
+    def key0(self) -> int:
+        return N_SPECIAL
+
+    @property
+    def value0(self) -> int:
+        return N_SPECIAL + self.keys
+
+    @property
+    def filler0(self) -> int:
+        return N_SPECIAL + self.keys + self.values
+
+    @property
+    def vocab_needed(self) -> int:
+        return self.filler0 + self.filler
+
+    @property
+    def row_len(self) -> int:
+        return self.seq_len + 1
+
+    @property
+    def context_len(self) -> int:
+        return self.row_len - 3 * self.queries
+
+    def answer_positions(self) -> np.ndarray:
+        """Row positions of the Q answers, ``C + 3j + 2`` (static for a layout)."""
+        return self.context_len + 3 * np.arange(self.queries) + 2
+
+    def distance_range(self, j: int) -> tuple[int, int]:
+        """Inclusive distances query ``j`` can have: config range within ``[3j+3, C+3j]``."""
+        C = self.context_len
+        hi = C + 3 * j if self.max_distance == 0 else min(self.max_distance, C + 3 * j)
+        return max(self.min_distance, 3 * j + 3), hi
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / self.values
+
+    def validate(self, vocab: int) -> None:
+        def fail(key, msg):
+            raise DataError(f"data.retrieval_{key}: {msg}")
+
+        for k in ("queries", "pairs", "keys", "values", "min_distance"):
+            if getattr(self, k) < 1:
+                fail(k, f"must be >= 1, got {getattr(self, k)}")
+        if self.max_distance < 0:
+            fail("max_distance", f"must be >= 0 (0 = no limit), got {self.max_distance}")
+        if self.pairs < self.queries:
+            fail("pairs", f"{self.pairs} < retrieval_queries={self.queries} (each query asks a "
+                          f"different pair)")
+        if self.keys < self.pairs:
+            fail("keys", f"{self.keys} < retrieval_pairs={self.pairs} (keys are distinct in a row)")
+        if self.filler < 1:
+            fail("filler", f"no ids left for filler: 2 markers + {self.keys} keys + {self.values} "
+                           f"values fill model.vocab_size={vocab}")
+        if self.vocab_needed > vocab:
+            fail("filler", f"2 markers + {self.keys} keys + {self.values} values + {self.filler} "
+                           f"filler ids = {self.vocab_needed} > model.vocab_size={vocab}")
+        C = self.context_len
+        if C < 1 or 6 * self.pairs > C:
+            raise DataError(f"data.seq_len: {self.seq_len} is too short for {self.queries} queries "
+                            f"and {self.pairs} pairs (pairs may fill at most half of the "
+                            f"{max(C, 0)}-token context)")
+        for j in range(self.queries):
+            lo, hi = self.distance_range(j)
+            if lo > hi:
+                fail("min_distance", f"distance range [{self.min_distance}, "
+                                     f"{self.max_distance or 'max'}] leaves no place for query {j}"
+                                     f" (its distance must lie in [{3 * j + 3}, {C + 3 * j}])")
+
+    # ---- generation ------------------------------------------------------------------------
+    def generate(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """One row ``int32 [seq_len + 1]`` and its queries' distances ``int64 [Q]``."""
+        C, P, Q = self.context_len, self.pairs, self.queries
+        row = np.empty(self.row_len, np.int32)
+        row[:C] = self.filler0 + rng.integers(0, self.filler, size=C)
+        keys = self.key0 + rng.choice(self.keys, size=P, replace=False)
+        vals = self.value0 + rng.integers(0, self.values, size=P)
+        free = np.ones(C - 2, bool)        # free[s]: a pair may start at s
+        starts = np.empty(P, np.int64)
+        dist = np.empty(Q, np.int64)
+        for j in range(P):
+            if j < Q:
+                t = C + 3 * j + 1          # the query's key position
+                lo, hi = self.distance_range(j)
+                cands = t - 1 - np.arange(lo, hi + 1)   # pair starts giving those distances
+            else:
+                cands = np.arange(C - 2)
+            s = _draw_free(rng, cands, free)
+            if s < 0:
+                raise DataError(f"data.retrieval_pairs: no free place left for pair {j} "
+                                f"(distance range too narrow for {P} pairs)")
+            starts[j] = s
+            free[max(0, s - 2):s + 3] = False   # no other pair may overlap [s, s+3)
+            if j < Q:
+                dist[j] = t - (s + 1)
+        row[starts] = PAIR
+        row[starts + 1] = keys
+        row[starts + 2] = vals
+        qpos = C + 3 * np.arange(Q)
+        row[qpos] = QUERY
+        row[qpos + 1] = keys[:Q]
+        row[qpos + 2] = vals[:Q]
+        return row, dist
+
+
+def _draw_free(rng, cands: np.ndarray, free: np.ndarray) -> int:
+    """A uniform choice among ``cands`` with ``free[c]`` (rejection, then the explicit list)."""
+    for _ in range(_TRIES):
+        c = int(cands[rng.integers(len(cands))])
+        if free[c]:
+            return c
+    ok = cands[free[cands]]
+    return int(ok[rng.integers(len(ok))]) if len(ok) else -1
+
+
+class RetrievalSource:
+    """Infinite, seekable retrieval stream; rows are ``[seq_len + 1]`` int32 sequences."""
+
+    kind = "retrieval"
+
+    def __init__(self, layout: RetrievalLayout, seed: int, split: str, process_index: int,
+                 process_count: int, position: dict | None = None):
+        self.layout = layout
+        self.seed = seed
+        self.split_id = {"train": 1, "eval": 2}[split]
+        self.p, self.P = process_index, process_count
+        self.cursor = int((position or {}).get("seq", 0))
+
+    def check(self) -> None:
+        """Validated when the layout was built; nothing else can be missing."""
+
+    def position(self) -> dict:
+        return {"seq": self.cursor}
+
+    def row(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        """Global row ``g`` of this split and its distances (deterministic)."""
+        return self.layout.generate(np.random.default_rng([self.seed, _TAG, self.split_id, g]))
+
+    def next_rows(self, count: int) -> np.ndarray:
+        rows = [self.row((self.cursor + j) * self.P + self.p)[0] for j in range(count)]
+        self.cursor += count
+        return np.stack(rows)
+
+
+def build_retrieval_source(cfg, split, process_index, process_count, position):
+    return RetrievalSource(RetrievalLayout.from_config(cfg), cfg.train.seed, split,
+                           process_index, process_count, position)
+
+
+# ---- evaluation ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class AnswerInfo:
+    """Per query of a batch ``[B, seq_len + 1]``: all ``int64 [B, Q]``."""
+
+    positions: np.ndarray   # row position of the answer (predicted from ``positions - 1``)
+    answers: np.ndarray     # the answer token
+    distances: np.ndarray   # query key position - pair key position
+
+
+def answer_info(batch: np.ndarray, layout: RetrievalLayout) -> AnswerInfo:
+    """Answer positions, answers and distances of a batch, read from its tokens.
+
+    Raises :class:`DataError` if a row does not follow ``layout`` (wrong length, missing query
+    marker, a queried key with no pair, or an answer that differs from the stored value).
+    """
+    batch = np.asarray(batch)
+    B = batch.shape[0]
+    if batch.ndim != 2 or batch.shape[1] != layout.row_len:
+        raise DataError(f"retrieval batch: expected [B, {layout.row_len}] (seq_len + 1), got "
+                        f"{list(batch.shape)}")
+    C, Q = layout.context_len, layout.queries
+    pos = np.broadcast_to(layout.answer_positions(), (B, Q)).astype(np.int64)
+    dist = np.empty((B, Q), np.int64)
+    for b in range(B):
+        row = batch[b]
+        if not np.all(row[C::3] == QUERY):
+            raise DataError(f"retrieval batch: row {b} has no QUERY marker every 3 tokens from "
+                            f"position {C} (not a retrieval row of this layout)")
+        starts = np.flatnonzero(row[:C - 2] == PAIR)
+        qkeys = row[C + 1::3]
+        where = np.full(layout.value0, -1, np.int64)     # key id -> pair start
+        ok = all((k >= layout.key0).all() and (k < layout.value0).all()
+                 for k in (row[starts + 1], qkeys))
+        if ok:
+            where[row[starts + 1]] = starts
+            s = where[qkeys]
+        if not ok or np.any(s < 0) or np.any(row[s + 2] != row[C + 2::3]):
+            raise DataError(f"retrieval batch: row {b}: a queried key has no pair or a different "
+                            f"value (not a retrieval row of this layout)")
+        dist[b] = (C + 3 * np.arange(Q) + 1) - (s + 1)
+    return AnswerInfo(pos, batch[:, C + 2::3].astype(np.int64), dist)
+
+
+def distance_edges(window: int, max_distance: int) -> list[int]:
+    """Bin edges in multiples of the window, ``[0, w, 2w, 4w, 8w, ...]``, the last one
+    ``>= max_distance``. Bins are ``(lo, hi]``: the first holds what a window of ``w`` sees."""
+    if window < 1:
+        raise ValueError(f"window: must be >= 1, got {window}")
+    edges, e = [0, window], window
+    while e < max_distance:
+        e *= 2
+        edges.append(e)
+    return edges
+
+
+def accuracy_by_distance(correct: np.ndarray, distances: np.ndarray,
+                         edges: list[int]) -> list[dict]:
+    """One dict per bin ``(lo, hi]``: ``lo``, ``hi``, ``n``, ``correct``, ``accuracy``
+    (None for an empty bin). Distances outside all bins are an error."""
+    correct = np.asarray(correct, bool).ravel()
+    distances = np.asarray(distances).ravel()
+    if correct.shape != distances.shape:
+        raise ValueError(f"correct {correct.shape} and distances {distances.shape} differ")
+    if distances.size and (distances.min() <= edges[0] or distances.max() > edges[-1]):
+        raise ValueError(f"distances {distances.min()}..{distances.max()} outside the bins "
+                         f"({edges[0]}, {edges[-1]}]")
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        m = (distances > lo) & (distances <= hi)
+        n, k = int(m.sum()), int(correct[m].sum())
+        out.append({"lo": int(lo), "hi": int(hi), "n": n, "correct": k,
+                    "accuracy": k / n if n else None})
+    return out
+
+
+def accuracy_where(correct: np.ndarray, mask: np.ndarray) -> dict:
+    """``{"n", "correct", "accuracy"}`` over the queries where ``mask`` holds."""
+    c = np.asarray(correct, bool)[np.asarray(mask, bool)]
+    return {"n": int(c.size), "correct": int(c.sum()),
+            "accuracy": float(c.mean()) if c.size else None}
+
+
+PredictFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def evaluate_retrieval(predict: PredictFn, batches: Iterable[np.ndarray], layout: RetrievalLayout,
+                       window: int) -> dict:
+    """Accuracy of ``predict`` against distance, over ``batches`` of retrieval rows.
+
+    ``predict(inputs [B, seq_len], query_positions [B, Q]) -> tokens [B, Q]`` returns the token
+    the model predicts *after* each query position (its argmax); inputs are ``batch[:, :-1]``, so
+    the model never sees the answers of the last query. Returns ``{"bins": accuracy_by_distance,
+    "within_w", "beyond_w", "beyond_4w", "overall": accuracy_where, "chance", "window",
+    "queries"}``; ``beyond_4w`` counts distances > 4w.
+    """
+    correct, dist = [], []
+    for batch in batches:
+        info = answer_info(batch, layout)
+        pred = np.asarray(predict(np.asarray(batch)[:, :-1], info.positions - 1))
+        if pred.shape != info.answers.shape:
+            raise ValueError(f"predict returned shape {pred.shape}, expected "
+                             f"{info.answers.shape}")
+        correct.append(pred == info.answers)
+        dist.append(info.distances)
+    correct, dist = np.concatenate(correct).ravel(), np.concatenate(dist).ravel()
+    max_d = layout.distance_range(layout.queries - 1)[1]
+    return {"bins": accuracy_by_distance(correct, dist, distance_edges(window, max_d)),
+            "within_w": accuracy_where(correct, dist <= window),
+            "beyond_w": accuracy_where(correct, dist > window),
+            "beyond_4w": accuracy_where(correct, dist > 4 * window),
+            "overall": accuracy_where(correct, np.ones_like(correct)),
+            "chance": layout.chance, "window": window, "queries": int(correct.size)}
