@@ -179,12 +179,23 @@ def topn_decode(scores, t, cfg: NSAConfig):
     return ids
 
 
+def _scores(qg, k):
+    """q . k with float32 accumulation, reading the cache in its own dtype (no float32 copy)."""
+    return jnp.einsum("bghd,bgsd->bghs", qg.astype(k.dtype), k,
+                      preferred_element_type=jnp.float32)
+
+
+def _mix(p, v):
+    """p [B,G,h,S] (float32) @ v [B,G,S,Dv] -> float32. Exact float32 for float32 caches; for
+    bfloat16 caches p is rounded to bfloat16 like the flash kernels do (accumulation float32)."""
+    return jnp.einsum("bghs,bgsd->bghd", p.astype(v.dtype), v,
+                      preferred_element_type=jnp.float32)
+
+
 def _attend_one(qg, k, v, mask):
     """qg [B,G,h,D], k [B,G,S,D], v [B,G,S,Dv], mask broadcastable to [B,G,h,S] -> f32 [B,G,h,Dv]."""
     scale = 1.0 / math.sqrt(qg.shape[-1])
-    s = jnp.einsum("bghd,bgsd->bghs", qg.astype(jnp.float32), k.astype(jnp.float32)) * scale
-    p = masked_softmax(s, mask)
-    return jnp.einsum("bghs,bgsd->bghd", p, v.astype(jnp.float32))
+    return _mix(masked_softmax(_scores(qg, k) * scale, mask), v)
 
 
 def nsa_decode_attention(q, lc: Cache, t, gates, cfg: NSAConfig, return_info: bool = False):
@@ -207,11 +218,10 @@ def nsa_decode_attention(q, lc: Cache, t, gates, cfg: NSAConfig, return_info: bo
         k_cmp, v_cmp = lc["k_cmp"], lc["v_cmp"]
         Tc = k_cmp.shape[2]
         vis = jnp.arange(Tc) * cfg.stride_d + cfg.block_l - 1 <= t       # [Tc]
-        s = jnp.einsum("bghd,bgid->bghi", qg.astype(jnp.float32), k_cmp.astype(jnp.float32))
-        p_cmp = masked_softmax(s / math.sqrt(Dk), vis)                     # Eq. 8
+        p_cmp = masked_softmax(_scores(qg, k_cmp) / math.sqrt(Dk), vis)   # Eq. 8
         info["cmp"] = jnp.sum(vis)
         if "cmp" in br:
-            o_cmp = jnp.einsum("bghi,bgid->bghd", p_cmp, v_cmp.astype(jnp.float32))
+            o_cmp = _mix(p_cmp, v_cmp)
 
     if "slc" in br:
         k_slc, v_slc = lc["k_slc"], lc["v_slc"]
