@@ -21,6 +21,11 @@ from nsa_jax.train.optim import lr_at
 from nsa_jax.train.state import ModelSpec, TrainState
 
 
+def _global_norm(tree):
+    tree_ns = getattr(optax, "tree", None)
+    return tree_ns.norm(tree) if hasattr(tree_ns, "norm") else optax.global_norm(tree)
+
+
 def split_micro(batch, accum: int, mesh=None):
     """[B, L] -> [accum, B/accum, L]; micro-batch a holds rows a, a+accum, ..."""
     B, L = batch.shape
@@ -50,7 +55,7 @@ def loss_and_grads(spec: ModelSpec, params, batch, accum: int, mesh=None):
 def make_train_step(spec: ModelSpec, tcfg: TrainConfig, tx, mesh=None):
     def train_step(state: TrainState, batch):
         loss, grads = loss_and_grads(spec, state.params, batch, tcfg.grad_accum, mesh)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = _global_norm(grads)
         lr = lr_at(state.step, tcfg)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, jax.tree.map(lambda u: lr * u, updates))
