@@ -193,7 +193,8 @@ def _mix(p, v):
 
 
 def _attend_one(qg, k, v, mask):
-    """qg [B,G,h,D], k [B,G,S,D], v [B,G,S,Dv], mask broadcastable to [B,G,h,S] -> f32 [B,G,h,Dv]."""
+    """qg [B,G,h,D], k [B,G,S,D], v [B,G,S,Dv], mask broadcastable to [B,G,h,S]
+    -> float32 [B,G,h,Dv]."""
     scale = 1.0 / math.sqrt(qg.shape[-1])
     return _mix(masked_softmax(_scores(qg, k) * scale, mask), v)
 

@@ -7,9 +7,9 @@ Loads ``RUN_DIR/config.yaml`` and the newest checkpoint (``nsa_jax.train.checkpo
 load_for_inference``), encodes the prompt with the run's tokenizer (``data.tokenizer``), prefills it
 with the parallel forward, then decodes token by token (:mod:`nsa_jax.decode`), streaming the text
 to stdout; the prompt is echoed first. An empty prompt starts from the tokenizer's EOS token.
-Generation stops after N tokens or at EOS. Temperature 0 is greedy decoding. Bad input (arguments,
-a missing or incompatible checkpoint, an unknown tokenizer) prints one line ``error: ...`` on
-stderr and exits with status 2.
+Generation stops after N tokens or at EOS (which is not printed). Temperature 0 is greedy
+decoding. Bad input (arguments, a missing or incompatible checkpoint, an unknown tokenizer)
+prints one line ``error: ...`` on stderr and exits with status 2.
 """
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         ids = generate_ids(model, prompt_ids, args.max_new_tokens,
                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                            seed=args.seed, vocab_limit=tok.vocab_size, eos_id=tok.eos_id,
-                           on_token=stream.push)
+                           on_token=lambda i: i != tok.eos_id and stream.push(i))
         stream.close()
         dt = time.perf_counter() - t0
         sys.stdout.write("\n")

@@ -113,7 +113,7 @@ def test_cli_generates_from_trained_run(tmp_path, capsys):
     p_ids = tok.encode(prompt)
     ids = generate_ids(model, p_ids, 12, temperature=0.0, vocab_limit=tok.vocab_size,
                        eos_id=tok.eos_id)
-    assert cap.out == prompt + tok.decode(ids) + "\n"
+    assert cap.out == prompt + tok.decode([i for i in ids if i != tok.eos_id]) + "\n"
     seq = jnp.asarray([p_ids + ids], jnp.int32)
     graphdef, state = nnx.split(model)
     logits = jax.jit(lambda s, x: nnx.merge(graphdef, s).logits(x))(state, seq)
