@@ -86,7 +86,7 @@ class DataConfig:
     retrieval_keys: int = 256           # retrieval: distinct key ids
     retrieval_values: int = 256         # retrieval: distinct value ids (chance = 1/this)
     retrieval_filler: int = 0           # retrieval: filler ids; 0 = all ids left below vocab
-    retrieval_min_distance: int = 1     # retrieval: query-to-value distance range, in tokens
+    retrieval_min_distance: int = 1     # retrieval: query-to-key distance range (tokens)
     retrieval_max_distance: int = 0     # retrieval: 0 = as far as the row allows
 
     def validate(self) -> None:

@@ -141,9 +141,11 @@ class RetrievalLayout:
         for j in range(self.queries):
             lo, hi = self.distance_range(j)
             if lo > hi:
-                fail("min_distance", f"distance range [{self.min_distance}, "
-                                     f"{self.max_distance or 'max'}] leaves no place for query {j}"
-                                     f" (its distance must lie in [{3 * j + 3}, {C + 3 * j}])")
+                key = "max_distance" if self.max_distance and self.max_distance < lo else \
+                    "min_distance"
+                fail(key, f"distance range [{self.min_distance}, {self.max_distance or 'max'}] "
+                          f"leaves no place for query {j} (its distance must lie in "
+                          f"[{3 * j + 3}, {C + 3 * j}])")
 
     # ---- generation ------------------------------------------------------------------------
     def generate(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,283 @@
+"""Long-range retrieval source (nsa_jax/data/retrieval.py) and the quality bench's evaluation."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nsa_jax.config import ConfigError, config_from_dict
+from nsa_jax.data import DataError, build_loader
+from nsa_jax.data.retrieval import (PAIR, QUERY, RetrievalLayout, accuracy_by_distance,
+                                    answer_info, distance_edges, evaluate_retrieval)
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {"seq_len": 256, "retrieval_pairs": 10, "retrieval_queries": 6, "retrieval_keys": 32,
+         "retrieval_values": 16}
+
+
+def make_cfg(vocab=128, seed=0, **data):
+    return config_from_dict({"model": {"vocab_size": vocab}, "train": {"seed": seed},
+                             "data": {"source": "retrieval", **SMALL, **data}})
+
+
+def batches(cfg, n, batch_size=4, split="train", **kw):
+    with build_loader(cfg, split=split, batch_size=batch_size, **kw) as loader:
+        return [next(loader) for _ in range(n)]
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("quality_bench", ROOT / "bench" / "quality.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ---- layout -----------------------------------------------------------------------------------
+def test_layout_of_every_row():
+    cfg = make_cfg()
+    lay = RetrievalLayout.from_config(cfg)
+    K, V, P, Q = 32, 16, 10, 6
+    assert (lay.key0, lay.value0, lay.filler0, lay.filler) == (2, 2 + K, 2 + K + V, 128 - 2 - K - V)
+    C = lay.context_len
+    assert C == 257 - 3 * Q
+    rows = np.concatenate(batches(cfg, 3))
+    assert rows.shape == (12, 257) and rows.dtype == np.int32
+    for row in rows:
+        starts = np.flatnonzero(row[:C] == PAIR)
+        assert len(starts) == P and np.all(np.diff(starts) >= 3) and starts[-1] + 3 <= C
+        keys, vals = row[starts + 1], row[starts + 2]
+        assert np.all((keys >= 2) & (keys < 2 + K)) and len(set(keys)) == P    # distinct keys
+        assert np.all((vals >= 2 + K) & (vals < 2 + K + V))
+        filler = np.ones(C, bool)
+        filler[np.concatenate([starts, starts + 1, starts + 2])] = False
+        assert np.all((row[:C][filler] >= lay.filler0) & (row[:C][filler] < 128))
+        q = row[C:].reshape(Q, 3)
+        assert np.all(q[:, 0] == QUERY)
+        assert len(set(q[:, 1])) == Q                       # each query asks a different pair
+        stored = dict(zip(keys, vals))
+        assert all(stored[k] == v for k, v in q[:, 1:])     # the answer is the stored value
+    np.testing.assert_array_equal(lay.answer_positions(), C + 3 * np.arange(Q) + 2)
+
+
+def test_deterministic_by_seed_and_split():
+    a = np.concatenate(batches(make_cfg(), 2))
+    b = np.concatenate(batches(make_cfg(), 2))
+    np.testing.assert_array_equal(a, b)
+    c = np.concatenate(batches(make_cfg(seed=1), 2))
+    e = np.concatenate(batches(make_cfg(), 2, split="eval"))
+    for other in (c, e):
+        assert not any(np.array_equal(x, y) for x in a for y in other)
+
+
+def test_answer_info_matches_generation_and_distances_are_in_range():
+    cfg = make_cfg(seq_len=512, retrieval_min_distance=40, retrieval_max_distance=300)
+    lay = RetrievalLayout.from_config(cfg)
+    from nsa_jax.data.retrieval import build_retrieval_source
+
+    src = build_retrieval_source(cfg, "train", 0, 1, None)
+    rows, dists = zip(*(src.row(g) for g in range(40)))
+    info = answer_info(np.stack(rows), lay)
+    np.testing.assert_array_equal(info.distances, np.stack(dists))
+    np.testing.assert_array_equal(info.answers, np.stack(rows)[:, lay.answer_positions()])
+    assert info.distances.min() >= 40 and info.distances.max() <= 300
+    # roughly uniform over the range: each third holds a fair share
+    counts = np.histogram(info.distances, bins=[40, 127, 214, 301])[0]
+    assert counts.min() > 0.2 * counts.sum()
+    # and the stream's rows are the source's rows
+    np.testing.assert_array_equal(np.concatenate(batches(cfg, 1, batch_size=5)), np.stack(rows[:5]))
+
+
+def test_answers_placed_beyond_the_window():
+    w = 32
+    cfg = make_cfg(seq_len=1024, retrieval_min_distance=4 * w + 1)
+    lay = RetrievalLayout.from_config(cfg)
+    info = answer_info(np.concatenate(batches(cfg, 4)), lay)
+    assert info.distances.min() > 4 * w
+    # the stored value really lies outside a causal window of w at the query's key
+    rows = np.concatenate(batches(cfg, 4))
+    for b, row in enumerate(rows):
+        for j, a in enumerate(info.positions[b]):
+            t = a - 1                                   # predicting position
+            window = row[t - w + 1:t + 1]
+            k = row[t]
+            hits = np.flatnonzero((window[:-2] == PAIR) & (window[1:-1] == k))
+            assert len(hits) == 0
+
+
+def test_resume_exact_and_processes():
+    cfg = make_cfg(prefetch=2)
+    with build_loader(cfg, batch_size=3) as full:
+        ref = [next(full) for _ in range(5)]
+    with build_loader(cfg, batch_size=3) as first:
+        head = [next(first) for _ in range(2)]
+        state = json.loads(json.dumps(first.state()))
+    assert state["source"] == "retrieval" and state["seq"] == 6
+    with build_loader(cfg, batch_size=3, state=state) as second:
+        tail = [next(second) for _ in range(3)]
+    for x, y in zip(head + tail, ref):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(DataError, match="seq_len"):
+        build_loader(make_cfg(seq_len=300), batch_size=3, state=state)
+    p0 = batches(cfg, 1, batch_size=2, process_index=0, process_count=2)[0]
+    p1 = batches(cfg, 1, batch_size=2, process_index=1, process_count=2)[0]
+    both = np.concatenate(batches(cfg, 1, batch_size=4))
+    np.testing.assert_array_equal(np.stack([p0[0], p1[0], p0[1], p1[1]]), both)
+
+
+def test_errors_name_the_key():
+    def err(match, vocab=128, **data):
+        with pytest.raises(DataError, match=match):
+            build_loader(make_cfg(vocab=vocab, **data), batch_size=1)
+
+    err(r"data.retrieval_pairs: 4 < retrieval_queries=6", retrieval_pairs=4)
+    err(r"data.retrieval_keys: 8 < retrieval_pairs=10", retrieval_keys=8)
+    err(r"data.retrieval_filler: no ids left", vocab=50)
+    err(r"data.retrieval_filler: .* = 151 > model.vocab_size=128", retrieval_filler=101)
+    err(r"data.seq_len: 40 is too short", seq_len=40)
+    err(r"data.retrieval_min_distance: .*no place for query 0", retrieval_min_distance=300)
+    err(r"data.retrieval_max_distance: .*no place for query 3 .*\[12, 248\]",
+        retrieval_max_distance=10)
+    err(r"data.retrieval_queries: must be >= 1", retrieval_queries=0)
+    with pytest.raises(ConfigError, match="data.source"):
+        config_from_dict({"data": {"source": "retrieve"}})
+    lay = RetrievalLayout.from_config(make_cfg())
+    bad = np.concatenate(batches(make_cfg(), 1))
+    with pytest.raises(DataError, match=r"expected \[B, 257\]"):
+        answer_info(bad[:, :-1], lay)
+    bad[0, lay.context_len + 3] = 5
+    with pytest.raises(DataError, match="row 0 has no QUERY marker"):
+        answer_info(bad, lay)
+
+
+# ---- evaluation -------------------------------------------------------------------------------
+def oracle(window=None, guess_seed=0, lay=None):
+    """Reads only the inputs, like a model: at query position t, looks for a value token u
+    (among the last ``window`` positions if given: t-w < u <= t) whose two predecessors are
+    (PAIR, queried key) -- what attention over representations that know their previous tokens
+    can see -- and predicts it; guesses a random value when there is none."""
+    rng = np.random.default_rng(guess_seed)
+
+    def predict(inputs, positions):
+        out = np.empty(positions.shape, np.int64)
+        for b in range(inputs.shape[0]):
+            row = inputs[b]
+            for j, t in enumerate(positions[b]):
+                u = np.arange(2 if window is None else max(2, t - window + 1), t + 1)
+                hit = u[(row[u - 2] == PAIR) & (row[u - 1] == row[t])]
+                out[b, j] = row[hit[0]] if len(hit) else lay.value0 + rng.integers(lay.values)
+        return out
+
+    return predict
+
+
+def test_oracle_scores_100_and_window_oracle_is_at_chance_beyond_w():
+    w = 24
+    cfg = make_cfg(seq_len=512, retrieval_values=8)
+    lay = RetrievalLayout.from_config(cfg)
+    rows = batches(cfg, 12, batch_size=8, split="eval")
+    full = evaluate_retrieval(oracle(lay=lay), rows, lay, w)
+    assert full["overall"]["accuracy"] == 1.0 and full["queries"] == 12 * 8 * 6
+    assert all(b["accuracy"] == 1.0 for b in full["bins"] if b["n"])
+    assert [b["hi"] for b in full["bins"]] == [24, 48, 96, 192, 384, 768]
+    assert sum(b["n"] for b in full["bins"]) == full["queries"]
+
+    win = evaluate_retrieval(oracle(window=w, lay=lay), rows, lay, w)
+    assert win["within_w"]["accuracy"] == 1.0 and win["bins"][0]["accuracy"] == 1.0
+    far = win["beyond_4w"]
+    sigma = np.sqrt(lay.chance * (1 - lay.chance) / far["n"])
+    assert far["n"] > 300 and abs(far["accuracy"] - lay.chance) < 4 * sigma
+    assert win["chance"] == 1 / 8
+
+    rng = np.random.default_rng(1)
+    rand = evaluate_retrieval(lambda x, p: lay.value0 + rng.integers(lay.values, size=p.shape),
+                              rows, lay, w)
+    n = rand["overall"]["n"]
+    assert abs(rand["overall"]["accuracy"] - 1 / 8) < 4 * np.sqrt(1 / 8 * 7 / 8 / n)
+
+
+def test_window_boundary_distance_w_is_visible_w_plus_1_is_not():
+    w = 40
+    cfg = make_cfg(seq_len=512, retrieval_min_distance=w, retrieval_max_distance=w + 1,
+                   retrieval_values=8)
+    lay = RetrievalLayout.from_config(cfg)
+    rows = batches(cfg, 4, batch_size=8)
+    res = evaluate_retrieval(oracle(window=w, lay=lay), rows, lay, w)
+    at_w, past_w = res["bins"][0], res["bins"][1]
+    assert (at_w["lo"], at_w["hi"], past_w["hi"]) == (0, w, 2 * w)
+    assert at_w["n"] > 20 and past_w["n"] > 20     # a pair at w pushes the next query's to w
+    assert at_w["accuracy"] == 1.0 and past_w["accuracy"] < 0.5
+
+
+def test_accuracy_by_distance_hand_made():
+    edges = distance_edges(10, 35)
+    assert edges == [0, 10, 20, 40]
+    assert distance_edges(10, 40) == [0, 10, 20, 40]
+    d = np.array([1, 10, 11, 20, 21, 40])
+    c = np.array([1, 1, 0, 1, 0, 0], bool)
+    bins = accuracy_by_distance(c, d, edges)
+    assert [(b["n"], b["correct"]) for b in bins] == [(2, 2), (2, 1), (2, 0)]
+    assert [b["accuracy"] for b in bins] == [1.0, 0.5, 0.0]
+    assert accuracy_by_distance(c[:0], d[:0], edges)[0]["accuracy"] is None
+    with pytest.raises(ValueError, match="outside the bins"):
+        accuracy_by_distance(c, d + 1, edges)
+
+
+def test_model_predictor_is_argmax_of_logits_at_the_query():
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from nsa_jax.model import build_model
+
+    bench = load_bench()
+    cfg = config_from_dict({"model": {"vocab_size": 64, "dim": 32, "n_layers": 1, "n_heads": 2,
+                                      "n_kv_groups": 1, "head_dim": 16, "mlp_hidden": 64,
+                                      "attention": "dense"},
+                            "nsa": {"block_l": 8, "stride_d": 4, "sel_block": 8, "n_sel": 2,
+                                    "window": 8, "n_init": 1, "n_local": 1}})
+    model = build_model(cfg.model, cfg.nsa, seed=3)
+    x = np.random.default_rng(0).integers(0, 64, size=(2, 40)).astype(np.int32)
+    pos = np.array([[3, 17, 39], [0, 20, 38]])
+    got = bench.make_predictor(model)(x, pos)
+    logits = np.asarray(nnx.jit(lambda m, t: m.logits(t))(model, jnp.asarray(x)))
+    want = np.take_along_axis(logits.argmax(-1), pos, axis=1)
+    np.testing.assert_array_equal(got, want)
+
+
+# ---- bench helpers ----------------------------------------------------------------------------
+def test_bench_checks_merge_and_staging(tmp_path):
+    bench = load_bench()
+    acc = lambda a, n=1000: {"n": n, "correct": int(a * n), "accuracy": a}
+    variants = {"nsa": {"beyond_4w": acc(0.95), "chance": 1 / 512},
+                "win": {"beyond_4w": acc(0.004), "chance": 1 / 512}}
+    chk = bench.retrieval_checks(variants)
+    assert chk["nsa_beyond_4w_ge_0.9"] and chk["win_beyond_4w_at_chance"]
+    variants["win"]["beyond_4w"] = acc(0.2)
+    assert not bench.retrieval_checks(variants)["win_beyond_4w_at_chance"]
+
+    curve = lambda *ls: [{"step": 10 * (i + 1), "eval_loss": l} for i, l in enumerate(ls)]
+    p = bench.parity_checks({"nsa": {"eval_curve": curve(5.0, 4.0, 3.03)},
+                             "dense": {"eval_curve": curve(5.1, 4.0, 3.0)}})
+    assert p["step"] == 30 and p["nsa_minus_dense"] == pytest.approx(0.03)
+    assert p["within_0.02"] is False
+
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"study": "retrieval", "variants": {"win": {"old": 1}}}))
+    merged = bench.merge_results(path, "retrieval", False, "h200", {"nsa": {"new": 1}})
+    assert merged["variants"] == {"win": {"old": 1}, "nsa": {"new": 1}}
+    with pytest.raises(bench.BenchError, match="holds study 'retrieval'"):
+        bench.merge_results(path, "parity", False, "h200", {})
+
+    src = tmp_path / "texts"
+    src.mkdir()
+    (src / "a.txt").write_bytes("".join(f"a{i}\r\n" for i in range(10)).encode())
+    (src / "b.txt").write_bytes("caf\xe9\n".encode("latin-1") * 4)
+    (src / "README.txt").write_text("not a text")
+    out = tmp_path / "staged"
+    bench.stage_texts([str(src)], out, chunks=2)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["000_a.txt", "000_b.txt", "001_a.txt", "001_b.txt"]
+    assert (out / "001_a.txt").read_text() == "".join(f"a{i}\n" for i in range(5, 10))
+    assert (out / "000_b.txt").read_text(encoding="utf-8") == "café\n" * 2
