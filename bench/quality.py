@@ -234,34 +234,41 @@ def retrieval_checks(variants: dict) -> dict:
     return out
 
 
+def _wlabel(x: int, w: int) -> str:
+    return "0" if x == 0 else ("w" if x == w else f"{x // w}w" if x % w == 0 else str(x))
+
+
 def plot_retrieval(data: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    w = None
-    for v in ("nsa", "win", "dense"):
-        r = data["variants"].get(v)
-        if not r:
-            continue
-        w = r["window"]
-        bins = [b for b in r["bins"] if b["n"]]
-        x = [b["hi"] / w for b in bins]
-        y = [b["accuracy"] * 100 for b in bins]
-        ax.plot(x, y, "o-", color=COLORS[v], label=f"{LABELS[v]}")
-        chance = r["chance"] * 100
-    if w is None:
-        plt.close(fig)
+    present = [v for v in ("nsa", "win", "dense") if data["variants"].get(v)]
+    if not present:
         return
+    first = data["variants"][present[0]]
+    w, chance = first["window"], first["chance"] * 100
+    edges = [(b["lo"], b["hi"]) for b in first["bins"]]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for v in present:
+        r = data["variants"][v]
+        if [(b["lo"], b["hi"]) for b in r["bins"]] != edges:
+            raise BenchError(f"retrieval plot: {v} was evaluated with other distance bins "
+                             f"(window {r['window']} vs {w}); rerun its report")
+        pts = [(i, b["accuracy"] * 100) for i, b in enumerate(r["bins"]) if b["n"]]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=COLORS[v], label=LABELS[v])
     ax.axhline(chance, color="gray", ls=":", label=f"chance ({chance:.2g}%)")
-    ax.axvline(4, color="gray", ls="--", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel(f"distance from query to key, upper bin edge / window (w = {w})")
+    beyond = [i for i, (lo, _) in enumerate(edges) if lo >= 4 * w]
+    if beyond:
+        ax.axvspan(beyond[0] - 0.5, len(edges) - 0.5, color="gray", alpha=0.08, lw=0,
+                   label="distance > 4w")
+    ax.set_xticks(range(len(edges)))
+    ax.set_xticklabels([f"({_wlabel(lo, w)}, {_wlabel(hi, w)}]" for lo, hi in edges])
+    ax.set_xlabel(f"distance from the query back to its key (w = window = {w} tokens)")
     ax.set_ylabel("answer accuracy (%)")
     ax.set_ylim(-3, 103)
-    ax.set_title(f"Retrieval against distance ({data['device']}"
-                 + (", smoke" if data["smoke"] else "") + ")")
+    ax.set_title(f"Retrieval accuracy against distance, seq {first['layout']['seq_len']} "
+                 f"({data['device']}" + (", smoke" if data["smoke"] else "") + ")", fontsize=10)
     ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
