@@ -72,6 +72,13 @@ def idiv(a, b: int):
     return lax.div(a, jnp.int32(b))
 
 
+SCORE_DOTS = {"tf32x3": lax.DotAlgorithmPreset.TF32_TF32_F32_X3, "ieee": lax.Precision.HIGHEST}
+
+
+def score_precision(name: str, interpret: bool):
+    return None if interpret else SCORE_DOTS[name]
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
     """Tile sizes of the NSA kernels (all powers of two).
@@ -89,7 +96,11 @@ class BlockSizes:
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
     sel_bwd:      "inverted" (block -> query index, one atomic tile add per work item) or
                   "atomic" (per-query programs atomically add every block's dK/dV).
-    num_warps, num_stages: Triton launch parameters for the attention kernels.
+    cmp_bwd_keys: compressed keys per tile in the compressed dK/dV kernel.
+    score_dot:    GPU precision of the scoring kernel's float32 dots (p @ W, head sum):
+                  "tf32x3" (three tf32 tensor-core passes, ~f32 accurate) or "ieee".
+    num_warps, num_stages: Triton launch parameters for the tile kernels; sel_warps and
+                  sel_stages for the per-query selection kernels (16-row tiles).
     """
     cmp_rows: int = 128
     cmp_keys: int = 64
@@ -98,11 +109,15 @@ class BlockSizes:
     sel_rows: int = 128
     sel_chunk: int = 256
     sel_bwd: str = "inverted"
+    cmp_bwd_keys: int = 64
+    score_dot: str = "tf32x3"
     num_warps: int = 4
     num_stages: int = 2
+    sel_warps: int = 4
+    sel_stages: int = 2
 
     def __post_init__(self):
-        for f in ("cmp_rows", "cmp_keys", "score_sel", "sel_keys", "sel_rows"):
+        for f in ("cmp_rows", "cmp_keys", "score_sel", "sel_keys", "sel_rows", "cmp_bwd_keys"):
             v = getattr(self, f)
             if v < MIN_DOT or v & (v - 1):
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
@@ -110,6 +125,16 @@ class BlockSizes:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
         if self.sel_bwd not in ("inverted", "atomic"):
             raise ValueError(f"BlockSizes.sel_bwd: 'inverted' or 'atomic', got {self.sel_bwd!r}")
+        if self.score_dot not in SCORE_DOTS:
+            raise ValueError(f"BlockSizes.score_dot: one of {sorted(SCORE_DOTS)}, "
+                             f"got {self.score_dot!r}")
+        for f in ("num_warps", "sel_warps"):
+            v = getattr(self, f)
+            if v not in (1, 2, 4, 8, 16):
+                raise ValueError(f"BlockSizes.{f}: 1, 2, 4, 8 or 16, got {v}")
+        for f in ("num_stages", "sel_stages"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"BlockSizes.{f}: must be >= 1, got {getattr(self, f)}")
 
     @classmethod
     def for_shape(cls, h: int, head_dim: int) -> "BlockSizes":

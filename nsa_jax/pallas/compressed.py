@@ -27,7 +27,7 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, BlockSizes, cdiv, compiler_params, dot,
-                                   dot_precision, idiv, load, next_pow2, store)
+                                   dot_precision, idiv, load, next_pow2, score_precision, store)
 
 NEG_INF = float("-inf")
 POS_INF = float("inf")
@@ -187,11 +187,19 @@ def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, rows, S, step, bks, d, l,
     n_steps = idiv(n_vis + (step - 1), step)
     carry = lax.fori_loop(0, n_steps, score_step, jnp.zeros((rows,), jnp.float32))
 
-    def rest(kt, carry):  # blocks past the visible range: the last spill, then zeros
-        emit(kt, jnp.where(col[None, :] == 0, carry[:, None], 0.0))
-        return jnp.zeros_like(carry)
+    n_tiles = cdiv(Ts, S)
 
-    lax.fori_loop(n_steps, cdiv(Ts, S), rest, carry)
+    @pl.when(n_steps < n_tiles)  # the block the last visible step spills into
+    def _():
+        emit(n_steps, jnp.where(col[None, :] == 0, carry[:, None], 0.0))
+
+    def zeros(kt, _):  # blocks no query of the tile can see yet
+        jj = kt * S + col
+        jj_ok = jj < Ts
+        store(sc_ref.at[b, tq_st[:, None], g, jnp.where(jj_ok, jj, Ts)[None, :]],
+              jnp.zeros((bqp, S), jnp.float32), q_ok[:, None] & jj_ok[None, :])
+
+    lax.fori_loop(n_steps + 1, n_tiles, zeros, None)
 
 
 def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
@@ -210,7 +218,7 @@ def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, i
         _score_kernel, h=h, rows=rows, S=S, step=step, bks=max(MIN_DOT, next_pow2(step)),
         d=cfg.stride_d, l=cfg.block_l, l_sel=cfg.sel_block, scale=scale,
         prec=dot_precision(q.dtype, interpret),
-        sprec=None if interpret else lax.Precision.HIGHEST)
+        sprec=score_precision(bs.score_dot, interpret))
     return pl.pallas_call(
         kern, grid=(cdiv(T, rows // h), G, B),
         out_shape=jax.ShapeDtypeStruct((B, T, G, Ts), jnp.float32),
@@ -305,16 +313,18 @@ def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)
     if dlse is not None:
         delta = delta - dlse.astype(jnp.float32) * LOG2E
-    common = dict(h=h, rows=rows, bk=bs.cmp_keys, d=cfg.stride_d, l=cfg.block_l, scale=scale,
+    common = dict(h=h, rows=rows, d=cfg.stride_d, l=cfg.block_l, scale=scale,
                   prec=dot_precision(q.dtype, interpret))
     cp = compiler_params(bs.num_warps, bs.num_stages)
     dq = pl.pallas_call(
-        functools.partial(_bwd_dq_kernel, **common), grid=(cdiv(T, rows // h), G, B),
+        functools.partial(_bwd_dq_kernel, bk=bs.cmp_keys, **common),
+        grid=(cdiv(T, rows // h), G, B),
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32), compiler_params=cp,
         interpret=interpret, name="nsa_cmp_bwd_dq",
     )(q, kc, vc, do, gs, lse, delta)
     dk, dv = pl.pallas_call(
-        functools.partial(_bwd_dkv_kernel, **common), grid=(cdiv(Tc, bs.cmp_keys), G, B),
+        functools.partial(_bwd_dkv_kernel, bk=bs.cmp_bwd_keys, **common),
+        grid=(cdiv(Tc, bs.cmp_bwd_keys), G, B),
         out_shape=[jax.ShapeDtypeStruct((B, Tc, G, Dk), jnp.float32),
                    jax.ShapeDtypeStruct((B, Tc, G, Dv), jnp.float32)], compiler_params=cp,
         interpret=interpret, name="nsa_cmp_bwd_dkv",

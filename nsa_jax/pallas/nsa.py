@@ -1,9 +1,9 @@
 """``nsa_attention_pallas``: NSA attention (Eq. 5) from the Pallas kernels.
 
-Branches: compressed attention (``compressed.cmp_attention``), block selection from the fused
-scores (``compressed.cmp_block_scores`` + the reference's ``topn_from_scores``), selected-block
-attention (``selection.selection_attention``) and the sliding window (``window``), gated and
-summed like the reference (``reference.combine``). Kernels run compiled on a GPU and through
+Branches: compressed attention (``compressed``), block selection from the fused scores
+(``compressed.cmp_block_scores`` + ``topn.topn_pallas``), selected-block attention
+(``selection``) and the sliding window (``window``), gated and summed like the reference
+(``reference.combine``). Kernels run compiled on a GPU and through
 the Pallas interpreter elsewhere (``jax.default_backend()``).
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import MIN_DOT, BlockSizes, next_pow2, use_interpret
 from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
 from nsa_jax.pallas.selection import sel_backward, sel_forward
+from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention
 
 
@@ -58,7 +59,7 @@ def block_scores_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None
 
 def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None = None):
     """Selected block ids int32 [B,T,G,n_sel], ascending, -1 padded (== reference.select_blocks)."""
-    return reference.topn_from_scores(block_scores_pallas(q, k_cmp, cfg, block_sizes), cfg)
+    return topn_pallas(block_scores_pallas(q, k_cmp, cfg, block_sizes), cfg, use_interpret())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +111,8 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st: _Stati
             res["cmp"] = (o_c, lse_c)
     if "slc" in br:
         if st.select:
-            idx = reference.topn_from_scores(
-                cmp_block_scores(qp, kcp, lse_c, cfg, bs, scale, interpret), cfg)
+            idx = topn_pallas(cmp_block_scores(qp, kcp, lse_c, cfg, bs, scale, interpret), cfg,
+                              interpret)
         o_s, lse_s = sel_forward(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, cfg, bs,
                                  scale, interpret)
         o_slc = o_s[..., :Dv]

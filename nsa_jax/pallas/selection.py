@@ -114,7 +114,7 @@ def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, inte
         kernel, grid=(T, G, B),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
-        compiler_params=compiler_params(4, bs.num_stages),
+        compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
         interpret=interpret, name="nsa_sel_fwd",
     )(q, k, v, idx)
 
@@ -286,13 +286,13 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
             out_shape=[dq_shape, jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
                        jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
             input_output_aliases={8: 1, 9: 2},
-            compiler_params=compiler_params(4, bs.num_stages),
+            compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
             interpret=interpret, name="nsa_sel_bwd_atomic",
         )(q, k, v, idx, do, gs, lse, delta, *acc)
     else:
         dq = pl.pallas_call(
             functools.partial(_bwd_q_kernel, atomic=False, **common), grid=(T, G, B),
-            out_shape=dq_shape, compiler_params=compiler_params(4, bs.num_stages),
+            out_shape=dq_shape, compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
             interpret=interpret, name="nsa_sel_bwd_dq",
         )(q, k, v, idx, do, gs, lse, delta)
         rows = max(bs.sel_rows, next_pow2(h))

@@ -18,13 +18,14 @@ from nsa_jax.nsa.config import NSAConfig
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def uses_cudnn(q, interpret: bool) -> bool:
-    return (not interpret) and jnp.dtype(q.dtype) in _CUDNN_DTYPES and q.shape[-1] <= 128
+def uses_cudnn(q, v, interpret: bool) -> bool:
+    return (not interpret) and jnp.dtype(q.dtype) in _CUDNN_DTYPES and q.shape[-1] <= 128 \
+        and v.shape[-1] == q.shape[-1]
 
 
 def window_attention(q, k, v, cfg: NSAConfig, interpret: bool):
     """q [B,T,Hq,D], k/v [B,T,G,D] -> o float32 [B,T,Hq,Dv]."""
-    if uses_cudnn(q, interpret):
+    if uses_cudnn(q, v, interpret):
         o = jax.nn.dot_product_attention(
             q, k.astype(q.dtype), v.astype(q.dtype), is_causal=True,
             scale=1.0 / math.sqrt(q.shape[-1]),

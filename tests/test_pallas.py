@@ -1,0 +1,197 @@
+"""Parity of the Pallas NSA kernels (``impl="pallas"``, interpret mode on the CPU) with the
+pure-JAX reference: outputs and gradients w.r.t. every input, float32, relative error <= 2e-5."""
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nsa_jax.nsa import NSAConfig, nsa_attention, select_blocks
+from nsa_jax.nsa import reference as ref
+from nsa_jax.pallas import BlockSizes, block_scores_pallas, select_blocks_pallas
+from nsa_jax.pallas.common import LN2
+from nsa_jax.pallas.compressed import cmp_attention
+from nsa_jax.pallas.selection import inverted_index, selection_attention
+
+TOL = 2e-5
+TINY = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16, n_init=1, n_local=1)
+NAMES = ("q", "k_cmp", "v_cmp", "k_slc", "v_slc", "k_win", "v_win", "gates")
+
+
+def _inputs(seed, B, T, Hq, G, cfg, Dk=16, Dv=None):
+    Dv = Dv or Dk
+    ks = jax.random.split(jax.random.PRNGKey(seed), 9)
+    Tc = cfg.num_cmp_blocks(T)
+    n = lambda k, s: jax.random.normal(k, s, jnp.float32)
+    args = (n(ks[0], (B, T, Hq, Dk)), n(ks[1], (B, Tc, G, Dk)), n(ks[2], (B, Tc, G, Dv)),
+            n(ks[3], (B, T, G, Dk)), n(ks[4], (B, T, G, Dv)), n(ks[5], (B, T, G, Dk)),
+            n(ks[6], (B, T, G, Dv)), jax.nn.sigmoid(n(ks[7], (B, T, Hq, 3))))
+    return args, n(ks[8], (B, T, Hq, Dv))
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all(), "non-finite values in the kernel result"
+    nb = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / nb) if nb > 0 else float(np.linalg.norm(a))
+
+
+def _fwd_bwd(impl, args, cot, cfg, **kw):
+    @jax.jit
+    def run(args, cot):
+        out, vjp = jax.vjp(lambda *a: nsa_attention(*a, cfg, impl=impl, **kw), *args)
+        return out, vjp(cot)
+    return run(args, cot)
+
+
+def _assert_parity(args, cot, cfg, **kw):
+    out_p, g_p = _fwd_bwd("pallas", args, cot, cfg, **kw)
+    kw.pop("block_sizes", None)
+    out_r, g_r = _fwd_bwd("reference", args, cot, cfg, **kw)
+    errs = {"out": _rel(out_p, out_r)}
+    errs.update({n: _rel(a, b) for n, a, b in zip(NAMES, g_p, g_r)})
+    bad = {k: f"{v:.2e}" for k, v in errs.items() if not v <= TOL}
+    assert not bad, f"relative error above {TOL}: {bad}"
+    # the gradients that matter are not trivially zero
+    for name, g in zip(NAMES, g_r):
+        i = NAMES.index(name)
+        branch = {1: "cmp", 2: "cmp", 3: "slc", 4: "slc", 5: "win", 6: "win"}.get(i)
+        if (branch is None or branch in cfg.branches) and g.size:
+            assert float(jnp.max(jnp.abs(g))) > 0, f"reference gradient of {name} is zero"
+
+
+@pytest.mark.parametrize("h,G,B", [(1, 2, 2), (2, 2, 1), (6, 1, 1), (16, 1, 1)])
+def test_parity_tiny_config(h, G, B):
+    """l=8, d=4, l'=16, n=4, w=16; T=75 is not a multiple of l' (partial last block)."""
+    args, cot = _inputs(h * 10 + G, B, 75, h * G, G, TINY)
+    _assert_parity(args, cot, TINY)
+
+
+def test_parity_default_config():
+    """Paper defaults (l=32, d=16, l'=64, n=16, w=512) with T=1100 > n*l', so top-n really
+    chooses among candidates; T is not a multiple of l'."""
+    cfg = NSAConfig()
+    args, cot = _inputs(1, 1, 1100, 4, 2, cfg)
+    _assert_parity(args, cot, cfg)
+
+
+@pytest.mark.parametrize("cfg,T,h,G", [
+    (TINY, 600, 2, 2),  # > score_sel selection blocks: several scoring steps and zero tiles
+    (NSAConfig(), 1100, 6, 1),
+    (NSAConfig(block_l=16, stride_d=8, sel_block=32, n_sel=5, n_init=0, n_local=0), 300, 3, 1),
+    (dataclasses.replace(TINY, n_sel=6, n_init=2, n_local=3), 40, 1, 1),  # Ts=3 < n_sel
+])
+def test_block_scores_and_selection_exact(cfg, T, h, G):
+    args, _ = _inputs(T + h, 1, T, h * G, G, cfg)
+    q, kc = args[0], args[1]
+    s_ref = ref.block_scores(ref.cmp_probs(q, kc, cfg), T, cfg)
+    s_pal = jax.jit(lambda a, b: block_scores_pallas(a, b, cfg))(q, kc)
+    assert s_pal.shape == s_ref.shape
+    assert _rel(s_pal, s_ref) <= 1e-6
+    i_ref = ref.select_blocks(q, kc, cfg)
+    i_pal = jax.jit(lambda a, b: select_blocks_pallas(a, b, cfg))(q, kc)
+    assert i_pal.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(i_pal), np.asarray(i_ref))
+    np.testing.assert_array_equal(np.asarray(select_blocks(q, kc, cfg, impl="pallas")),
+                                  np.asarray(i_ref))
+
+
+@pytest.mark.parametrize("branches", [("slc",), ("cmp", "win")])
+def test_parity_branch_subsets(branches):
+    cfg = dataclasses.replace(TINY, branches=branches)
+    args, cot = _inputs(3, 1, 50, 2, 1, cfg)
+    _assert_parity(args, cot, cfg)
+
+
+def test_parity_given_block_idx_with_unused_slots():
+    """block_idx overrides the selection; -1 slots and blocks after the query are ignored."""
+    T, G = 70, 2
+    args, cot = _inputs(4, 1, T, 4, G, TINY)
+    rng = np.random.default_rng(0)
+    Ts = TINY.num_sel_blocks(T)
+    idx = np.full((1, T, G, TINY.n_sel), -1, np.int32)
+    for t in range(T):
+        for g in range(G):
+            k = rng.integers(1, TINY.n_sel + 1)
+            idx[0, t, g, :k] = np.sort(rng.choice(Ts, size=k, replace=False))
+    _assert_parity(args, cot, TINY, block_idx=jnp.asarray(idx))
+
+
+def test_parity_sequence_shorter_than_a_compressed_block():
+    args, cot = _inputs(5, 1, 6, 2, 1, TINY)  # T=6 < l=8: Tc=0
+    assert args[1].shape[1] == 0
+    _assert_parity(args, cot, TINY)
+
+
+def test_parity_atomic_selection_backward():
+    args, cot = _inputs(6, 1, 75, 4, 2, TINY)
+    _assert_parity(args, cot, TINY, block_sizes=BlockSizes(sel_bwd="atomic"))
+
+
+def test_parity_head_dims_not_powers_of_two():
+    args, cot = _inputs(7, 1, 45, 2, 1, TINY, Dk=24, Dv=40)
+    _assert_parity(args, cot, TINY)
+
+
+def test_standalone_custom_vjps_and_lse_cotangent():
+    """selection_attention and cmp_attention as ops of their own, including a cotangent on the
+    returned base-2 log-sum-exp of the compressed branch."""
+    T, Hq, G, D = 60, 4, 2, 16
+    args, cot = _inputs(8, 1, T, Hq, G, TINY)
+    q, kc, vc, ks, vs = args[:5]
+    scale = 1 / math.sqrt(D)
+    bs = BlockSizes()
+    idx = ref.select_blocks(q, kc, TINY)
+    w = jax.random.normal(jax.random.PRNGKey(9), (1, T, Hq))
+
+    def sel_loss(f):
+        return lambda q, k, v: jnp.sum(f(q, k, v) * cot)
+    gp = jax.grad(sel_loss(lambda q, k, v: selection_attention(q, k, v, idx, TINY, bs, scale,
+                                                               True)), (0, 1, 2))(q, ks, vs)
+    gr = jax.grad(sel_loss(lambda q, k, v: ref.selection_attention(q, k, v, idx, TINY)),
+                  (0, 1, 2))(q, ks, vs)
+    for a, b in zip(gp, gr):
+        assert _rel(a, b) <= TOL
+
+    def ref_cmp(q, kc, vc):
+        Tc = kc.shape[1]
+        s = jnp.einsum("btghd,bigd->btghi", q.reshape(1, T, G, Hq // G, D), kc) * scale
+        vis = jnp.asarray(ref.cmp_visible(T, Tc, TINY))[None, :, None, None, :]
+        lse = jax.nn.logsumexp(jnp.where(vis, s, -jnp.inf), axis=-1).reshape(1, T, Hq)
+        return ref.compressed_attention(q, kc, vc, TINY), lse / LN2
+
+    def cmp_loss(f):
+        def loss(q, kc, vc):
+            o, lse = f(q, kc, vc)
+            ok = jnp.isfinite(lse)  # no visible block yet: lse = +inf, no gradient
+            return jnp.sum(o * cot) + jnp.sum(jnp.where(ok, lse, 0.0) * w)
+        return loss
+    gp = jax.grad(cmp_loss(lambda q, kc, vc: cmp_attention(q, kc, vc, TINY, bs, scale, True)),
+                  (0, 1, 2))(q, kc, vc)
+    gr = jax.grad(cmp_loss(ref_cmp), (0, 1, 2))(q, kc, vc)
+    for a, b in zip(gp, gr):
+        assert _rel(a, b) <= TOL
+
+
+def test_inverted_index_covers_every_selection_once():
+    rng = np.random.default_rng(1)
+    B, T, G, n, Ts, chunk = 2, 40, 3, 4, 5, 7
+    idx = rng.integers(-1, Ts, size=(B, T, G, n)).astype(np.int32)
+    meta, qt = jax.jit(lambda i: inverted_index(i, T, Ts, chunk))(jnp.asarray(idx))
+    meta, qt = np.asarray(meta), np.asarray(qt)
+    got = []
+    for b, g, j, start, count in meta:
+        assert 0 <= count <= chunk
+        got += [(b, g, j, t) for t in qt[b, g, start:start + count]]
+    want = [(b, g, idx[b, t, g, s], t) for b in range(B) for t in range(T) for g in range(G)
+            for s in range(n) if idx[b, t, g, s] >= 0]
+    assert sorted(got) == sorted(want)
+
+
+@pytest.mark.parametrize("field,value", [("cmp_rows", 48), ("sel_keys", 8), ("sel_bwd", "x"),
+                                         ("score_dot", "bf16"), ("num_warps", 3)])
+def test_block_sizes_reject_bad_values(field, value):
+    with pytest.raises(ValueError, match=f"BlockSizes.{field}"):
+        BlockSizes(**{field: value})
