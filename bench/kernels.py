@@ -30,7 +30,8 @@ from nsa_jax.nsa import NSAConfig, nsa_attention
 from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
-from nsa_jax.pallas.selection import sel_backward, sel_forward
+from nsa_jax.pallas.selection import inverted_index, sel_backward, sel_forward
+from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention
 
 SHAPES = {"bench": (64, 4, 128), "125m": (12, 2, 64)}  # Hq, G, D
@@ -89,9 +90,9 @@ def bench_one(shape, T, reps, log):
             return
         log(f"  {name:28s} {res[name]:10.3f} ms")
 
-    select = jax.jit(lambda q, kc: ref.topn_from_scores(
+    select = jax.jit(lambda q, kc: topn_pallas(
         cmp_block_scores(q, kc, cmp_forward(q, kc, None, CFG, bs, scale, INTERP)[1], CFG, bs,
-                         scale, INTERP), CFG))
+                         scale, INTERP), CFG, INTERP))
     idxs = [select(a[0], a[1]) for a in sets]
     jax.block_until_ready(idxs)
 
@@ -99,6 +100,8 @@ def bench_one(shape, T, reps, log):
     sel_f = jax.jit(lambda q, k, v, i: sel_forward(q, k, v, i, CFG, bs, scale, INTERP))
     run("sel_fwd", sel_f, [(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)])
     fw = [sel_f(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)]
+    run("sel_index", jax.jit(lambda i: inverted_index(i, T, CFG.num_sel_blocks(T), 256)),
+        [(i,) for i in idxs])
     for mode in ("inverted", "atomic"):
         bsm = dataclasses.replace(bs, sel_bwd=mode)
         sel_b = jax.jit(lambda q, k, v, i, o, lse, do, gs, bsm=bsm: sel_backward(
@@ -113,13 +116,13 @@ def bench_one(shape, T, reps, log):
     score = jax.jit(lambda q, kc, lse: cmp_block_scores(q, kc, lse, CFG, bs, scale, INTERP))
     run("cmp_scores", score, [(a[0], a[1], lse) for a, (_, lse) in zip(sets, cf)])
     sc = [score(a[0], a[1], lse) for a, (_, lse) in zip(sets, cf)]
-    topn = jax.jit(lambda s: ref.topn_from_scores(s, CFG))
-    run("topn", topn, [(s,) for s in sc])
+    run("topn", jax.jit(lambda s: topn_pallas(s, CFG, INTERP)), [(s,) for s in sc])
+    run("topn_xla", jax.jit(lambda s: ref.topn_from_scores(s, CFG)), [(s,) for s in sc])
     del sc
 
     def cmp_all(q, kc, vc):
         o, lse = cmp_forward(q, kc, vc, CFG, bs, scale, INTERP)
-        return o, ref.topn_from_scores(cmp_block_scores(q, kc, lse, CFG, bs, scale, INTERP), CFG)
+        return o, topn_pallas(cmp_block_scores(q, kc, lse, CFG, bs, scale, INTERP), CFG, INTERP)
     run("cmp_score_topn_fwd", jax.jit(cmp_all), [(a[0], a[1], a[2]) for a in sets])
     cmp_b = jax.jit(lambda q, kc, vc, o, lse, do, gs: cmp_backward(
         q, kc, vc, o, lse, do, gs, None, CFG, bs, scale, INTERP))
@@ -214,10 +217,66 @@ def smoke(log):
     del B
 
 
+SWEEP = {  # kernel group -> BlockSizes variants (first = current default)
+    "sel_fwd": [{}, {"sel_warps": 2}, {"sel_warps": 8}, {"sel_stages": 3}, {"sel_stages": 1}],
+    "sel_bwd": [{}, {"sel_rows": 64}, {"sel_chunk": 1024}, {"num_warps": 4}, {"sel_warps": 2}],
+    "cmp_fwd": [{}, {"cmp_keys": 128}, {"cmp_rows": 64}, {"num_warps": 4}, {"num_stages": 3}],
+    "cmp_scores": [{}, {"score_dot": "ieee"}, {"cmp_rows": 64}, {"num_warps": 4}],
+    "cmp_bwd": [{}, {"cmp_bwd_keys": 128}, {"cmp_rows": 64}, {"num_warps": 4},
+                {"num_stages": 3}],
+}
+
+
+def sweep(shape, T, reps, log):
+    """Time each kernel group under BlockSizes variants at one (shape, T)."""
+    Hq, G, D = SHAPES[shape]
+    base = BlockSizes.for_shape(Hq // G, D)
+    scale = 1.0 / math.sqrt(D)
+    sets = [make_inputs(s, T, Hq, G, D) for s in (0, 1)]
+    cf = [cmp_forward(a[0], a[1], a[2], CFG, base, scale, INTERP) for a in sets]
+    idxs = [topn_pallas(cmp_block_scores(a[0], a[1], lse, CFG, base, scale, INTERP), CFG, INTERP)
+            for a, (_, lse) in zip(sets, cf)]
+    fw = [sel_forward(a[0], a[3], a[4], i, CFG, base, scale, INTERP) for a, i in zip(sets, idxs)]
+    out = []
+    for group, variants in SWEEP.items():
+        for var in variants:
+            bs = dataclasses.replace(base, **var)
+            if group == "sel_fwd":
+                fn = jax.jit(lambda q, k, v, i, bs=bs: sel_forward(q, k, v, i, CFG, bs, scale, INTERP))
+                argsets = [(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)]
+            elif group == "sel_bwd":
+                fn = jax.jit(lambda q, k, v, i, o, lse, do, gs, bs=bs: sel_backward(
+                    q, k, v, i, o, lse, do, gs, CFG, bs, scale, INTERP))
+                argsets = [(a[0], a[3], a[4], i, o, lse, a[8], a[7][..., 1])
+                           for a, i, (o, lse) in zip(sets, idxs, fw)]
+            elif group == "cmp_fwd":
+                fn = jax.jit(lambda q, kc, vc, bs=bs: cmp_forward(q, kc, vc, CFG, bs, scale, INTERP))
+                argsets = [(a[0], a[1], a[2]) for a in sets]
+            elif group == "cmp_scores":
+                fn = jax.jit(lambda q, kc, lse, bs=bs: cmp_block_scores(q, kc, lse, CFG, bs, scale,
+                                                                        INTERP))
+                argsets = [(a[0], a[1], lse) for a, (_, lse) in zip(sets, cf)]
+            else:
+                fn = jax.jit(lambda q, kc, vc, o, lse, do, gs, bs=bs: cmp_backward(
+                    q, kc, vc, o, lse, do, gs, None, CFG, bs, scale, INTERP))
+                argsets = [(a[0], a[1], a[2], o, lse, a[8], a[7][..., 0])
+                           for a, (o, lse) in zip(sets, cf)]
+            try:
+                ms = round(timed(fn, argsets, reps), 4)
+            except Exception as e:
+                ms = None
+                log(f"  {group} {var}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            log(f"  {group:10s} {str(var):32s} {ms} ms")
+            out.append({"group": group, "variant": var, "ms": ms})
+    return {"shape": shape, "T": T, "reps": reps, "base": dataclasses.asdict(base), "runs": out}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out")
     p.add_argument("--smoke", action="store_true", help="compile + check every kernel, small T")
+    p.add_argument("--sweep", type=int, metavar="T",
+                   help="time BlockSizes variants per kernel group at this T (first --shapes)")
     p.add_argument("--T", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
     p.add_argument("--shapes", nargs="+", default=["bench", "125m"], choices=sorted(SHAPES))
     p.add_argument("--reps", type=int, default=20)
@@ -238,8 +297,18 @@ def main(argv=None):
         with open(a.out) as f:
             old = json.load(f)
         keep = [r for r in old.get("results", [])
-                if not (r["shape"] in a.shapes and r["T"] in a.T)]
+                if not (r["shape"] in a.shapes and r["T"] in a.T)] if not a.sweep \
+            else old.get("results", [])
         doc["results"] = keep
+        if "sweeps" in old:
+            doc["sweeps"] = old["sweeps"]
+    if a.sweep:
+        doc.setdefault("sweeps", [])
+        doc["sweeps"] = [w for w in doc.get("sweeps", []) if w["T"] != a.sweep]
+        doc["sweeps"].append(sweep(a.shapes[0], a.sweep, a.reps, log))
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1)
+        return
     for shape in a.shapes:
         for T in a.T:
             log(f"== {shape} T={T}")

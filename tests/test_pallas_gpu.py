@@ -41,6 +41,14 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def _pallas_fwd_bwd(args, cot, **kw):
+    @jax.jit
+    def run(args, cot):
+        out, vjp = jax.vjp(lambda *a: nsa_attention(*a, CFG, impl="pallas", **kw), *args)
+        return out, vjp(cot)
+    return run(args, cot)
+
+
 def _reference_by_group(args, cot, idx, G, cfg=CFG):
     """float32 reference output and input gradients, one KV group at a time."""
     h = args[0].shape[2] // G
@@ -71,9 +79,7 @@ def test_bf16_matches_f32_reference(shape, T):
     Hq, G, D = SHAPES[shape]
     args, cot = _inputs(T + Hq, T, Hq, G, D, jnp.bfloat16)
     idx = jax.jit(lambda q, kc: select_blocks_pallas(q, kc, CFG))(args[0], args[1])
-    fn = jax.jit(lambda *a: nsa_attention(*a, CFG, impl="pallas", block_idx=idx))
-    out, vjp = jax.vjp(fn, *args)
-    grads = jax.jit(vjp)(cot)
+    out, grads = _pallas_fwd_bwd(args, cot, block_idx=idx)
     assert out.dtype == jnp.bfloat16
     ro, rgrads = _reference_by_group(args, cot, idx, G)
     errs = {"out": _rel(out, ro)}
@@ -105,9 +111,7 @@ def test_no_nan_at_64k():
     Hq, G, D = SHAPES["bench"]
     T = 65536
     args, cot = _inputs(3, T, Hq, G, D, jnp.bfloat16)
-    fn = jax.jit(lambda *a: nsa_attention(*a, CFG, impl="pallas"))
-    out, vjp = jax.vjp(fn, *args)
-    grads = jax.jit(vjp)(cot)
+    out, grads = _pallas_fwd_bwd(args, cot)
     for name, x in zip(("out",) + NAMES, (out,) + tuple(grads)):
         assert bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))), f"non-finite {name} at T={T}"
     scale = math.sqrt(float(jnp.mean(out.astype(jnp.float32) ** 2)))
