@@ -260,6 +260,48 @@ def test_cli_subprocess_help_and_error(tmp_path, compile_cache):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_profile_window():
+    from nsa_jax.train.errors import TrainError
+    from nsa_jax.train.loop import profile_window
+
+    cfg = small_cfg("train.steps=100")
+    assert profile_window(cfg, False, 0) is None
+    assert profile_window(cfg, True, 0) == (3, 5)
+    assert profile_window(cfg, True, 98) == (100, 100)
+    assert profile_window(small_cfg("train.steps=100", "train.profile_steps=[7,9]"), True, 0) == (7, 9)
+    assert profile_window(small_cfg("train.steps=100", "train.profile_steps=[7,9]"), False, 9) is None
+    with pytest.raises(TrainError, match="train.profile_steps"):
+        profile_window(small_cfg("train.steps=100", "train.profile_steps=[90,120]"), False, 0)
+
+
+def test_non_finite_steps_skip_then_abort(tmp_path, capsys):
+    """lr=1e30: from the second step on the gradient is not finite; such steps leave the state
+    unchanged and train.max_bad_steps of them in a row stop the run with status 1."""
+    args = ["--config", TINY, *SMALL, "model.attention=dense", "train.lr=1e30",
+            "train.warmup_steps=0", "train.steps=10", "train.log_every=1", "train.max_bad_steps=2",
+            f"run.dir={tmp_path / 'run'}"]
+    code = main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith("error: 2 consecutive steps up to step 3 had a non-finite loss")
+    entries = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [e["skipped_steps"] for e in entries] == [0, 1, 2]
+    assert math.isfinite(entries[0]["grad_norm"])
+    assert entries[1]["grad_norm"] is None and entries[2]["grad_norm"] is None   # NaN -> null
+
+
+def test_watchdog_ends_a_stalled_process():
+    code = ("import time\nfrom nsa_jax.train.watchdog import Watchdog\n"
+            "w = Watchdog(0.3)\nw.beat('step 7')\ntime.sleep(30)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 3 and time.monotonic() - t0 < 20
+    assert r.stderr.startswith("error: run.watchdog_s: no progress for 0s (last: step 7)") or \
+        r.stderr.startswith("error: run.watchdog_s: no progress for 1s (last: step 7)"), r.stderr
+
+
 def test_device_divisibility():
     from nsa_jax.train.errors import TrainError
     from nsa_jax.train.mesh import check_batch, mesh_shape

@@ -243,6 +243,7 @@ class _Trainer:
             t_start = time.perf_counter()
             win_t, win_step, paused = t_start, pre.start, 0.0
             self.watchdog = Watchdog(cfg.run.watchdog_s)
+            self.progress.start()
             for step in range(pre.start + 1, t.steps + 1):   # `step` = updates done after it
                 if pre.window and step == pre.window[0]:
                     jax.profiler.start_trace(str(prof_dir), create_perfetto_trace=True)

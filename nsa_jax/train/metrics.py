@@ -1,6 +1,7 @@
 """Run outputs for humans and tools: ``metrics.jsonl``, TensorBoard scalars, progress display.
 
-* :class:`MetricsLog` appends one JSON object per line and flushes it. On resume,
+* :class:`MetricsLog` appends one JSON object per line and flushes it (a non-finite loss or
+  gradient norm is written as ``null``). On resume,
   ``truncate_after(step)`` drops entries past the restored step so no step appears twice.
 * :class:`TensorBoardWriter` writes scalar events with TensorBoard's own event writer and protos
   (no TensorFlow, no torch). On resume it first writes a ``SessionLog.START`` at the restored
@@ -44,9 +45,12 @@ class MetricsLog:
         return dropped
 
     def write(self, entry: dict) -> None:
+        """Append ``entry`` as one JSON line; non-finite numbers become ``null`` (strict JSON)."""
         if self._f is None:
             self._f = open(self.path, "a")
-        self._f.write(json.dumps(entry) + "\n")
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                 for k, v in entry.items()}
+        self._f.write(json.dumps(clean, allow_nan=False) + "\n")
         self._f.flush()
 
     def close(self) -> None:
@@ -106,10 +110,14 @@ class Progress:
         self.stream = stream or sys.stdout
         self.bar = None
         self._t0, self._s0 = time.perf_counter(), initial
-        if enabled and self.stream.isatty():
+
+    def start(self) -> None:
+        """Training starts now (after compilation): the bar and the ETA count from here."""
+        self._t0 = time.perf_counter()
+        if self.enabled and self.stream.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, file=self.stream, unit="step",
+            self.bar = tqdm(total=self.total, initial=self._s0, file=self.stream, unit="step",
                             dynamic_ncols=True, desc="train")
 
     def step(self, n: int = 1) -> None:
