@@ -209,7 +209,7 @@ def evaluate_retrieval_run(run_dir: Path, rows: int, batch_size: int | None) -> 
     res["eval_s"] = round(time.perf_counter() - t0, 1)
     res["layout"] = {k: getattr(layout, k) for k in ("seq_len", "pairs", "queries", "keys",
                                                      "values", "filler", "min_distance",
-                                                     "max_distance")}
+                                                     "max_distance", "filler_mode")}
     res["train"] = train_summary(run_dir, cfg)
     return res
 

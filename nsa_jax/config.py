@@ -86,6 +86,7 @@ class DataConfig:
     retrieval_keys: int = 256           # retrieval: distinct key ids
     retrieval_values: int = 256         # retrieval: distinct value ids (chance = 1/this)
     retrieval_filler: int = 0           # retrieval: filler ids; 0 = all ids left below vocab
+    retrieval_filler_mode: Literal["random", "cycle"] = "random"  # retrieval: iid or a fixed cycle
     retrieval_min_distance: int = 1     # retrieval: query-to-key distance range (tokens)
     retrieval_max_distance: int = 0     # retrieval: 0 = as far as the row allows
 

@@ -62,6 +62,28 @@ def test_layout_of_every_row():
     np.testing.assert_array_equal(lay.answer_positions(), C + 3 * np.arange(Q) + 2)
 
 
+def test_cycle_filler_is_one_fixed_cycle_across_pairs():
+    cfg = make_cfg(retrieval_filler_mode="cycle")
+    lay = RetrievalLayout.from_config(cfg)
+    cycle = lay.filler_cycle(0)
+    assert sorted(cycle) == list(range(lay.filler0, 128))        # every filler id once
+    where = np.empty(128, np.int64)
+    where[cycle] = np.arange(lay.filler)
+    C = lay.context_len
+    rows = np.concatenate(batches(cfg, 2))
+    offsets = set()
+    for row in rows:
+        i = np.flatnonzero(row[:C] >= lay.filler0)                 # filler positions
+        assert len(i) == C - 3 * lay.pairs
+        o = (where[row[i]] - i) % lay.filler                       # same offset everywhere
+        assert len(set(o)) == 1
+        offsets.add(int(o[0]))
+    assert len(offsets) > 1                                        # rows start at random places
+    assert not np.array_equal(lay.filler_cycle(1), cycle)
+    with pytest.raises(ConfigError, match="data.retrieval_filler_mode"):
+        make_cfg(retrieval_filler_mode="zigzag")
+
+
 def test_deterministic_by_seed_and_split():
     a = np.concatenate(batches(make_cfg(), 2))
     b = np.concatenate(batches(make_cfg(), 2))

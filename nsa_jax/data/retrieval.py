@@ -15,7 +15,11 @@ A row has ``n = seq_len + 1`` tokens: a context of ``C = n - 3Q`` tokens, then `
       0 .. C-1                                                 C .. n-1
 
 * ``P = data.retrieval_pairs`` pairs sit at non-overlapping places in the context; their keys are
-  distinct within the row, their values uniform (repeats allowed); filler is uniform iid.
+  distinct within the row, their values uniform (repeats allowed).
+* Filler (``data.retrieval_filler_mode``): ``random`` -- uniform iid ids; ``cycle`` -- the ids in
+  a fixed random cyclic order (drawn from ``train.seed``), row ``r`` showing at context position
+  ``i`` element ``(o_r + i) mod F`` of the cycle, so one filler token predicts all the others, also
+  across a pair written over it.
 * Query ``j`` occupies ``[C+3j, C+3j+3)`` and asks for pair ``j`` (pairs ``Q..P-1`` are
   distractors that are never asked). Its *answer* is the value at row position
   ``a_j = C + 3j + 2``, predicted from position ``a_j - 1`` (the query's key token).
@@ -26,10 +30,12 @@ A row has ``n = seq_len + 1`` tokens: a context of ``C = n - 3Q`` tokens, then `
   (``[3j+3, C+3j]``), then the pair is placed there (uniformly among free places when the drawn
   one collides).
 
-Training uses the plain next-token loss over the whole row: filler, keys, values and the choice of
-queried key are unpredictable, so their loss is a constant floor, and what the model can learn is
-concentrated in the answer tokens (and the trivial query markers). Accuracy is measured only at the
-answers (:func:`answer_info`, :func:`evaluate_retrieval`); chance is ``1 / V``.
+Training uses the plain next-token loss over the whole row. Pair places, keys, values and the
+choice of queried key are unpredictable, and so is ``random`` filler: their loss is a constant
+floor, and what the model can learn beyond the filler's structure is the answer tokens (and the
+trivial query markers). ``cycle`` filler costs nothing once learned (a bigram), which removes the
+gradient noise of thousands of unpredictable filler targets per row. Accuracy is measured only at
+the answers (:func:`answer_info`, :func:`evaluate_retrieval`); chance is ``1 / V``.
 
 Row ``g`` of a split comes from its own RNG keyed by (``train.seed``, split, ``g``): the stream is
 infinite, deterministic and random-access; the position is one integer like the synthetic source
@@ -62,6 +68,7 @@ class RetrievalLayout:
     filler: int
     min_distance: int = 1
     max_distance: int = 0     # 0 = as far as the row allows
+    filler_mode: str = "random"   # random | cycle
 
     @classmethod
     def from_config(cls, cfg) -> "RetrievalLayout":
@@ -70,7 +77,8 @@ class RetrievalLayout:
         vocab = cfg.model.vocab_size
         filler = d.retrieval_filler or vocab - N_SPECIAL - d.retrieval_keys - d.retrieval_values
         lay = cls(d.seq_len, d.retrieval_pairs, d.retrieval_queries, d.retrieval_keys,
-                  d.retrieval_values, filler, d.retrieval_min_distance, d.retrieval_max_distance)
+                  d.retrieval_values, filler, d.retrieval_min_distance, d.retrieval_max_distance,
+                  d.retrieval_filler_mode)
         lay.validate(vocab)
         return lay
 
@@ -120,6 +128,8 @@ class RetrievalLayout:
         for k in ("queries", "pairs", "keys", "values", "min_distance"):
             if getattr(self, k) < 1:
                 fail(k, f"must be >= 1, got {getattr(self, k)}")
+        if self.filler_mode not in ("random", "cycle"):
+            fail("filler_mode", f"must be random or cycle, got {self.filler_mode!r}")
         if self.max_distance < 0:
             fail("max_distance", f"must be >= 0 (0 = no limit), got {self.max_distance}")
         if self.pairs < self.queries:
@@ -148,11 +158,20 @@ class RetrievalLayout:
                           f"[{3 * j + 3}, {C + 3 * j}])")
 
     # ---- generation ------------------------------------------------------------------------
-    def generate(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """One row ``int32 [seq_len + 1]`` and its queries' distances ``int64 [Q]``."""
+    def filler_cycle(self, seed: int) -> np.ndarray:
+        """The fixed cyclic order of the filler ids for ``filler_mode: cycle``."""
+        return self.filler0 + np.random.default_rng([seed, _TAG, 0]).permutation(self.filler)
+
+    def generate(self, rng: np.random.Generator, cycle: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """One row ``int32 [seq_len + 1]`` and its queries' distances ``int64 [Q]``.
+        ``cycle`` (from :meth:`filler_cycle`) is required for ``filler_mode: cycle``."""
         C, P, Q = self.context_len, self.pairs, self.queries
         row = np.empty(self.row_len, np.int32)
-        row[:C] = self.filler0 + rng.integers(0, self.filler, size=C)
+        if self.filler_mode == "cycle":
+            row[:C] = cycle[(rng.integers(0, self.filler) + np.arange(C)) % self.filler]
+        else:
+            row[:C] = self.filler0 + rng.integers(0, self.filler, size=C)
         keys = self.key0 + rng.choice(self.keys, size=P, replace=False)
         vals = self.value0 + rng.integers(0, self.values, size=P)
         free = np.ones(C - 2, bool)        # free[s]: a pair may start at s
@@ -202,6 +221,7 @@ class RetrievalSource:
                  process_count: int, position: dict | None = None):
         self.layout = layout
         self.seed = seed
+        self.cycle = layout.filler_cycle(seed) if layout.filler_mode == "cycle" else None
         self.split_id = {"train": 1, "eval": 2}[split]
         self.p, self.P = process_index, process_count
         self.cursor = int((position or {}).get("seq", 0))
@@ -214,7 +234,8 @@ class RetrievalSource:
 
     def row(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """Global row ``g`` of this split and its distances (deterministic)."""
-        return self.layout.generate(np.random.default_rng([self.seed, _TAG, self.split_id, g]))
+        return self.layout.generate(np.random.default_rng([self.seed, _TAG, self.split_id, g]),
+                                    self.cycle)
 
     def next_rows(self, count: int) -> np.ndarray:
         rows = [self.row((self.cursor + j) * self.P + self.p)[0] for j in range(count)]
