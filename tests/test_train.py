@@ -96,11 +96,12 @@ def test_loss_falls_and_metrics_keys(tiny_run):
     assert [e["step"] for e in train_e] == [4, 8, 12, 16, 20, 24]
     assert [e["step"] for e in eval_e] == [12, 24]
     for e in train_e:
-        assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "tokens_seen",
+        assert {"step", "loss", "loss_avg", "lr", "grad_norm", "tokens_per_s", "tokens_seen",
                 "elapsed_s"} <= set(e)
         assert e["tokens_seen"] == e["step"] * 4 * 64
         assert e["tokens_per_s"] > 0 and math.isfinite(e["grad_norm"])
     assert train_e[-1]["loss"] < train_e[0]["loss"] - 0.3
+    assert train_e[-1]["loss_avg"] < train_e[0]["loss_avg"] - 0.3
     assert eval_e[-1]["eval_loss"] < math.log(256) - 0.3
     assert eval_e[-1]["eval_loss"] < eval_e[0]["eval_loss"]
     assert summary["step"] == 24

@@ -242,6 +242,7 @@ class _Trainer:
             elapsed0 = float(pre.meta["elapsed_s"]) if pre.meta else 0.0
             t_start = time.perf_counter()
             win_t, win_step, paused = t_start, pre.start, 0.0
+            loss_sum = jax.numpy.zeros((), np.float32)   # on device: no sync per step
             self.watchdog = Watchdog(cfg.run.watchdog_s)
             self.progress.start()
             for step in range(pre.start + 1, t.steps + 1):   # `step` = updates done after it
@@ -252,6 +253,7 @@ class _Trainer:
                 with jax.profiler.StepTraceAnnotation("train", step_num=step):
                     state, stats = step_fn(state, batch)
                 tokens_seen += self.tokens_per_step
+                loss_sum = loss_sum + stats["loss"]
                 if profiling and step == pre.window[1]:
                     p0 = time.perf_counter()
                     jax.block_until_ready(stats)
@@ -264,9 +266,12 @@ class _Trainer:
                 self.watchdog.beat(f"step {step}")
 
                 if step % t.log_every == 0 or step == t.steps:
-                    s = jax.device_get(stats)
+                    s, window_loss = jax.device_get((stats, loss_sum))
+                    loss_sum = jax.numpy.zeros((), np.float32)
                     now = time.perf_counter()
-                    entry = {"step": step, "loss": float(s["loss"]), "lr": float(s["lr"]),
+                    entry = {"step": step, "loss": float(s["loss"]),
+                             "loss_avg": float(window_loss) / (step - win_step),
+                             "lr": float(s["lr"]),
                              "grad_norm": float(s["grad_norm"]),
                              "tokens_per_s": (step - win_step) * self.tokens_per_step
                              / max(now - win_t - paused, 1e-9),

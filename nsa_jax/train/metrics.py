@@ -93,6 +93,10 @@ class TensorBoardWriter:
         self._w.close()
 
 
+def _num(x, digits: int = 4) -> str:
+    return f"{x:.{digits}f}" if x is not None else "nan"
+
+
 def fmt_duration(s: float) -> str:
     if not math.isfinite(s):
         return "?"
@@ -128,14 +132,15 @@ class Progress:
         if not self.enabled:
             return
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{entry['loss']:.4f}",
+            self.bar.set_postfix(loss=f"{entry['loss_avg']:.4f}",
                                  tok_s=f"{entry['tokens_per_s']:,.0f}", refresh=True)
             return
         s = entry["step"]
         rate = (s - self._s0) / max(time.perf_counter() - self._t0, 1e-9)
         eta = (self.total - s) / rate if rate > 0 else float("inf")
-        self.line(f"step {s}/{self.total} | loss {entry['loss']:.4f} | lr {entry['lr']:.3e} | "
-                  f"grad_norm {entry['grad_norm']:.3f} | {entry['tokens_per_s']:,.0f} tok/s | "
+        self.line(f"step {s}/{self.total} | loss {_num(entry['loss'])} (avg "
+                  f"{_num(entry['loss_avg'])}) | lr {entry['lr']:.3e} | "
+                  f"grad_norm {_num(entry['grad_norm'], 3)} | {entry['tokens_per_s']:,.0f} tok/s | "
                   f"elapsed {fmt_duration(entry['elapsed_s'])} | ETA {fmt_duration(eta)}")
 
     def line(self, text: str) -> None:
