@@ -218,12 +218,11 @@ def smoke(log):
 
 
 SWEEP = {  # kernel group -> BlockSizes variants (first = current default)
-    "sel_fwd": [{}, {"sel_warps": 2}, {"sel_warps": 8}, {"sel_stages": 3}, {"sel_stages": 1}],
-    "sel_bwd": [{}, {"sel_rows": 64}, {"sel_chunk": 1024}, {"num_warps": 4}, {"sel_warps": 2}],
-    "cmp_fwd": [{}, {"cmp_keys": 128}, {"cmp_rows": 64}, {"num_warps": 4}, {"num_stages": 3}],
-    "cmp_scores": [{}, {"score_dot": "ieee"}, {"cmp_rows": 64}, {"num_warps": 4}],
-    "cmp_bwd": [{}, {"cmp_bwd_keys": 128}, {"cmp_rows": 64}, {"num_warps": 4},
-                {"num_stages": 3}],
+    "sel_fwd": [{}, {"sel_warps": 4}],
+    "sel_bwd": [{}, {"sel_chunk": 256}, {"sel_warps": 4}],
+    "cmp_fwd": [{}, {"cmp_keys": 64}],
+    "cmp_scores": [{}, {"num_warps": 4}, {"score_sel": 32}],
+    "cmp_bwd": [{}, {"cmp_bwd_keys": 32}],
 }
 
 

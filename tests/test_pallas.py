@@ -82,6 +82,7 @@ def test_parity_default_config():
     (NSAConfig(), 1100, 6, 1),
     (NSAConfig(block_l=16, stride_d=8, sel_block=32, n_sel=5, n_init=0, n_local=0), 300, 3, 1),
     (dataclasses.replace(TINY, n_sel=6, n_init=2, n_local=3), 40, 1, 1),  # Ts=3 < n_sel
+    (dataclasses.replace(TINY, sel_block=12), 400, 3, 1),  # l'/d = 3: general (dot) scoring path
 ])
 def test_block_scores_and_selection_exact(cfg, T, h, G):
     args, _ = _inputs(T + h, 1, T, h * G, G, cfg)

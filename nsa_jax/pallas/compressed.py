@@ -37,15 +37,19 @@ def _tile_rows(h: int, bs: BlockSizes) -> int:
     return max(bs.cmp_rows, next_pow2(h))
 
 
-def _rows(qt, g, h: int, rows: int, T: int):
-    """Row r of query tile qt -> (query-in-tile, head, position t (0 where masked), valid)."""
-    bq = rows // h
+def _rows(qt, g, h: int, rows: int, T: int, hs: int | None = None):
+    """Row r of query tile qt -> (query-in-tile, head, position t (0 where masked), valid).
+
+    Rows hold rows // hs queries with hs >= h row slots each (the last hs - h slots masked).
+    """
+    hs = hs or h
+    bq = rows // hs
     r = jnp.arange(rows)
-    qi = idiv(r, h)
-    head = g * h + (r - qi * h)
+    qi = idiv(r, hs)
+    hd = r - qi * hs
     t = qt * bq + qi
-    ok = (qi < bq) & (t < T)
-    return qi, head, jnp.where(ok, t, 0), ok
+    ok = (qi < bq) & (t < T) & (hd < h)
+    return qi, g * h + jnp.where(hd < h, hd, 0), jnp.where(ok, t, 0), ok
 
 
 def _num_visible(t, d: int, l: int, Tc: int):
@@ -144,29 +148,40 @@ def _overlap(i, j, d: int, l: int, l_sel: int):
     return jnp.maximum(hi - lo, 0).astype(jnp.float32) / d
 
 
-def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, rows, S, step, bks, d, l, l_sel,
-                  scale, prec, sprec):
+def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, hs, rows, S, r, step, bks, d, l, l_sel,
+                  scale, prec, sprec, fast):
+    """Eq. 8-10 for one tile of queries x the h heads of group g.
+
+    Row layout: query qi = row // hs, head = row % hs (hs = h, or h padded to a power of two on
+    the fast path). Fast path (hs and r = l'/d powers of two): p is summed over heads and over
+    each selection block's r compressed blocks by reshape + sum on the CUDA cores, and the part of
+    a compressed block that spills into the next selection block is moved one column by a
+    [bq, S, S] 0/1 contraction. General path: two float32 dots (p @ W, then a 0/1 head-sum
+    matrix). A step's spill into the next step's first block is carried as a vector.
+    """
     qt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     T, Tc, Dk = q_ref.shape[1], k_ref.shape[1], q_ref.shape[-1]
     Ts = sc_ref.shape[-1]
-    bq = rows // h
-    bqp = max(MIN_DOT, next_pow2(bq))
-    qi, head, t, ok = _rows(qt, g, h, rows, T)
+    bq = rows // hs
+    nq = bq if fast else max(MIN_DOT, next_pow2(bq))  # query rows of an emitted score tile
+    qi, head, t, ok = _rows(qt, g, h, rows, T, hs)
     q = _load_rows(q_ref, b, t, head, ok, Dk)
     lse = load(lse_ref.at[b, t, head], ok, POS_INF)
-    # A[u, r] = 1 iff row r belongs to query u of the tile: sums the h heads of a group (Eq. 10).
-    A = ((jnp.arange(bqp)[:, None] == qi[None, :]) & ok[None, :]).astype(jnp.float32)
-    u = jnp.arange(bqp)
+    u = jnp.arange(nq)
     tq = qt * bq + u
     q_ok = (u < bq) & (tq < T)
     tq_st = jnp.where(q_ok, tq, T)
     col = jnp.arange(S)
     n_vis = _num_visible(jnp.minimum(qt * bq + bq - 1, T - 1), d, l, Tc)
     c = scale * LOG2E
+    if not fast:
+        # A[u, row] = 1 iff the row belongs to query u of the tile: the head sum (Eq. 10).
+        A = ((u[:, None] == qi[None, :]) & ok[None, :]).astype(jnp.float32)
+    else:
+        shift = (col[:, None] + 1 == col[None, :]).astype(jnp.float32)  # [S, S]: column c -> c+1
 
-    def emit(kt, C):
+    def put(kt, sc):
         jj = kt * S + col
-        sc = dot(A, C, precision=sprec)  # [bqp, S]
         jj_ok = jj < Ts
         store(sc_ref.at[b, tq_st[:, None], g, jnp.where(jj_ok, jj, Ts)[None, :]], sc,
               q_ok[:, None] & jj_ok[None, :])
@@ -178,26 +193,33 @@ def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, rows, S, step, bks, d, l,
         s = dot(q, k, trans_b=True, precision=prec) * c
         vis = ok[:, None] & imask[None, :] & (ii[None, :] * d + (l - 1) <= t[:, None])
         p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])  # p_cmp, Eq. 8
-        W = _overlap(ii[:, None], (kt * S + col)[None, :], d, l, l_sel)  # [bks, S]
-        C = dot(p, W, precision=sprec) + jnp.where(col[None, :] == 0, carry[:, None], 0.0)
-        emit(kt, C)
+        first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
+        if fast:
+            pg = jnp.sum(p.reshape(bq, hs, bks), axis=1)  # [bq, step] summed over heads
+            js = kt * S + idiv(jnp.arange(bks), r)  # selection block each compressed block starts in
+            w_main = _overlap(ii, js, d, l, l_sel)
+            w_next = _overlap(ii, js + 1, d, l, l_sel)
+            main = jnp.sum((pg * w_main[None, :]).reshape(bq, S, r), axis=2)
+            nxt = jnp.sum((pg * w_next[None, :]).reshape(bq, S, r), axis=2)  # owed to column + 1
+            moved = jnp.sum(nxt[:, :, None] * shift[None, :, :], axis=1)
+            put(kt, main + moved + first)
+            return jnp.sum(jnp.where(col[None, :] == S - 1, nxt, 0.0), axis=1)
+        W = _overlap(ii[:, None], (kt * S + col)[None, :], d, l, l_sel)  # [bks, S], Eq. 9
+        put(kt, dot(A, dot(p, W, precision=sprec) + first, precision=sprec))
         w_spill = _overlap(ii, (kt + 1) * S, d, l, l_sel)  # into the next step's first block
         return jnp.sum(p * w_spill[None, :], axis=1)
 
     n_steps = idiv(n_vis + (step - 1), step)
-    carry = lax.fori_loop(0, n_steps, score_step, jnp.zeros((rows,), jnp.float32))
-
+    carry = lax.fori_loop(0, n_steps, score_step, jnp.zeros((nq if fast else rows,), jnp.float32))
     n_tiles = cdiv(Ts, S)
 
     @pl.when(n_steps < n_tiles)  # the block the last visible step spills into
     def _():
-        emit(n_steps, jnp.where(col[None, :] == 0, carry[:, None], 0.0))
+        first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
+        put(n_steps, first if fast else dot(A, first, precision=sprec))
 
     def zeros(kt, _):  # blocks no query of the tile can see yet
-        jj = kt * S + col
-        jj_ok = jj < Ts
-        store(sc_ref.at[b, tq_st[:, None], g, jnp.where(jj_ok, jj, Ts)[None, :]],
-              jnp.zeros((bqp, S), jnp.float32), q_ok[:, None] & jj_ok[None, :])
+        put(kt, jnp.zeros((nq, S), jnp.float32))
 
     lax.fori_loop(n_steps + 1, n_tiles, zeros, None)
 
@@ -211,16 +233,22 @@ def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, i
     h = Hq // G
     if Tc == 0:
         return jnp.zeros((B, T, G, Ts), jnp.float32)
-    rows = _tile_rows(h, bs)
     S = bs.score_sel
-    step = S * (cfg.sel_block // cfg.stride_d)
+    r = cfg.sel_block // cfg.stride_d
+    step = S * r
+    fast = r & (r - 1) == 0
+    if fast:
+        hs = next_pow2(h)
+        rows = max(min(_tile_rows(h, bs), MIN_DOT * hs), MIN_DOT)  # <= 16 queries per tile
+    else:
+        hs, rows = h, _tile_rows(h, bs)
     kern = functools.partial(
-        _score_kernel, h=h, rows=rows, S=S, step=step, bks=max(MIN_DOT, next_pow2(step)),
-        d=cfg.stride_d, l=cfg.block_l, l_sel=cfg.sel_block, scale=scale,
-        prec=dot_precision(q.dtype, interpret),
-        sprec=score_precision(bs.score_dot, interpret))
+        _score_kernel, h=h, hs=hs, rows=rows, S=S, r=r, step=step,
+        bks=max(MIN_DOT, next_pow2(step)), d=cfg.stride_d, l=cfg.block_l, l_sel=cfg.sel_block,
+        scale=scale, prec=dot_precision(q.dtype, interpret),
+        sprec=score_precision(bs.score_dot, interpret), fast=fast)
     return pl.pallas_call(
-        kern, grid=(cdiv(T, rows // h), G, B),
+        kern, grid=(cdiv(T, rows // hs), G, B),
         out_shape=jax.ShapeDtypeStruct((B, T, G, Ts), jnp.float32),
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_cmp_scores",
@@ -317,7 +345,7 @@ def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes
                   prec=dot_precision(q.dtype, interpret))
     cp = compiler_params(bs.num_warps, bs.num_stages)
     dq = pl.pallas_call(
-        functools.partial(_bwd_dq_kernel, bk=bs.cmp_keys, **common),
+        functools.partial(_bwd_dq_kernel, bk=bs.cmp_bwd_keys, **common),
         grid=(cdiv(T, rows // h), G, B),
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32), compiler_params=cp,
         interpret=interpret, name="nsa_cmp_bwd_dq",
