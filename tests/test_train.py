@@ -456,6 +456,17 @@ def test_kill9_resume_bit_identical(tmp_path, compile_cache):
     assert [s for s, _, _ in a[0]] == list(range(1, 31))
     assert a == b          # exact float equality, no duplicated or missing steps
 
+    # TensorBoard drops the killed run's orphaned events: the same curve as the full run
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def tb(path):
+        acc = EventAccumulator(str(path / "tensorboard"))
+        acc.Reload()
+        return [(e.step, e.value) for e in acc.Scalars("train/loss")]
+
+    assert len(list((run / "tensorboard").iterdir())) == 2
+    assert tb(run) == tb(tmp_path / "full") and len(tb(run)) == 30
+
 
 # ---- two devices (data parallel) and the bundled text sample --------------------------------
 def test_two_devices_data_parallel_matches_one(tmp_path, compile_cache, tiny_run):
