@@ -204,8 +204,10 @@ def smoke(log):
                                     ref.block_scores(ref.cmp_probs(f[0], f[1], CFG), T, CFG)))
     _, vjp = jax.vjp(lambda q, k, v: ref.compressed_attention(q, k, v, CFG), f[0], f[1], f[2])
     rg = vjp(do * gs[..., None])
-    check("cmp_bwd", lambda: [rel(x, y) for x, y in zip(cmp_backward(
-        a[0], a[1], a[2], oc, lc, a[8], gs, None, CFG, bs, scale, INTERP), rg)])
+    for split in (1, 4):
+        bss = dataclasses.replace(bs, cmp_bwd_split=split)
+        check(f"cmp_bwd_split{split}", lambda bss=bss: [rel(x, y) for x, y in zip(cmp_backward(
+            a[0], a[1], a[2], oc, lc, a[8], gs, None, CFG, bss, scale, INTERP), rg)])
     check("window_fwd", lambda: rel(window_attention(a[0], a[5], a[6], CFG, INTERP),
                                     ref.window_attention(f[0], f[5], f[6], CFG)))
     def nsa_grads(impl, args):
@@ -218,11 +220,8 @@ def smoke(log):
 
 
 SWEEP = {  # kernel group -> BlockSizes variants (first = current default)
-    "sel_fwd": [{}, {"sel_warps": 4}],
-    "sel_bwd": [{}, {"sel_chunk": 256}, {"sel_warps": 4}],
-    "cmp_fwd": [{}, {"cmp_keys": 64}],
-    "cmp_scores": [{}, {"num_warps": 4}, {"score_sel": 32}],
-    "cmp_bwd": [{}, {"cmp_bwd_keys": 32}],
+    "cmp_bwd": [{}, {"cmp_bwd_split": 2}, {"cmp_bwd_split": 4}, {"cmp_bwd_split": 8}],
+    "cmp_scores": [{}, {"score_warps": 2}],
 }
 
 

@@ -126,9 +126,13 @@ def test_parity_sequence_shorter_than_a_compressed_block():
     _assert_parity(args, cot, TINY)
 
 
-def test_parity_atomic_selection_backward():
+def test_parity_other_block_sizes():
+    """Atomic selection dK/dV, compressed dK/dV split over 3 query ranges (atomic adds, some
+    ranges empty), smaller tiles and a wider scoring step."""
     args, cot = _inputs(6, 1, 75, 4, 2, TINY)
-    _assert_parity(args, cot, TINY, block_sizes=BlockSizes(sel_bwd="atomic"))
+    bs = BlockSizes(sel_bwd="atomic", cmp_bwd_split=3, cmp_bwd_keys=16, cmp_keys=16,
+                    cmp_rows=32, score_sel=32, sel_keys=16)
+    _assert_parity(args, cot, TINY, block_sizes=bs)
 
 
 def test_parity_head_dims_not_powers_of_two():

@@ -97,11 +97,14 @@ class BlockSizes:
     sel_bwd:      "inverted" (block -> query index, one atomic tile add per work item) or
                   "atomic" (per-query programs atomically add every block's dK/dV).
     cmp_bwd_keys: compressed keys per tile in the compressed-attention backward (dQ and dK/dV).
+    cmp_bwd_split: parts the query range of one compressed dK/dV tile is split into (partial
+                  sums meet in float32 atomic adds; 1 = no split, plain stores).
     score_dot:    GPU precision of the general scoring path's float32 dots (p @ W, head sum;
                   used when l'/d is not a power of two): "ieee" or "tf32x3" (three tf32
                   tensor-core passes; measured 1.9x slower than ieee on an H200).
     num_warps, num_stages: Triton launch parameters for the tile kernels; sel_warps and
-                  sel_stages for the per-query selection kernels (16-row tiles).
+                  sel_stages for the per-query selection kernels (16-row tiles); score_warps
+                  for the scoring kernel.
     """
     cmp_rows: int = 128
     cmp_keys: int = 128
@@ -111,10 +114,12 @@ class BlockSizes:
     sel_chunk: int = 1024
     sel_bwd: str = "inverted"
     cmp_bwd_keys: int = 64
+    cmp_bwd_split: int = 1
     score_dot: str = "ieee"
     num_warps: int = 4
     num_stages: int = 2
     sel_warps: int = 2
+    score_warps: int = 4
     sel_stages: int = 2
 
     def __post_init__(self):
@@ -129,7 +134,9 @@ class BlockSizes:
         if self.score_dot not in SCORE_DOTS:
             raise ValueError(f"BlockSizes.score_dot: one of {sorted(SCORE_DOTS)}, "
                              f"got {self.score_dot!r}")
-        for f in ("num_warps", "sel_warps"):
+        if self.cmp_bwd_split < 1:
+            raise ValueError(f"BlockSizes.cmp_bwd_split: must be >= 1, got {self.cmp_bwd_split}")
+        for f in ("num_warps", "sel_warps", "score_warps"):
             v = getattr(self, f)
             if v not in (1, 2, 4, 8, 16):
                 raise ValueError(f"BlockSizes.{f}: 1, 2, 4, 8 or 16, got {v}")

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, BlockSizes, cdiv, compiler_params, dot,
@@ -250,7 +251,7 @@ def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, i
     return pl.pallas_call(
         kern, grid=(cdiv(T, rows // hs), G, B),
         out_shape=jax.ShapeDtypeStruct((B, T, G, Ts), jnp.float32),
-        compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+        compiler_params=compiler_params(bs.score_warps, bs.num_stages),
         interpret=interpret, name="nsa_cmp_scores",
     )(q, kc, lse)
 
@@ -288,9 +289,17 @@ def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dq_r
     _store_rows(dq_ref, dq * scale, b, t, head, ok)
 
 
-def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, h, rows,
-                    bk, d, l, scale, prec):
-    kt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *refs, h, rows,
+                    bk, d, l, scale, prec, split):
+    """dK/dV of one compressed-key tile from the queries that see it. With split > 1 the query
+    range is cut into ``split`` equal parts (programs of one key tile differ a lot in length:
+    the first tile is seen by every query) whose partial sums meet in float32 atomic adds."""
+    if split > 1:
+        _dk_in, _dv_in, dk_ref, dv_ref = refs
+    else:
+        dk_ref, dv_ref = refs
+    kt, g, bsp = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    b, part = bsp // split, bsp % split
     T, Tc = q_ref.shape[1], k_ref.shape[1]
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
@@ -318,11 +327,21 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dk_
         dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
         return dk, dv
 
-    first_t = kt * bk * d + (l - 1)  # first query that sees any block of this tile
-    dk, dv = lax.fori_loop(idiv(first_t, bq), cdiv(T, bq), step,
-                           (jnp.zeros((bk, Dk), jnp.float32), jnp.zeros((bk, Dv), jnp.float32)))
-    store(dk_ref.at[b, pl.ds(kt * bk, bk), g, :], dk * scale, imask[:, None])
-    store(dv_ref.at[b, pl.ds(kt * bk, bk), g, :], dv, imask[:, None])
+    nqt = cdiv(T, bq)
+    qt0 = jnp.minimum(idiv(kt * bk * d + (l - 1), bq), nqt)  # first query tile seeing the tile
+    per = idiv(nqt - qt0 + (split - 1), split)
+    lo = jnp.minimum(qt0 + part * per, nqt)
+    hi = jnp.minimum(lo + per, nqt)
+    dk, dv = lax.fori_loop(lo, hi, step, (jnp.zeros((bk, Dk), jnp.float32),
+                                          jnp.zeros((bk, Dv), jnp.float32)))
+    if split > 1:
+        @pl.when(hi > lo)
+        def _():
+            plgpu.atomic_add(dk_ref, (b, pl.ds(kt * bk, bk), g, pl.ds(0, Dk)), dk * scale)
+            plgpu.atomic_add(dv_ref, (b, pl.ds(kt * bk, bk), g, pl.ds(0, Dv)), dv)
+    else:
+        store(dk_ref.at[b, pl.ds(kt * bk, bk), g, :], dk * scale, imask[:, None])
+        store(dv_ref.at[b, pl.ds(kt * bk, bk), g, :], dv, imask[:, None])
 
 
 def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes, scale: float,
@@ -350,13 +369,26 @@ def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32), compiler_params=cp,
         interpret=interpret, name="nsa_cmp_bwd_dq",
     )(q, kc, vc, do, gs, lse, delta)
-    dk, dv = pl.pallas_call(
-        functools.partial(_bwd_dkv_kernel, bk=bs.cmp_bwd_keys, **common),
-        grid=(cdiv(Tc, bs.cmp_bwd_keys), G, B),
-        out_shape=[jax.ShapeDtypeStruct((B, Tc, G, Dk), jnp.float32),
-                   jax.ShapeDtypeStruct((B, Tc, G, Dv), jnp.float32)], compiler_params=cp,
-        interpret=interpret, name="nsa_cmp_bwd_dkv",
-    )(q, kc, vc, do, gs, lse, delta)
+    bk, split = bs.cmp_bwd_keys, bs.cmp_bwd_split
+    n_kt = cdiv(Tc, bk)
+    kern = functools.partial(_bwd_dkv_kernel, bk=bk, split=split, **common)
+    if split == 1:
+        dk, dv = pl.pallas_call(
+            kern, grid=(n_kt, G, B),
+            out_shape=[jax.ShapeDtypeStruct((B, Tc, G, Dk), jnp.float32),
+                       jax.ShapeDtypeStruct((B, Tc, G, Dv), jnp.float32)], compiler_params=cp,
+            interpret=interpret, name="nsa_cmp_bwd_dkv",
+        )(q, kc, vc, do, gs, lse, delta)
+    else:
+        acc = [jnp.zeros((B, n_kt * bk, G, Dk), jnp.float32),
+               jnp.zeros((B, n_kt * bk, G, Dv), jnp.float32)]
+        dk, dv = pl.pallas_call(
+            kern, grid=(n_kt, G, B * split),
+            out_shape=[jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in acc],
+            input_output_aliases={7: 0, 8: 1}, compiler_params=cp,
+            interpret=interpret, name="nsa_cmp_bwd_dkv_split",
+        )(q, kc, vc, do, gs, lse, delta, *acc)
+        dk, dv = dk[:, :Tc], dv[:, :Tc]
     return dq, dk.astype(kc.dtype), dv.astype(vc.dtype)
 
 
