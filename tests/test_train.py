@@ -498,6 +498,45 @@ def test_two_devices_data_parallel_matches_one(tmp_path, compile_cache, tiny_run
                                                              "device count 2"), r.stderr
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_processes_checkpoint_and_resume(tmp_path, compile_cache):
+    """jax.distributed with 2 CPU processes: each loads its share of the batch; the checkpoint
+    records both loader positions and a 2-process resume continues from them."""
+    run = tmp_path / "mp"
+    args = ["--config", TINY, *SMALL, "model.attention=dense", "train.log_every=2",
+            "train.ckpt_every=3", f"run.dir={run}"]
+
+    def launch(extra):
+        port = _free_port()
+        procs = [subprocess.Popen([sys.executable, "-m", "nsa_jax.train", *args, *extra,
+                                   "--coordinator", f"localhost:{port}", "--num-processes", "2",
+                                   "--process-id", str(i)], cwd=ROOT, env=cli_env(compile_cache),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for i in range(2)]
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outs
+        return outs
+
+    outs = launch(["train.steps=6"])
+    assert "2 x cpu | mesh data=2" in outs[0] and "step 6/6" not in outs[1]   # process 0 logs
+    meta = json.loads((run / "checkpoints" / "6" / "meta" / "metadata").read_text())
+    assert [(d["process_index"], d["process_count"], d["seq"]) for d in meta["data"]] == [
+        (0, 2, 12), (1, 2, 12)]                 # 6 steps x 2 rows per process
+    outs = launch(["train.steps=8", "run.resume=true"])
+    assert "resumed at step 6" in outs[0]
+    steps = [e["step"] for e in read_metrics(run / "metrics.jsonl") if "loss" in e]
+    assert steps == [2, 4, 6, 8]
+    meta = json.loads((run / "checkpoints" / "8" / "meta" / "metadata").read_text())
+    assert [d["seq"] for d in meta["data"]] == [16, 16]
+
+
 def test_text_source_gpt2(tmp_path):
     """A few steps of configs/tiny.yaml on the bundled FineWeb-Edu sample (GPT-2 tokenizer)."""
     from nsa_jax.train.loop import train

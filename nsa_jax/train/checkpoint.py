@@ -14,6 +14,8 @@ and atomic (a step directory appears only when complete). The manager keeps the 
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 from pathlib import Path
 
 import jax
@@ -38,6 +40,18 @@ def _handlers():
             "meta": ocp.JsonCheckpointHandler()}
 
 
+@contextlib.contextmanager
+def _absl_quiet(enabled: bool):
+    log = logging.getLogger("absl")
+    level = log.level
+    if enabled:
+        log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
@@ -50,9 +64,12 @@ class Checkpointer:
         self.dir = Path(directory).absolute()
         opts = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=not read_only, read_only=read_only,
-            enable_async_checkpointing=not read_only, cleanup_tmp_directories=not read_only)
+            save_interval_steps=0 if read_only else 1, enable_async_checkpointing=not read_only,
+            cleanup_tmp_directories=not read_only)
         try:
-            self.mgr = ocp.CheckpointManager(self.dir, item_handlers=_handlers(), options=opts)
+            with _absl_quiet(read_only):   # orbax warns that a read-only manager is read-only
+                self.mgr = ocp.CheckpointManager(self.dir, item_handlers=_handlers(),
+                                                 options=opts)
         except Exception as e:  # noqa: BLE001
             raise CheckpointError(f"{self.dir}: cannot open checkpoints ({_first_line(e)})") from None
 
