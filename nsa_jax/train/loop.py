@@ -165,8 +165,8 @@ class _Trainer:
             save_config(resolved, run_dir / "config.yaml")
             (run_dir / "env.json").write_text(json.dumps(collect_env(argv), indent=2) + "\n")
             self.metrics.truncate_after(pre.start)
-            self.tb = TensorBoardWriter(run_dir / "tensorboard",
-                                        restart_step=pre.start + 1 if pre.meta else None)
+            # drops TensorBoard events of an earlier, interrupted attempt from this step on
+            self.tb = TensorBoardWriter(run_dir / "tensorboard", restart_step=pre.start + 1)
         self.ckpt = Checkpointer(pre.ck_dir, keep=t.ckpt_keep)
         self.batch_sharding = meshlib.batch_sharding(pre.mesh)
         self.repl = meshlib.replicated(pre.mesh)

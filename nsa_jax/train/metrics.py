@@ -4,8 +4,8 @@
   gradient norm is written as ``null``). On resume,
   ``truncate_after(step)`` drops entries past the restored step so no step appears twice.
 * :class:`TensorBoardWriter` writes scalar events with TensorBoard's own event writer and protos
-  (no TensorFlow, no torch). On resume it first writes a ``SessionLog.START`` at the first new
-  step, which tells TensorBoard to discard the orphaned events from that step on.
+  (no TensorFlow, no torch). It first writes a ``SessionLog.START`` at the first new step,
+  which tells TensorBoard to discard orphaned events of an interrupted attempt from there on.
 * :class:`Progress`: a tqdm bar (step, loss, tok/s, ETA) when stdout is a terminal, else one
   plain line per logged step.
 """
