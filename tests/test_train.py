@@ -211,6 +211,9 @@ def test_error_cases_exit_2(tmp_path, capsys, tiny_run):
                                                "data.tokenizer=byte"]), "empty")
     assert_one_error(*run_main(capsys, base + ["mesh.fsdp=2"]), "mesh.fsdp")
     assert_one_error(*run_main(capsys, base + ["run.resume=true"]), "run.resume")
+    (tmp_path / "afile").write_text("x")
+    assert_one_error(*run_main(capsys, base + [f"run.dir={tmp_path / 'afile'}"]), "run.dir",
+                     "not a directory")
     assert_one_error(*run_main(capsys, base + [f"run.dir={tmp_path / 'fresh'}",
                                                "run.resume=true"]), "no checkpoint")
     # an existing run: refuse to overwrite; refuse an incompatible model

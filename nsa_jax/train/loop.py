@@ -79,6 +79,8 @@ class _Preflight:
         t = cfg.train
         self.pidx, self.nproc = jax.process_index(), jax.process_count()
         self.run_dir = resolve_run_dir(cfg)
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise TrainError(f"run.dir: {self.run_dir} exists and is not a directory")
         self.ck_dir = checkpoint_dir(self.run_dir)
         self.loader = None
         reader = Checkpointer(self.ck_dir, read_only=True) if self.ck_dir.is_dir() else None
@@ -157,7 +159,10 @@ class _Trainer:
         self.cfg, self.pre, self.primary = cfg, pre, primary
         t = cfg.train
         run_dir = pre.run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TrainError(f"run.dir: cannot create {run_dir} ({e.strerror})") from None
         resolved = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir)))
         self.metrics = MetricsLog(run_dir / "metrics.jsonl")
         self.tb = None
