@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU suite for the NSA Pallas kernels, run from the repo root on the device machine:
-#   bench/gpu_suite.sh [all|smoke|tests|bench|sweep] [bench/kernels.py args...]
+#   bench/gpu_suite.sh [all|smoke|tests|quicktests|bench|sweep] [bench/kernels.py args...]
 # Compiles and checks every kernel once (bench/kernels.py --smoke), runs the @gpu tests (tests/test_pallas_gpu.py), then bench/kernels.py; logs, JSON and PNG go
 # to $OUT (default /tmp/nsa_gpu_out). Prints a short table last.
 set -u
@@ -16,8 +16,9 @@ if [[ $stage == all || $stage == smoke ]]; then
   python3 bench/kernels.py --smoke > "$OUT/smoke.log" 2>&1 || rc=1
   grep -E "ok|FAILED|Error" "$OUT/smoke.log" | head -n 40
 fi
-if [[ $stage == all || $stage == tests ]]; then
-  python3 -m pytest -q -m gpu tests/test_pallas_gpu.py -rfE -s --durations=10 \
+if [[ $stage == all || $stage == tests || $stage == quicktests ]]; then
+  sel=(); [[ $stage == quicktests ]] && sel=(-k "bench-8192 or 64k")
+  python3 -m pytest -q -m gpu tests/test_pallas_gpu.py -rfE -s --durations=10 "${sel[@]}" \
     > "$OUT/pytest.log" 2>&1 || rc=1
   grep -E "^(FAILED|ERROR)|passed|failed|bench |125m |Error" "$OUT/pytest.log" | tail -n 25
 fi

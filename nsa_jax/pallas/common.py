@@ -114,7 +114,7 @@ class BlockSizes:
     sel_chunk: int = 1024
     sel_bwd: str = "inverted"
     cmp_bwd_keys: int = 64
-    cmp_bwd_split: int = 1
+    cmp_bwd_split: int = 8
     score_dot: str = "ieee"
     num_warps: int = 4
     num_stages: int = 2
