@@ -240,7 +240,8 @@ def sweep(shape, T, reps, log):
         for var in variants:
             bs = dataclasses.replace(base, **var)
             if group == "sel_fwd":
-                fn = jax.jit(lambda q, k, v, i, bs=bs: sel_forward(q, k, v, i, CFG, bs, scale, INTERP))
+                fn = jax.jit(lambda q, k, v, i, bs=bs: sel_forward(q, k, v, i, CFG, bs, scale,
+                                                                   INTERP))
                 argsets = [(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)]
             elif group == "sel_bwd":
                 fn = jax.jit(lambda q, k, v, i, o, lse, do, gs, bs=bs: sel_backward(
@@ -248,7 +249,8 @@ def sweep(shape, T, reps, log):
                 argsets = [(a[0], a[3], a[4], i, o, lse, a[8], a[7][..., 1])
                            for a, i, (o, lse) in zip(sets, idxs, fw)]
             elif group == "cmp_fwd":
-                fn = jax.jit(lambda q, kc, vc, bs=bs: cmp_forward(q, kc, vc, CFG, bs, scale, INTERP))
+                fn = jax.jit(lambda q, kc, vc, bs=bs: cmp_forward(q, kc, vc, CFG, bs, scale,
+                                                                  INTERP))
                 argsets = [(a[0], a[1], a[2]) for a in sets]
             elif group == "cmp_scores":
                 fn = jax.jit(lambda q, kc, lse, bs=bs: cmp_block_scores(q, kc, lse, CFG, bs, scale,

@@ -8,16 +8,19 @@ import json
 import sys
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-OPS = [("nsa_fwd_bwd", "NSA fwd+bwd", "k", "-"), ("dense_fwd_bwd", "cuDNN dense fwd+bwd", "r", "-"),
+OPS = [("nsa_fwd_bwd", "NSA fwd+bwd", "k", "-"),
+       ("dense_fwd_bwd", "cuDNN dense fwd+bwd", "r", "-"),
        ("nsa_fwd", "NSA fwd", "k", "--"), ("dense_fwd", "cuDNN dense fwd", "r", "--"),
        ("sel_fwd", "selection fwd", "tab:blue", "--"),
        ("sel_bwd_inverted", "selection bwd", "tab:blue", "-"),
        ("cmp_score_topn_fwd", "cmp+score+top-n fwd", "tab:green", "--"),
-       ("cmp_bwd", "cmp bwd", "tab:green", "-"), ("win_fwd_bwd", "window fwd+bwd", "tab:orange", "-")]
+       ("cmp_bwd", "cmp bwd", "tab:green", "-"),
+       ("win_fwd_bwd", "window fwd+bwd", "tab:orange", "-")]
 
 
 def main(path, out=None):
@@ -35,6 +38,7 @@ def main(path, out=None):
         ax.set(xscale="log", yscale="log", xlabel="T (tokens, B=1)", ylabel="ms (median)",
                title=f"{shape}: Hq={r0['Hq']} G={r0['G']} D={r0['D']}, bf16")
         ax.set_xticks([r["T"] for r in rs], [f"{r['T'] // 1024}k" for r in rs])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"NSA Pallas kernels vs cuDNN dense — {doc['device']}, jax {doc['jax']}")

@@ -197,7 +197,7 @@ def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, hs, rows, S, r, step, bks
         first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
         if fast:
             pg = jnp.sum(p.reshape(bq, hs, bks), axis=1)  # [bq, step] summed over heads
-            js = kt * S + idiv(jnp.arange(bks), r)  # selection block each compressed block starts in
+            js = kt * S + idiv(jnp.arange(bks), r)  # block each compressed block starts in
             w_main = _overlap(ii, js, d, l, l_sel)
             w_next = _overlap(ii, js + 1, d, l, l_sel)
             main = jnp.sum((pg * w_main[None, :]).reshape(bq, S, r), axis=2)
@@ -257,8 +257,8 @@ def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, i
 
 
 # ---- backward --------------------------------------------------------------------------------
-def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dq_ref, *, h, rows, bk, d,
-                   l, scale, prec):
+def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dq_ref, *, h, rows,
+                   bk, d, l, scale, prec):
     qt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     T, Tc = q_ref.shape[1], k_ref.shape[1]
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]

@@ -168,8 +168,8 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
 
 
 # ---- backward: dK/dV through the inverted block -> query index -------------------------------
-def _bwd_kv_kernel(meta_ref, qt_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in,
-                   _dv_in, dk_ref, dv_ref, *, h, rows, l_sel, bk, n_sub, scale, prec):
+def _bwd_kv_kernel(meta_ref, qt_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref,
+                   _dk_in, _dv_in, dk_ref, dv_ref, *, h, rows, l_sel, bk, n_sub, scale, prec):
     ci = pl.program_id(0)
     b, g, j = meta_ref[ci, 0], meta_ref[ci, 1], meta_ref[ci, 2]
     start, count = meta_ref[ci, 3], meta_ref[ci, 4]
