@@ -126,7 +126,8 @@ class TrainConfig:
     ckpt_every: int = 0                 # 0 = only at the end
     ckpt_keep: int = 3
     profile_steps: Optional[list[int]] = None   # [first, last] steps to trace
-    max_bad_steps: int = 5
+    max_bad_steps: int = 5              # stop after this many non-finite steps in a row
+    data_timeout_s: float = 0.0         # a batch that takes longer is a stalled read; 0 = wait
 
     def validate(self) -> None:
         for f in ("steps", "batch_size", "grad_accum", "log_every", "ckpt_keep", "eval_batches",
@@ -138,6 +139,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{f}: must be >= 0, got {getattr(self, f)}")
         if self.lr <= 0:
             raise ConfigError(f"train.lr: must be > 0, got {self.lr}")
+        if self.data_timeout_s < 0:
+            raise ConfigError(f"train.data_timeout_s: must be >= 0, got {self.data_timeout_s}")
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"train.grad_accum: batch_size={self.batch_size} must be a multiple "
                               f"of grad_accum={self.grad_accum}")
@@ -150,7 +153,7 @@ class TrainConfig:
 class RunConfig:
     dir: Optional[str] = None           # default runs/<config-name>-<timestamp>
     resume: bool = False
-    watchdog_s: float = 0.0             # 0 = off
+    watchdog_s: float = 0.0             # no step for this long: dump stacks, exit 3; 0 = off
 
     def validate(self) -> None:
         if self.watchdog_s < 0:

@@ -236,16 +236,21 @@ def test_unreadable_checkpoint_exit_2(tmp_path, capsys, tiny_run):
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     args = ["--config", TINY, *SMALL, "train.steps=30", f"run.dir={copy}", "run.resume=true"]
+    # a corrupt newest checkpoint falls back to the previous one (tests/test_faults.py); with
+    # every checkpoint unreadable the resume is refused, naming the newest
     step_dir = copy / "checkpoints" / "24"
-    (step_dir / "meta" / "metadata").write_text("{not json")
+    for step in ("24", "12"):
+        (copy / "checkpoints" / step / "meta" / "metadata").write_text("{not json")
     before = tree_digest(copy)
     assert_one_error(*run_main(capsys, args), "unreadable checkpoint", str(step_dir))
     assert tree_digest(copy) == before
 
-    shutil.copy(run_dir / "checkpoints" / "24" / "meta" / "metadata", step_dir / "meta")
-    for f in (step_dir / "params").rglob("*"):
-        if f.is_file() and "/d/" in str(f):
-            f.write_bytes(b"garbage")
+    for step in ("24", "12"):
+        shutil.copy(run_dir / "checkpoints" / step / "meta" / "metadata",
+                    copy / "checkpoints" / step / "meta")
+        for f in (copy / "checkpoints" / step / "params").rglob("*"):
+            if f.is_file() and "/d/" in str(f):
+                f.write_bytes(b"garbage")
     before = tree_digest(copy)
     assert_one_error(*run_main(capsys, args), str(step_dir))
     assert tree_digest(copy) == before

@@ -75,6 +75,11 @@ class Loader:
         return self
 
     def __next__(self) -> np.ndarray:
+        return self.next()
+
+    def next(self, timeout: float | None = None) -> np.ndarray | None:
+        """The next batch; with ``timeout`` (seconds, prefetch > 0 only) None if none arrived in
+        time -- nothing is consumed then, so the call can be repeated."""
         if self._error is not None:
             raise self._error
         if self._closed:
@@ -86,7 +91,10 @@ class Loader:
                 self._error = e
                 raise
         else:
-            kind, payload = self._queue.get()
+            try:
+                kind, payload = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                return None
             if kind == "error":
                 self._error = payload
                 raise payload

@@ -5,25 +5,38 @@ Each step directory holds three items:
 * ``params`` -- the model parameters (pure nested dict of float32 arrays);
 * ``train``  -- optimizer state, step counter, RNG key and bad-step counters;
 * ``meta``   -- JSON: step, tokens_seen, elapsed_s, the data loader position of every process
-  (``loader.state()``) and the resolved config.
+  (``loader.state()``), the resolved config and an exact checksum of every array
+  (:mod:`nsa_jax.train.checksum`).
 
 Saves are asynchronous (orbax copies the arrays to host memory, then writes in the background)
-and atomic (a step directory appears only when complete). The manager keeps the newest
-``train.ckpt_keep``. :func:`load_for_inference` restores the newest ``params`` into a fresh
-``NSALM`` for generation.
+and atomic (a step is written under a temporary name and renamed when complete, so a killed
+save is never listed; the next writer removes it). The manager keeps the newest
+``train.ckpt_keep``; older ones are deleted only after a newer one is complete. A write that
+fails (e.g. a full disk) raises :class:`WriteFailed` at the next save or wait.
+
+Restoring checks shapes and checksums. :func:`newest_usable` walks from the newest step down: a
+checkpoint that cannot be read back intact (:class:`CorruptCheckpoint`) is named in a warning and
+the previous one is tried; :func:`quarantine` then moves the bad ones out of the way.
+:func:`load_for_inference` restores the newest usable ``params`` into a fresh ``NSALM``.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import jax
 import orbax.checkpoint as ocp
 import yaml
 
 from nsa_jax.config import Config, ConfigError, load_config
-from nsa_jax.train.errors import CheckpointError
+from nsa_jax.train.checksum import checksums, first_mismatch
+from nsa_jax.train.errors import CheckpointError, CorruptCheckpoint, WriteFailed
+from nsa_jax.train.files import os_reason
+
+T = TypeVar("T")
 
 ITEMS = ("params", "train", "meta")
 # Keys that choose how the same function is computed; a checkpoint may resume under others.
@@ -57,6 +70,28 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
+def _root_reason(e: BaseException) -> str:
+    """The OSError's reason (e.g. ``No space left on device``) if one is in the chain."""
+    seen, cur = set(), e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.strerror:
+            return os_reason(cur)
+        cur = cur.__cause__ or cur.__context__
+    return _first_line(e)
+
+
+def _train_item(state) -> dict:
+    return {"opt_state": state.opt_state, "step": state.step, "rng": state.rng,
+            "bad_steps": state.bad_steps, "skipped": state.skipped}
+
+
+def warn(msg: str) -> None:
+    """One ``warning: ...`` line on stderr."""
+    sys.stderr.write(f"warning: {msg}\n")
+    sys.stderr.flush()
+
+
 class Checkpointer:
     """Thin wrapper over ``ocp.CheckpointManager`` with the three items above."""
 
@@ -72,6 +107,7 @@ class Checkpointer:
                                                  options=opts)
         except Exception as e:  # noqa: BLE001
             raise CheckpointError(f"{self.dir}: cannot open checkpoints ({_first_line(e)})") from None
+        self._pending: int | None = None
 
     def steps(self) -> list[int]:
         return sorted(self.mgr.all_steps())
@@ -85,14 +121,36 @@ class Checkpointer:
 
     # ---- save ------------------------------------------------------------------------------
     def save(self, step: int, state, meta: dict) -> None:
-        train = {"opt_state": state.opt_state, "step": state.step, "rng": state.rng,
-                 "bad_steps": state.bad_steps, "skipped": state.skipped}
-        self.mgr.save(step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(state.params), train=ocp.args.StandardSave(train),
-            meta=ocp.args.JsonSave(meta)), force=True)
+        """Start writing ``step`` (returns once the arrays are copied); ``meta`` gets the
+        checksums. Raises :class:`WriteFailed` if this or the previous write failed."""
+        train = _train_item(state)
+        meta = {**meta, "checksums": {"params": checksums(state.params),
+                                      "train": checksums(train)}}
+        try:
+            self.mgr.save(step, args=ocp.args.Composite(
+                params=ocp.args.StandardSave(state.params), train=ocp.args.StandardSave(train),
+                meta=ocp.args.JsonSave(meta)), force=True)
+        except Exception as e:  # noqa: BLE001 - e.g. a full disk
+            failed = self._pending if self._pending not in (None, step) else step
+            self._pending = None
+            raise self._write_failed(failed, e) from e
+        self._pending = step
+
+    def _write_failed(self, step: int, e: BaseException) -> WriteFailed:
+        reason = _root_reason(e)
+        if len(reason) > 200:
+            reason = reason[:200] + "..."
+        return WriteFailed(f"checkpoint step {step}: cannot write {self.step_dir(step)} "
+                           f"({reason})")
 
     def wait(self) -> None:
-        self.mgr.wait_until_finished()
+        """Block until the write in flight is complete; :class:`WriteFailed` if it failed."""
+        try:
+            self.mgr.wait_until_finished()
+        except Exception as e:  # noqa: BLE001
+            step, self._pending = self._pending, None
+            raise self._write_failed(step if step is not None else -1, e) from e
+        self._pending = None
 
     def close(self) -> None:
         self.mgr.close()
@@ -102,21 +160,35 @@ class Checkpointer:
         try:
             meta = self.mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
         except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"{self.step_dir(step)}: unreadable checkpoint "
-                                  f"({_first_line(e)})") from None
+            raise CorruptCheckpoint(f"{self.step_dir(step)}: unreadable checkpoint "
+                                    f"({_first_line(e)})") from None
         if not isinstance(meta, dict) or "step" not in meta:
-            raise CheckpointError(f"{self.step_dir(step)}/meta: not a checkpoint of this trainer")
+            raise CorruptCheckpoint(f"{self.step_dir(step)}/meta: not a checkpoint of this "
+                                    f"trainer")
+        if meta["step"] != step:
+            raise CorruptCheckpoint(f"{self.step_dir(step)}/meta: records step "
+                                    f"{meta['step']!r}, expected {step}")
         return meta
+
+    def _verify(self, step: int, item: str, meta: dict | None, tree) -> None:
+        stored = ((meta or {}).get("checksums") or {}).get(item)
+        if stored is None:          # written before checksums existed
+            return
+        bad = first_mismatch(stored, tree)
+        if bad is not None:
+            raise CorruptCheckpoint(f"{self.step_dir(step)}/{item}: {bad} does not match its "
+                                    f"checksum (corrupted files)")
 
     def _check_shapes(self, step: int, item: str, abstract) -> None:
         """Name the first leaf whose stored shape/dtype differs from ``abstract``."""
         try:
             md = self.mgr.item_metadata(step)[item]
         except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"{self.step_dir(step)}/{item}: unreadable checkpoint "
-                                  f"({_first_line(e)})") from None
+            raise CorruptCheckpoint(f"{self.step_dir(step)}/{item}: unreadable checkpoint "
+                                    f"({_first_line(e)})") from None
         if md is None:
-            raise CheckpointError(f"{self.step_dir(step)}/{item}: missing from the checkpoint")
+            raise CorruptCheckpoint(f"{self.step_dir(step)}/{item}: missing from the "
+                                    f"checkpoint")
         stored = {_path_str(p): m for p, m in
                   jax.tree_util.tree_flatten_with_path(getattr(md, "tree", md))[0]}
         want = {_path_str(p): a for p, a in jax.tree_util.tree_flatten_with_path(abstract)[0]}
@@ -135,22 +207,25 @@ class Checkpointer:
             raise CheckpointError(f"{self.step_dir(step)}/{item}: unexpected entry {extra[0]} "
                                   f"(checkpoint from a different model)")
 
-    def restore_params(self, step: int, abstract_params):
-        """``abstract_params``: ShapeDtypeStructs with ``sharding`` (the restore target)."""
+    def restore_params(self, step: int, abstract_params, meta: dict | None = None):
+        """``abstract_params``: ShapeDtypeStructs with ``sharding`` (the restore target).
+        With ``meta`` (from :meth:`read_meta`) the checksums are verified."""
         self._check_shapes(step, "params", abstract_params)
         try:
-            return self.mgr.restore(step, args=ocp.args.Composite(
+            params = self.mgr.restore(step, args=ocp.args.Composite(
                 params=ocp.args.StandardRestore(abstract_params))).params
         except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"{self.step_dir(step)}/params: cannot restore "
-                                  f"({_first_line(e)})") from None
+            raise CorruptCheckpoint(f"{self.step_dir(step)}/params: cannot restore "
+                                    f"({_first_line(e)})") from None
+        self._verify(step, "params", meta, params)
+        return params
 
-    def restore_state(self, step: int, abstract):
-        """Full :class:`TrainState` shaped (and sharded) like ``abstract``."""
+    def restore_state(self, step: int, abstract, meta: dict | None = None):
+        """Full :class:`TrainState` shaped (and sharded) like ``abstract``; with ``meta`` the
+        checksums are verified."""
         from nsa_jax.train.state import TrainState
 
-        train_abs = {"opt_state": abstract.opt_state, "step": abstract.step, "rng": abstract.rng,
-                     "bad_steps": abstract.bad_steps, "skipped": abstract.skipped}
+        train_abs = _train_item(abstract)
         self._check_shapes(step, "params", abstract.params)
         self._check_shapes(step, "train", train_abs)
         try:
@@ -158,11 +233,61 @@ class Checkpointer:
                 params=ocp.args.StandardRestore(abstract.params),
                 train=ocp.args.StandardRestore(train_abs)))
         except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"{self.step_dir(step)}: cannot restore "
-                                  f"({_first_line(e)})") from None
+            raise CorruptCheckpoint(f"{self.step_dir(step)}: cannot restore "
+                                    f"({_first_line(e)})") from None
+        self._verify(step, "params", meta, r.params)
+        self._verify(step, "train", meta, r.train)
         t = r.train
         return TrainState(step=t["step"], params=r.params, opt_state=t["opt_state"], rng=t["rng"],
                           bad_steps=t["bad_steps"], skipped=t["skipped"])
+
+
+# ---- choosing a checkpoint -----------------------------------------------------------------
+def newest_usable(ck: Checkpointer, load: Callable[[int], T], steps: list[int] | None = None,
+                  say: Callable[[str], None] = warn) -> tuple[int, T, list[int]]:
+    """``(step, load(step), bad_steps)`` for the newest step whose ``load`` succeeds.
+
+    A :class:`CorruptCheckpoint` is reported through ``say`` (naming the bad step directory)
+    and the next older step is tried; any other error propagates. Raises
+    :class:`CheckpointError` (one line, no warnings) when no step loads."""
+    steps = sorted(ck.steps() if steps is None else steps)
+    bad, first, notes = [], None, []
+    for step in reversed(steps):
+        try:
+            result = load(step)
+        except CorruptCheckpoint as e:
+            bad.append(step)
+            first = first or e
+            older = [s for s in steps if s < step]
+            notes.append(f"{e}; " + (f"falling back to step {older[-1]}" if older
+                                     else "no older checkpoint to fall back to"))
+            continue
+        for note in notes:
+            say(note)
+        return step, result, bad
+    if first is None:
+        raise CheckpointError(f"{ck.dir}: no checkpoint")
+    more = f"; the {len(bad) - 1} older one(s) are unusable too" if len(bad) > 1 else ""
+    raise CheckpointError(f"{ck.dir}: no usable checkpoint: {first}{more}")
+
+
+def quarantine(ck_dir, steps: list[int], run_dir) -> list[Path]:
+    """Move the step directories ``steps`` to ``<run_dir>/corrupt_checkpoints/`` (kept for
+    inspection, out of the manager's way). Returns the new paths."""
+    out = []
+    dest_root = Path(run_dir) / "corrupt_checkpoints"
+    for step in steps:
+        src = Path(ck_dir) / str(step)
+        if not src.exists():
+            continue
+        dest_root.mkdir(exist_ok=True)
+        dest, i = dest_root / str(step), 1
+        while dest.exists():
+            i += 1
+            dest = dest_root / f"{step}-{i}"
+        src.rename(dest)
+        out.append(dest)
+    return out
 
 
 def _path_str(path) -> str:
@@ -254,15 +379,18 @@ def load_for_inference(run_dir, step: int | None = None):
         steps = ck.steps()
         if not steps:
             raise CheckpointError(f"{ck_dir}: no checkpoint")
-        if step is None:
-            step = steps[-1]
-        elif step not in steps:
+        if step is not None and step not in steps:
             raise CheckpointError(f"{ck_dir}: no checkpoint for step {step} (have {steps})")
         spec = ModelSpec(cfg.model, cfg.nsa, cfg.train.seed)
         sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
                               spec.abstract_params)
-        params = ck.restore_params(step, target)
+
+        def load(s):
+            return ck.restore_params(s, target, ck.read_meta(s))
+
+        # the newest usable one (with a warning for each bad one), or exactly ``step``
+        _, params, _ = newest_usable(ck, load, steps if step is None else [step])
     finally:
         ck.close()
     return cfg, spec.model(params)

@@ -1,9 +1,18 @@
 """Command line: ``python -m nsa_jax.train --config configs/X.yaml [key=value ...]``.
 
-Bad input -- config or override (ConfigError), data (DataError), run directory, checkpoint or
-device layout (TrainError) -- prints one line ``error: ...`` on stderr and exits with status 2
-before any compute. A failure during training (e.g. ``train.max_bad_steps`` non-finite steps)
-prints ``error: ...`` and exits 1; the watchdog exits 3. ``--debug`` adds the traceback.
+Exit statuses (every error is one line ``error: ...`` on stderr naming the key or path;
+``--debug`` adds the traceback):
+
+* 0 -- trained to ``train.steps``; or stopped by SIGTERM/SIGINT after writing a checkpoint.
+* 1 -- training failed: ``train.max_bad_steps`` non-finite steps in a row, a data source that
+  failed after its retries or stalled past ``train.data_timeout_s`` (a checkpoint of the last
+  completed step is written first), a run output that cannot be written (disk full), or an
+  internal error.
+* 2 -- bad input: config, override, command-line argument, data (also bad data found
+  mid-run, after a checkpoint), run directory, checkpoint or device layout.
+* 3 -- the watchdog: no progress for ``run.watchdog_s`` seconds (stacks dumped).
+* 130 -- Ctrl-C before training started. A second SIGTERM/SIGINT during training ends the
+  process at once with the signal's default action (status 143 / 130 in a shell).
 """
 from __future__ import annotations
 
@@ -21,6 +30,12 @@ outputs (in run.dir, default runs/<config-name>-<timestamp>):
   tensorboard/      scalars: tensorboard --logdir <run.dir>
   checkpoints/      orbax checkpoints (every train.ckpt_every steps and at the end)
   profile/          jax.profiler trace (train.profile_steps=[a,b] or --profile)
+  heartbeat.json    pid, step and time of the last progress (rewritten every step)
+  stacks.txt        all threads' stacks: kill -USR1 <pid>, or the watchdog (run.watchdog_s)
+
+exit status: 0 done, or stopped by SIGTERM/SIGINT after a checkpoint (a second signal exits at
+once); 1 training failed (non-finite steps, data source failed/stalled, disk full); 2 bad input;
+3 watchdog (no progress for run.watchdog_s)
 
 examples:
   python -m nsa_jax.train --config configs/tiny.yaml

@@ -1,9 +1,15 @@
-"""Exceptions of the training system.
+"""Exceptions of the training system, and the exit status the CLI gives each.
 
-:class:`TrainError` is bad input (a run directory, checkpoint or device layout that does not fit
-the config): the CLI prints its one-line message as ``error: ...`` and exits with status 2,
-before any compute. :class:`TrainingFailed` is a failure while training (e.g. too many
-non-finite steps): ``error: ...`` and status 1.
+* :class:`TrainError` (status 2) is bad input -- a run directory, checkpoint or device layout
+  that does not fit the config; raised before any compute. :class:`CheckpointError` is one for a
+  checkpoint; :class:`CorruptCheckpoint` one that cannot be read back (resume falls back to the
+  previous checkpoint when it meets one).
+* :class:`TrainingFailed` (status 1): training started but cannot continue -- too many
+  non-finite steps, a data source that fails or stalls (:class:`DataFailed`, raised after a
+  checkpoint of the last completed step was written), or run outputs that cannot be written
+  (:class:`WriteFailed`, e.g. a full disk).
+
+Every message is one line naming the config key or path.
 """
 from __future__ import annotations
 
@@ -16,5 +22,17 @@ class CheckpointError(TrainError):
     """A missing, unreadable or incompatible checkpoint; the message names the path."""
 
 
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint whose files cannot be read back intact (truncated, garbled, checksum)."""
+
+
 class TrainingFailed(RuntimeError):
-    """Training started but cannot continue (non-finite steps, watchdog); one-line message."""
+    """Training started but cannot continue (non-finite steps, data, disk); one-line message."""
+
+
+class DataFailed(TrainingFailed):
+    """The data source raised (after its retries) or stalled during training."""
+
+
+class WriteFailed(TrainingFailed):
+    """A run output (checkpoint, metrics, heartbeat) could not be written, e.g. a full disk."""

@@ -1,7 +1,7 @@
 """Run outputs for humans and tools: ``metrics.jsonl``, TensorBoard scalars, progress display.
 
 * :class:`MetricsLog` appends one JSON object per line and flushes it (a non-finite loss or
-  gradient norm is written as ``null``). On resume,
+  gradient norm is written as ``null``; a failed write raises ``WriteFailed``). On resume,
   ``truncate_after(step)`` drops entries past the restored step so no step appears twice.
 * :class:`TensorBoardWriter` writes scalar events with TensorBoard's own event writer and protos
   (no TensorFlow, no torch). It first writes a ``SessionLog.START`` at the first new step,
@@ -45,18 +45,32 @@ class MetricsLog:
         return dropped
 
     def write(self, entry: dict) -> None:
-        """Append ``entry`` as one JSON line; non-finite numbers become ``null`` (strict JSON)."""
-        if self._f is None:
-            self._f = open(self.path, "a")
+        """Append ``entry`` as one JSON line; non-finite numbers become ``null`` (strict JSON).
+        A failed write (e.g. a full disk) raises :class:`WriteFailed` naming the file; a line
+        it cut short is dropped by the next ``truncate_after``."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                  for k, v in entry.items()}
-        self._f.write(json.dumps(clean, allow_nan=False) + "\n")
+        try:
+            self._append(json.dumps(clean, allow_nan=False) + "\n")
+        except OSError as e:
+            from nsa_jax.train.errors import WriteFailed
+            from nsa_jax.train.files import os_reason
+
+            raise WriteFailed(f"run.dir: cannot write {self.path} ({os_reason(e)})") from e
+
+    def _append(self, line: str) -> None:
+        if self._f is None:
+            self._f = open(self.path, "a")
+        self._f.write(line)
         self._f.flush()
 
     def close(self) -> None:
         if self._f is not None:
-            self._f.close()
-            self._f = None
+            f, self._f = self._f, None
+            try:
+                f.close()
+            except OSError:     # its error was reported by write()
+                pass
 
 
 def read_metrics(path) -> list[dict]:

@@ -1,0 +1,74 @@
+"""SIGTERM / SIGINT during training: finish the step, write a checkpoint, exit 0.
+
+:class:`GracefulStop` installs handlers for both signals while the loop runs. The first signal
+only sets a flag and prints one line on stderr; the loop looks at the flag between steps (and
+while it waits for data), writes a checkpoint of the last completed step, waits for it to be
+complete and returns normally, so the CLI exits with status 0 (preemption-safe).
+
+The handler then puts back the default action of both signals, so a second one ends the process
+at once -- also while the main thread is blocked in a device call or a checkpoint write --
+with the signal's status (143 for SIGTERM, 130 for SIGINT in a shell; -15 / -2 from
+``subprocess``). A checkpoint being written at that moment stays incomplete and is never
+chosen on resume.
+
+Multi-process runs agree on stopping at log steps (``train.log_every``): the flag of every
+process is gathered there, so all processes save the same step. Handlers can only be installed
+from the main thread; elsewhere (``train()`` called from a thread) signals keep their handlers.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import numpy as np
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class GracefulStop:
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+        for s in self._previous:        # a second signal: the default action, at once
+            signal.signal(s, signal.SIG_DFL)
+        # os.write: safe even if the main thread was interrupted inside a print
+        os.write(2, f"received {signal.Signals(signum).name}: finishing the current step, then "
+                    f"writing a checkpoint (send it again to exit at once)\n".encode())
+
+    def requested(self) -> bool:
+        """This process got a signal (no communication)."""
+        return self.signum is not None
+
+    def agreed(self, sync_point: bool) -> bool:
+        """Whether to stop now. Single process: the local flag. Several processes: the flags of
+        all of them, gathered only at ``sync_point`` (the same steps on every process)."""
+        import jax
+
+        if jax.process_count() == 1:
+            return self.requested()
+        if not sync_point:
+            return False
+        from jax.experimental import multihost_utils
+
+        flags = np.asarray(multihost_utils.process_allgather(
+            np.array([self.signum or 0], np.int32)))
+        if self.signum is None and flags.max() > 0:
+            self.signum = int(flags.max())
+        return bool(flags.max() > 0)
+
+    def close(self) -> None:
+        """Put back the handlers that were there before."""
+        for s, h in self._previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        self._previous = {}
