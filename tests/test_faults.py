@@ -10,6 +10,7 @@ Loss sequences are compared for exact equality with an uninterrupted run of the 
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -196,6 +197,31 @@ def cache_dir(tmp_path_factory, worker_id):
     return shared(tmp_path_factory, worker_id, "fault_jax_cache", lambda d: d.mkdir())
 
 
+@contextlib.contextmanager
+def persistent_cache(path: Path):
+    """In-process runs of one config compile once (test speed only; restored afterwards)."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    old = [getattr(jax.config, k) for k in keys]
+    jax.config.update(keys[0], str(path))
+    jax.config.update(keys[1], 0)
+    cc.reset_cache()
+    try:
+        yield
+    finally:
+        for k, v in zip(keys, old):
+            jax.config.update(k, v)
+        cc.reset_cache()
+
+
+@pytest.fixture(autouse=True)
+def _inproc_cache(cache_dir):
+    with persistent_cache(cache_dir / "inproc"):
+        yield
+
+
 @pytest.fixture(scope="session")
 def sub_reference(tmp_path_factory, worker_id, cache_dir):
     """The uninterrupted 30-step subprocess run."""
@@ -210,10 +236,11 @@ def sub_reference(tmp_path_factory, worker_id, cache_dir):
 
 
 @pytest.fixture(scope="session")
-def inproc_reference(tmp_path_factory, worker_id):
+def inproc_reference(tmp_path_factory, worker_id, cache_dir):
     """The uninterrupted 12-step in-process run (checkpoints 4, 8, 12)."""
     def make(run):
-        assert main(INPROC + [f"run.dir={run}"]) == 0
+        with persistent_cache(cache_dir / "inproc"):
+            assert main(INPROC + [f"run.dir={run}"]) == 0
     return shared(tmp_path_factory, worker_id, "fault_inproc_reference", make)
 
 
@@ -448,44 +475,91 @@ def test_non_finite_streak_stops_and_keeps_last_good_checkpoint(tmp_path, capsys
 
 
 # ---- in-process: data that fails or stalls ---------------------------------------------------
-def test_stalled_read_stops_with_checkpoint_then_resumes(tmp_path, capsys, monkeypatch,
-                                                         inproc_reference):
+def test_stalled_read_signal_then_timeout_then_resume(tmp_path, capfd, monkeypatch,
+                                                      inproc_reference):
+    """A read that never returns: a SIGTERM arriving meanwhile still stops the run cleanly
+    (status 0); with train.data_timeout_s the stall itself stops it after a checkpoint
+    (status 1); the resumed run ends as an uninterrupted one."""
     from nsa_jax.data import synthetic
 
     release = threading.Event()
     real = synthetic.SyntheticSource.next_rows
-    calls = [0]
+    plan = {"calls": 0, "stall_at": 7, "signal": True}
 
     def next_rows(self, count):
         if self.split_id == 1:
-            calls[0] += 1
-            if calls[0] == 7:
+            plan["calls"] += 1
+            if plan["calls"] == plan["stall_at"]:
+                if plan["signal"]:          # from this (prefetch) thread, while the loop waits
+                    time.sleep(0.3)
+                    os.kill(os.getpid(), signal.SIGTERM)
                 release.wait(60)
         return real(self, count)
 
     monkeypatch.setattr(synthetic.SyntheticSource, "next_rows", next_rows)
     run = tmp_path / "run"
+    previous = signal.getsignal(signal.SIGTERM)
     try:
+        code = main(INPROC + [f"run.dir={run}"])
+        out, err = capfd.readouterr()
+        assert code == 0, err
+        assert signal.getsignal(signal.SIGTERM) == previous      # handlers put back
+        assert "received SIGTERM: finishing the current step" in err
+        assert (f"stopped by SIGTERM after step 6: checkpoint {run / 'checkpoints' / '6'} "
+                f"written; resume with run.resume=true") in out
+        assert complete_steps(run) == [4, 6]
+
+        release.set()
+        release.clear()
+        plan.update(calls=0, stall_at=4, signal=False)    # steps 7-9, then no batch
         t0 = time.monotonic()
-        code = main(INPROC + [f"run.dir={run}", "train.data_timeout_s=0.5"])
+        code = main(INPROC + [f"run.dir={run}", "run.resume=true", "train.data_timeout_s=0.5"])
         took = time.monotonic() - t0
     finally:
         release.set()
-    out, err = capsys.readouterr()
-    assert code == 1 and took < 60
+    out, err = capfd.readouterr()
+    assert code == 1 and took < 60 and "resumed at step 6" in out
     assert one_error_line(err) == (
         f"error: data: no batch of the train data (data.source=synthetic) within "
-        f"train.data_timeout_s=0.5s (a stalled read); stopped after step 6; checkpoint "
-        f"{run / 'checkpoints' / '6'} written; resume with run.resume=true")
-    assert complete_steps(run) == [4, 6]
-    meta = json.loads((run / "checkpoints" / "6" / "meta" / "metadata").read_text())
-    assert meta["data"][0]["seq"] == 6 * 4          # exactly the batches of steps 1-6
-    assert json.loads((run / "heartbeat.json").read_text())["step"] == 6
+        f"train.data_timeout_s=0.5s (a stalled read); stopped after step 9; checkpoint "
+        f"{run / 'checkpoints' / '9'} written; resume with run.resume=true")
+    assert complete_steps(run) == [6, 8, 9]
+    meta = json.loads((run / "checkpoints" / "9" / "meta" / "metadata").read_text())
+    assert meta["data"][0]["seq"] == 9 * 4          # exactly the batches of steps 1-9
+    assert json.loads((run / "heartbeat.json").read_text())["step"] == 9
 
     monkeypatch.setattr(synthetic.SyntheticSource, "next_rows", real)
     assert main(INPROC + [f"run.dir={run}", "run.resume=true"]) == 0
-    assert "resumed at step 6" in capsys.readouterr().out
+    assert "resumed at step 9" in capfd.readouterr().out
     assert curves(run) == curves(inproc_reference)
+
+
+def test_multi_process_stop_agreement(monkeypatch):
+    """Several processes stop together: flags are gathered only at sync points, and a signal
+    on any process stops all of them."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    from nsa_jax.train.signals import GracefulStop
+
+    remote = {"flag": 0}
+    gathered = []
+
+    def allgather(x):
+        gathered.append(int(x[0]))
+        return np.stack([x, np.array([remote["flag"]], np.int32)])
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost_utils, "process_allgather", allgather)
+    stop = GracefulStop()
+    try:
+        assert not stop.agreed(sync_point=True) and gathered == [0]
+        remote["flag"] = int(signal.SIGTERM)          # only the other process got it
+        assert not stop.agreed(sync_point=False) and gathered == [0]
+        assert stop.agreed(sync_point=True) and stop.name == "SIGTERM"
+        assert not stop.requested() or stop.signum == signal.SIGTERM
+    finally:
+        stop.close()
 
 
 def test_data_source_errors_retried_then_clean_stop(tmp_path, capsys, caplog, monkeypatch):
@@ -638,3 +712,18 @@ def test_disk_full_checkpoint_and_metrics_then_resume(tmp_path, capsys, monkeypa
     assert curves(run) == curves(inproc_reference)
     assert load_config(run / "config.yaml").train.steps == 12
     assert not list(run.glob("*.tmp"))
+
+
+def test_disk_full_at_start_is_bad_input(tmp_path, capsys, monkeypatch):
+    """Writing config.yaml fails: status 2 before any compute, nothing half-written."""
+    from nsa_jax.train import loop
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path) + ".tmp")
+
+    monkeypatch.setattr(loop, "atomic_write_text", full)
+    run = tmp_path / "run"
+    assert main(INPROC + [f"run.dir={run}"]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: run.dir: cannot write {run / 'config.yaml'} (No space left on device)")
+    assert not (run / "config.yaml").exists() and not (run / "checkpoints").exists()

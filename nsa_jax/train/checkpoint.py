@@ -370,7 +370,7 @@ def load_for_inference(run_dir, step: int | None = None):
     try:
         cfg = load_config(cfg_path)
     except ConfigError as e:
-        raise CheckpointError(f"{cfg_path}: {e}") from None
+        raise CheckpointError(str(e) if str(cfg_path) in str(e) else f"{cfg_path}: {e}") from None
     ck_dir = checkpoint_dir(run_dir)
     if not ck_dir.is_dir():
         raise CheckpointError(f"{ck_dir}: no checkpoints directory")

@@ -405,7 +405,7 @@ class _Trainer:
                     self.stalled = True
                     raise
                 if local is None:            # a signal arrived while waiting for data
-                    stopped = True
+                    stopped = self.stalled = True   # (the read may never return)
                     break
                 if pre.window and step == pre.window[0]:
                     jax.profiler.start_trace(str(prof_dir), create_perfetto_trace=True)
