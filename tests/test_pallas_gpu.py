@@ -74,7 +74,11 @@ def _reference_by_group(args, cot, idx, G, cfg=CFG):
 
 
 @pytest.mark.parametrize("shape,T", [("125m", 2048), ("125m", 8192), ("bench", 2048),
-                                     ("bench", 8192)])
+                                     ("bench", 8192),
+                                     # odd T: the cuDNN window path pads (a 3-token prompt failed).
+                                     # T >= 48 so that Tc >= 2: with a single compressed block the
+                                     # exact d k_cmp is 0 and a relative error is undefined.
+                                     ("125m", 53), ("125m", 1027)])
 def test_bf16_matches_f32_reference(shape, T):
     Hq, G, D = SHAPES[shape]
     args, cot = _inputs(T + Hq, T, Hq, G, D, jnp.bfloat16)
