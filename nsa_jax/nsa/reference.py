@@ -51,10 +51,12 @@ def _attend(qg, k, v, mask):
 
 
 # ---- compressed branch (Eq. 7-8) ----------------------------------------------------------
-def cmp_visible(T: int, Tc: int, cfg: NSAConfig) -> np.ndarray:
-    """[T, Tc] bool: query t sees compressed block i iff i*d + l - 1 <= t (the block is complete)."""
-    t = np.arange(T)[:, None]
-    i = np.arange(Tc)[None, :]
+def cmp_visible(T: int, Tc: int, cfg: NSAConfig) -> jax.Array:
+    """[T, Tc] bool: query t sees compressed block i iff i*d + l - 1 <= t (the block is complete).
+
+    Masks are built from iotas inside the graph (no T x T constants in the compiled program)."""
+    t = jnp.arange(T)[:, None]
+    i = jnp.arange(Tc)[None, :]
     return i * cfg.stride_d + cfg.block_l - 1 <= t
 
 
@@ -110,8 +112,8 @@ def selection_masks(T: int, cfg: NSAConfig):
     ``n_local`` most recent blocks (floor(t/l'), floor(t/l')-1, ...) are forced, among candidates.
     """
     Ts = cfg.num_sel_blocks(T)
-    cur = (np.arange(T) // cfg.sel_block)[:, None]
-    j = np.arange(Ts)[None, :]
+    cur = (jnp.arange(T) // cfg.sel_block)[:, None]
+    j = jnp.arange(Ts)[None, :]
     cand = j <= cur
     forced = cand & ((j < cfg.n_init) | (j > cur - cfg.n_local))
     return cand, forced
@@ -150,8 +152,8 @@ def selected_token_mask(idx: jax.Array, T: int, cfg: NSAConfig) -> jax.Array:
     """[B,T,G,T] bool: key s is attended by query t iff s <= t and s lies in a selected block."""
     Ts = cfg.num_sel_blocks(T)
     blk = jnp.any(idx[..., :, None] == jnp.arange(Ts), axis=-2)  # [B,T,G,Ts]
-    tok_blk = np.arange(T) // cfg.sel_block
-    causal = np.arange(T)[None, :] <= np.arange(T)[:, None]
+    tok_blk = jnp.arange(T) // cfg.sel_block
+    causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
     return blk[..., tok_blk] & causal[None, :, None, :]
 
 
@@ -163,9 +165,9 @@ def selection_attention(q, k, v, idx, cfg: NSAConfig):
     return o.reshape(B, T, Hq, v.shape[-1])
 
 
-def window_mask(T: int, window: int) -> np.ndarray:
-    t = np.arange(T)[:, None]
-    s = np.arange(T)[None, :]
+def window_mask(T: int, window: int) -> jax.Array:
+    t = jnp.arange(T)[:, None]
+    s = jnp.arange(T)[None, :]
     return (s <= t) & (s > t - window)
 
 
