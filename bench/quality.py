@@ -22,18 +22,23 @@ numbers mean nothing beyond "the pipeline works".
 
 Reproduce (GPU; fill in the durations when you run them -- every command must fit in 10 min)::
 
-    # once, anywhere with the texts (FineWeb-Edu sample + Gutenberg books), then carry
-    # data_prepared/quality_parity to the GPU machine
-    python bench/quality.py prepare-parity --texts ../shared/data/fineweb_edu/fineweb_sample.txt \\
-        ../shared/data/text/nltk_gutenberg                                      # duration: ?
-    # retrieval: one training run per command, the last one also reports all three
-    python bench/quality.py retrieval --variants nsa --no-report              # duration: ?
-    python bench/quality.py retrieval --variants win --no-report              # duration: ?
-    python bench/quality.py retrieval --variants dense                        # duration: ?
+    # once, on a machine with the texts (FineWeb-Edu sample + Gutenberg books); then carry
+    # data_prepared/quality_parity (3.6 MB) to the GPU machine
+    python3 bench/quality.py prepare-parity --texts ../shared/data/fineweb_edu/fineweb_sample.txt \
+        ../shared/data/text/nltk_gutenberg       # 1,805,591 tokens (measured: 11 s on 2 CPU cores)
+    # retrieval: one training run per command, each evaluated and merged into the JSON
+    python3 bench/quality.py retrieval --variants nsa   && cp bench/results/quality_* "$OUT"/
+    python3 bench/quality.py retrieval --variants win   && cp bench/results/quality_* "$OUT"/
+    python3 bench/quality.py retrieval --variants dense && cp bench/results/quality_* "$OUT"/
     # loss parity
-    python bench/quality.py parity --variants nsa --no-report                 # duration: ?
-    python bench/quality.py parity --variants dense                           # duration: ?
-    cp bench/results/quality_* "$OUT"/
+    python3 bench/quality.py parity --variants nsa   && cp bench/results/quality_* "$OUT"/
+    python3 bench/quality.py parity --variants dense && cp bench/results/quality_* "$OUT"/
+    # durations (fill in): retrieval nsa ?, win ?, dense ?; parity nsa ?, dense ?
+
+A report evaluates the variants whose run directories (``runs/quality``) are present and keeps
+the other variants already in the JSON, so when a command lands on a fresh machine, put the JSON
+from the previous command back into ``bench/results`` first. Throughput decides how many steps
+fit in 10 minutes: check ``tokens_per_s`` of the first run and pass ``--set train.steps=N``.
 
 Run directories default to ``runs/quality/<study>_<variant>``; a run whose directory already has
 checkpoints is resumed (a finished one is a no-op), so an interrupted command can simply be
