@@ -60,6 +60,9 @@ def test_layout_of_every_row():
         stored = dict(zip(keys, vals))
         assert all(stored[k] == v for k, v in q[:, 1:])     # the answer is the stored value
     np.testing.assert_array_equal(lay.answer_positions(), C + 3 * np.arange(Q) + 2)
+    mask = lay.answer_loss_mask()                           # over targets rows[:, 1:]
+    assert mask.shape == (256,) and mask.sum() == Q
+    np.testing.assert_array_equal(rows[:, 1:][:, mask == 1], rows[:, lay.answer_positions()])
 
 
 def test_cycle_filler_is_one_fixed_cycle_across_pairs():

@@ -111,6 +111,14 @@ class RetrievalLayout:
         """Row positions of the Q answers, ``C + 3j + 2`` (static for a layout)."""
         return self.context_len + 3 * np.arange(self.queries) + 2
 
+    def answer_loss_mask(self) -> np.ndarray:
+        """``float32 [seq_len]`` weights over next-token targets: 1 where the target is an answer
+        (input position ``a_j - 1``), else 0 -- the ``loss_mask`` of ``nsa_jax.model.lm_loss``
+        for training on the answers only (the trainer does not pass one today)."""
+        m = np.zeros(self.seq_len, np.float32)
+        m[self.answer_positions() - 1] = 1.0
+        return m
+
     def distance_range(self, j: int) -> tuple[int, int]:
         """Inclusive distances query ``j`` can have: config range within ``[3j+3, C+3j]``."""
         C = self.context_len
