@@ -17,8 +17,8 @@ per run, then evaluate the saved runs in this process:
 Results: ``<results>/quality_{retrieval,parity}_<device>.json`` and ``.png``. A report merges
 with an existing JSON of the same study, so variants trained in separate sessions end up in one
 file (each entry records its run's config). ``--smoke`` runs everything at tiny sizes on any
-machine (a minute or two on 2 CPU cores); its outputs go under ``runs/quality_smoke/`` and its
-numbers mean nothing beyond "the pipeline works".
+machine (a minute or two on 2 CPU cores); its outputs go under ``runs/quality_smoke/`` (its run
+directories are replaced each time) and its numbers mean nothing beyond "the pipeline works".
 
 Reproduce (GPU; fill in the durations when you run them -- every command must fit in 10 min)::
 
@@ -509,7 +509,10 @@ def run_study(study: str, args) -> None:
                              f"({', '.join(VARIANTS[study])})")
     if not args.no_train:
         for v in variants:
-            run_training(study, v, run_root / f"{study}_{v}", extra)
+            run_dir = run_root / f"{study}_{v}"
+            if args.smoke and run_dir.is_dir():      # a smoke run always trains from scratch
+                shutil.rmtree(run_dir)
+            run_training(study, v, run_dir, extra)
     if not args.no_report:
         report(study, args, run_root, results)
 
