@@ -17,10 +17,11 @@ While it runs (failure handling; the CLI maps the exceptions to exit statuses):
 * SIGTERM / SIGINT (:mod:`~nsa_jax.train.signals`): the current step finishes, a checkpoint of
   it is written and ``train`` returns normally; a second signal ends the process at once.
 * Non-finite loss or gradients: the update is skipped (``skipped_steps``, ``bad_steps`` in the
-  metrics). The streak is checked every step (one step behind, so the device never waits on
-  the host); ``train.max_bad_steps`` in a row raise :class:`TrainingFailed`. Checkpoints due
-  during a streak are deferred to its end, so the newest checkpoint -- named in the message --
-  holds the state from before it and is never rotated away by states from inside it.
+  metrics). Every step's streak counter is checked, in order, as soon as it is computed (polled
+  without blocking, so the host never waits for the device; at log steps all are settled);
+  ``train.max_bad_steps`` in a row raise :class:`TrainingFailed`. Checkpoints due during a
+  streak are deferred to its end, so the newest checkpoint -- named in the message -- holds the
+  state from before it and is never rotated away by states from inside it.
 * Data (:mod:`~nsa_jax.train.feed`): a source that fails after its retries or stalls past
   ``train.data_timeout_s`` -- and bad data found mid-run -- stop the run after a checkpoint of
   the last completed step is written.
@@ -32,6 +33,7 @@ While it runs (failure handling; the CLI maps the exceptions to exit statuses):
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -335,6 +337,14 @@ class _Trainer:
             return "no checkpoint was written"
         return f"the newest complete checkpoint is step {newest} ({self.pre.ck_dir / str(newest)})"
 
+    def _check_streaks(self, unchecked, settle: bool, before: int | None = None) -> None:
+        """Check, in order, the streak counters of finished steps (all of them if ``settle``;
+        only steps ``< before`` if given)."""
+        while unchecked and (before is None or unchecked[0][0] < before) and (
+                settle or unchecked[0][1].is_ready()):
+            step, bad = unchecked.popleft()
+            self._check_streak(int(bad), step)
+
     def _check_streak(self, bad: int, step: int) -> None:
         t = self.cfg.train
         if bad >= t.max_bad_steps:
@@ -390,7 +400,7 @@ class _Trainer:
             t_start = time.perf_counter()
             win_t, win_step, paused = t_start, pre.start, 0.0
             loss_sum = jax.numpy.zeros((), np.float32)   # on device: no sync per step
-            lagged = None             # (step, bad_steps on device) not yet checked
+            unchecked = collections.deque()   # (step, bad_steps on device), in step order
             deferred = False          # a checkpoint waits for the end of a non-finite streak
             stopped = False
             self.watchdog.arm()
@@ -425,11 +435,12 @@ class _Trainer:
                                        f"{prof_dir}")
                 self.progress.step()
                 self.watchdog.beat(f"step {step}", step=step)
-                if lagged is not None:       # the previous step is done by now: no stall
-                    self._check_streak(int(lagged[1]), lagged[0])
-                    lagged = None
+                unchecked.append((step, stats["bad_steps"]))
+                log_step = step % t.log_every == 0 or step == t.steps
+                # earlier steps first (a streak that ended there is not logged past)
+                self._check_streaks(unchecked, settle=log_step, before=step)
 
-                if step % t.log_every == 0 or step == t.steps:
+                if log_step:
                     s, window_loss = jax.device_get((stats, loss_sum))
                     loss_sum = jax.numpy.zeros((), np.float32)
                     now = time.perf_counter()
@@ -447,9 +458,7 @@ class _Trainer:
                     self._log(entry, "train/")
                     self.progress.log(entry)
                     last.update(entry)
-                    self._check_streak(int(s["bad_steps"]), step)
-                else:
-                    lagged = (step, stats["bad_steps"])
+                    self._check_streaks(unchecked, settle=True)
 
                 if t.eval_every and step % t.eval_every == 0:
                     p0 = time.perf_counter()
@@ -477,8 +486,7 @@ class _Trainer:
                                    elapsed0 + time.perf_counter() - t_start)
                         paused += time.perf_counter() - p0
                         self.watchdog.beat(f"checkpoint {step}", step=step)
-            if lagged is not None:
-                self._check_streak(int(lagged[1]), lagged[0])
+            self._check_streaks(unchecked, settle=True)
             if profiling:       # window ended past the last step
                 jax.profiler.stop_trace()
                 profiling = False
