@@ -3,15 +3,20 @@
 Modules, one concern each: ``cli`` (arguments, error lines, exit codes), ``loop`` (checks, then
 the training loop), ``step`` (jitted train/eval steps), ``optim`` (AdamW, schedule, decay mask),
 ``state`` (train state, params <-> NSALM), ``mesh`` (devices, shardings, multi-process),
-``checkpoint`` (orbax manager, resume, ``load_for_inference``), ``metrics`` (jsonl, TensorBoard,
-progress), ``env`` (env.json), ``watchdog``.
+``checkpoint`` (orbax manager, resume with fall-back past corrupt checkpoints,
+``load_for_inference``), ``checksum`` (exact array checksums in each checkpoint), ``metrics``
+(jsonl, TensorBoard, progress), ``env`` (env.json), ``feed`` (bounded waits for batches, data
+failures), ``signals`` (SIGTERM/SIGINT: checkpoint and exit 0), ``watchdog`` (heartbeat,
+SIGUSR1 stacks, hang abort), ``files`` (atomic small files), ``errors`` (exceptions and their
+exit statuses).
 
     from nsa_jax.train import load_for_inference
     cfg, model = load_for_inference("runs/tiny-20250101-120000")
 """
 from __future__ import annotations
 
-__all__ = ["load_for_inference", "train", "CheckpointError", "TrainError", "TrainingFailed"]
+__all__ = ["load_for_inference", "train", "CheckpointError", "CorruptCheckpoint", "DataFailed",
+           "TrainError", "TrainingFailed", "WriteFailed"]
 
 
 def __getattr__(name):  # keep `python -m nsa_jax.train --help` free of jax imports
@@ -21,7 +26,8 @@ def __getattr__(name):  # keep `python -m nsa_jax.train --help` free of jax impo
     if name == "train":
         from nsa_jax.train.loop import train
         return train
-    if name in ("CheckpointError", "TrainError", "TrainingFailed"):
+    if name in ("CheckpointError", "CorruptCheckpoint", "DataFailed", "TrainError",
+                "TrainingFailed", "WriteFailed"):
         from nsa_jax.train import errors
         return getattr(errors, name)
     raise AttributeError(f"module 'nsa_jax.train' has no attribute {name!r}")

@@ -32,6 +32,7 @@ outputs (in run.dir, default runs/<config-name>-<timestamp>):
   profile/          jax.profiler trace (train.profile_steps=[a,b] or --profile)
   heartbeat.json    pid, step and time of the last progress (rewritten every step)
   stacks.txt        all threads' stacks: kill -USR1 <pid>, or the watchdog (run.watchdog_s)
+  corrupt_checkpoints/  checkpoints that could not be read back, moved aside on resume
 
 exit status: 0 done, or stopped by SIGTERM/SIGINT after a checkpoint (a second signal exits at
 once); 1 training failed (non-finite steps, data source failed/stalled, disk full); 2 bad input;

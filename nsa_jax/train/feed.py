@@ -1,6 +1,7 @@
 """Batches for the train loop: bounded waits on the loader, failures turned into one line.
 
-A read that *raises* is retried inside the data pipeline first (``data.retries`` attempts with
+:func:`open_loader` builds a loader; a source that cannot be opened (after its retries) is a
+:class:`DataFailed` too. A read that *raises* is retried inside the data pipeline first (``data.retries`` attempts with
 backoff ``data.retry_backoff_s``, doubling, each logged; hf streams); what still escapes ends
 the run. A read that *stalls* is caught here: the loop waits for each batch at most
 ``train.data_timeout_s`` seconds (0 = no limit; the wait is on the loader's prefetch thread, so
@@ -18,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from nsa_jax.data import DataError
+from nsa_jax.data import DataError, build_loader
 from nsa_jax.data.retry import is_transient
 from nsa_jax.train.errors import DataFailed
 
@@ -60,3 +61,18 @@ class BatchFeed:
             if self.timeout_s and waited >= self.timeout_s:
                 raise DataFailed(f"data: no batch of {self.what} within train.data_timeout_s="
                                  f"{self.timeout_s:g}s (a stalled read)")
+
+
+def open_loader(cfg, split: str, *args):
+    """``build_loader``; a source that cannot be opened after its retries (network) raises
+    :class:`DataFailed` with one line (bad data or config: :class:`DataError`, status 2)."""
+    try:
+        return build_loader(cfg, split, *args)
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        if not is_transient(e):
+            raise
+        after = f" after data.retries={cfg.data.retries} retries" if cfg.data.source == "hf" else ""
+        raise DataFailed(f"data: opening the {split} data (data.source={cfg.data.source}) "
+                         f"failed{after} ({type(e).__name__}: {' '.join(str(e).split())})") from e

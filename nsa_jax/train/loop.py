@@ -48,14 +48,13 @@ import numpy as np
 import yaml
 
 from nsa_jax.config import Config
-from nsa_jax.data import DataError, build_loader
-from nsa_jax.data.retry import is_transient
+from nsa_jax.data import DataError
 from nsa_jax.train import mesh as meshlib
 from nsa_jax.train.checkpoint import (Checkpointer, check_compatible, checkpoint_dir,
                                       newest_usable, quarantine, warn)
 from nsa_jax.train.env import collect_env
 from nsa_jax.train.errors import DataFailed, TrainError, TrainingFailed, WriteFailed
-from nsa_jax.train.feed import BatchFeed
+from nsa_jax.train.feed import BatchFeed, open_loader
 from nsa_jax.train.files import atomic_write_text, os_reason
 from nsa_jax.train.metrics import MetricsLog, Progress, TensorBoardWriter, fmt_duration
 from nsa_jax.train.optim import make_optimizer
@@ -110,21 +109,6 @@ def _close_loader(loader, stalled: bool) -> None:
         threading.Thread(target=loader.close, name="nsa-data-close", daemon=True).start()
     else:
         loader.close()
-
-
-def open_loader(cfg: Config, split: str, *args):
-    """``build_loader``; a source that cannot be opened after its retries (network) raises
-    :class:`DataFailed` with one line (bad data or config: :class:`DataError`, status 2)."""
-    try:
-        return build_loader(cfg, split, *args)
-    except DataError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        if not is_transient(e):
-            raise
-        after = f" after data.retries={cfg.data.retries} retries" if cfg.data.source == "hf" else ""
-        raise DataFailed(f"data: opening the {split} data (data.source={cfg.data.source}) "
-                         f"failed{after} ({type(e).__name__}: {' '.join(str(e).split())})") from e
 
 
 class _Preflight:
