@@ -35,6 +35,7 @@ from nsa_jax.config import Config, ConfigError, load_config
 from nsa_jax.train.checksum import checksums, first_mismatch
 from nsa_jax.train.errors import CheckpointError, CorruptCheckpoint, WriteFailed
 from nsa_jax.train.files import os_reason
+from nsa_jax.train.optim import path_str
 
 T = TypeVar("T")
 
@@ -189,9 +190,9 @@ class Checkpointer:
         if md is None:
             raise CorruptCheckpoint(f"{self.step_dir(step)}/{item}: missing from the "
                                     f"checkpoint")
-        stored = {_path_str(p): m for p, m in
+        stored = {path_str(p): m for p, m in
                   jax.tree_util.tree_flatten_with_path(getattr(md, "tree", md))[0]}
-        want = {_path_str(p): a for p, a in jax.tree_util.tree_flatten_with_path(abstract)[0]}
+        want = {path_str(p): a for p, a in jax.tree_util.tree_flatten_with_path(abstract)[0]}
         for k in want:
             if k not in stored:
                 raise CheckpointError(f"{self.step_dir(step)}/{item}: has no entry {k} "
@@ -288,18 +289,6 @@ def quarantine(ck_dir, steps: list[int], run_dir) -> list[Path]:
         src.rename(dest)
         out.append(dest)
     return out
-
-
-def _path_str(path) -> str:
-    out = []
-    for k in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(k, attr):
-                out.append(str(getattr(k, attr)))
-                break
-        else:
-            out.append(str(k))
-    return "/".join(out)
 
 
 # ---- config compatibility ------------------------------------------------------------------

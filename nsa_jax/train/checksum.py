@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from nsa_jax.train.optim import path_str
+
 _UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 
 
@@ -33,22 +35,10 @@ def _leaf_sum(x):
 _tree_sums = jax.jit(lambda tree: jax.tree.map(_leaf_sum, tree))
 
 
-def _path_str(path) -> str:
-    out = []
-    for k in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(k, attr):
-                out.append(str(getattr(k, attr)))
-                break
-        else:
-            out.append(str(k))
-    return "/".join(out)
-
-
 def checksums(tree) -> dict[str, int]:
     """``{leaf path: checksum}`` of an array tree (blocks until computed)."""
     sums = jax.device_get(_tree_sums(tree))
-    return {_path_str(p): int(v) for p, v in jax.tree_util.tree_flatten_with_path(sums)[0]}
+    return {path_str(p): int(v) for p, v in jax.tree_util.tree_flatten_with_path(sums)[0]}
 
 
 def first_mismatch(stored: dict, tree) -> str | None:

@@ -39,21 +39,29 @@ def lr_at(step, tcfg: TrainConfig):
     return jnp.where(step < w, warm, cos)
 
 
-def _path_names(path) -> list[str]:
+def path_names(path) -> list[str]:
+    """The names along a pytree key path (dict keys, attribute names, sequence indices)."""
     out = []
     for k in path:
         for attr in ("key", "name", "idx"):
             if hasattr(k, attr):
                 out.append(str(getattr(k, attr)))
                 break
+        else:
+            out.append(str(k))
     return out
+
+
+def path_str(path) -> str:
+    """``a/b/0/c`` form of a pytree key path."""
+    return "/".join(path_names(path))
 
 
 def decays(path, leaf, include_all: bool = False) -> bool:
     """Whether the parameter at ``path`` gets weight decay: matrices, except embedding tables."""
     if include_all:
         return True
-    names = _path_names(path)
+    names = path_names(path)
     if leaf.ndim < 2 or (names and names[-1] in NO_DECAY_LEAF_NAMES):
         return False
     return not any(n in EMBEDDING_NAMES for n in names)
