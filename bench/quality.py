@@ -22,10 +22,10 @@ directories are replaced each time) and its numbers mean nothing beyond "the pip
 
 Reproduce (GPU; fill in the durations when you run them -- every command must fit in 10 min)::
 
-    # once, on a machine with the texts (FineWeb-Edu sample + Gutenberg books); then carry
-    # data_prepared/quality_parity (3.6 MB) to the GPU machine
-    python3 bench/quality.py prepare-parity --texts ../shared/data/fineweb_edu/fineweb_sample.txt \
-        ../shared/data/text/nltk_gutenberg       # 1,805,591 tokens (measured: 11 s on 2 CPU cores)
+    # once, on a machine with the texts (the 1 MB FineWeb-Edu sample text and the NLTK Gutenberg
+    # books, not shipped here); then carry data_prepared/quality_parity (3.6 MB) to the GPU machine
+    python3 bench/quality.py prepare-parity --texts DATA/fineweb_edu/fineweb_sample.txt \
+        DATA/text/nltk_gutenberg                 # 1,805,591 tokens (measured: 11 s on 2 CPU cores)
     # retrieval: one training run per command, each evaluated and merged into the JSON
     python3 bench/quality.py retrieval --variants nsa   && cp bench/results/quality_* "$OUT"/
     python3 bench/quality.py retrieval --variants win   && cp bench/results/quality_* "$OUT"/
