@@ -163,10 +163,6 @@ def _check_args(a) -> str | None:
     return None
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -195,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     from nsa_jax.data import DataError, get_tokenizer
     from nsa_jax.decode import DecodeError
     from nsa_jax.train.checkpoint import load_for_inference
-    from nsa_jax.train.errors import TrainError
+    from nsa_jax.train.errors import TrainError, one_line
 
     try:
         cfg, model = load_for_inference(args.checkpoint, step=args.step)
@@ -222,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"generated {len(ids)} tokens in {dt:.2f}s (incl. compilation)\n")
         return 0
     except (ConfigError, DataError, TrainError, DecodeError) as e:
-        return report(_one_line(e), EXIT_BAD_INPUT)
+        return report(one_line(e), EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         return 130

@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,3 +23,16 @@ def random_inputs(seed, B, T, Hq, G, Dk, Dv, cfg, dtype=jnp.float32, scale=1.0):
     k_w, v_w = n(ks[5], (B, T, G, Dk)), n(ks[6], (B, T, G, Dv))
     gates = jax.nn.sigmoid(jax.random.normal(ks[7], (B, T, Hq, 3))).astype(dtype)
     return q, kc, vc, k_s, v_s, k_w, v_w, gates
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli_env(cache_dir) -> dict:
+    """Environment for a CLI subprocess: repo on PYTHONPATH, CPU, a shared compile cache (speed)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["JAX_PLATFORMS"] = "cpu"
+    env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)       # test speed only
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    return env

@@ -32,6 +32,7 @@ import pytest
 from nsa_jax.config import load_config
 from nsa_jax.train.cli import main
 from nsa_jax.train.metrics import read_metrics
+from nsa_testutil import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -102,15 +103,6 @@ raise SystemExit(main(sys.argv[2:]))
 '''
 
 
-def child_env(cache_dir) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["JAX_PLATFORMS"] = "cpu"
-    env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)       # test speed only
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    return env
-
-
 class Child:
     """One training process running DRIVER; stdout/stderr go to files."""
 
@@ -118,7 +110,7 @@ class Child:
         self.out, self.err = tmp / f"{name}.out", tmp / f"{name}.err"
         with open(self.out, "w") as o, open(self.err, "w") as e:
             self.proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(spec), *args],
-                                         cwd=ROOT, env=child_env(cache_dir), stdout=o, stderr=e)
+                                         cwd=ROOT, env=cli_env(cache_dir), stdout=o, stderr=e)
 
     def logs(self) -> str:
         return f"stdout:\n{self.out.read_text()[-3000:]}\nstderr:\n{self.err.read_text()[-3000:]}"

@@ -24,6 +24,7 @@ import pytest
 from nsa_jax.config import load_config
 from nsa_jax.train.cli import main
 from nsa_jax.train.metrics import MetricsLog, read_metrics
+from nsa_testutil import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -41,15 +42,6 @@ def small_cfg(*extra):
 @pytest.fixture(scope="session")
 def compile_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("jax_cache")
-
-
-def cli_env(cache_dir) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["JAX_PLATFORMS"] = "cpu"
-    env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)       # test speed only
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    return env
 
 
 def cli(args, cache_dir, timeout=300) -> subprocess.CompletedProcess:

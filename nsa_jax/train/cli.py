@@ -75,10 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -88,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from nsa_jax.config import ConfigError, load_config
     from nsa_jax.data import DataError
-    from nsa_jax.train.errors import TrainError, TrainingFailed
+    from nsa_jax.train.errors import TrainError, TrainingFailed, one_line
 
     def report(e: BaseException, status: int, prefix: str = "", suffix: str = "") -> int:
         if args.debug:
             traceback.print_exc()
-        sys.stderr.write(f"error: {prefix}{_one_line(e)}{suffix}\n")
+        sys.stderr.write(f"error: {prefix}{one_line(e)}{suffix}\n")
         sys.stderr.flush()
         return status
 

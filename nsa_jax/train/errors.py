@@ -36,3 +36,8 @@ class DataFailed(TrainingFailed):
 
 class WriteFailed(TrainingFailed):
     """A run output (checkpoint, metrics, heartbeat) could not be written, e.g. a full disk."""
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (for ``error: ...`` lines)."""
+    return " ".join(str(e).split()) or type(e).__name__
