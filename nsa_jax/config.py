@@ -89,6 +89,7 @@ class DataConfig:
     retrieval_filler_mode: Literal["random", "cycle"] = "random"  # retrieval: iid or a fixed cycle
     retrieval_min_distance: int = 1     # retrieval: query-to-key distance range (tokens)
     retrieval_max_distance: int = 0     # retrieval: 0 = as far as the row allows
+    retrieval_loss: Literal["all", "answers"] = "all"  # retrieval: train on every target or answers
 
     def validate(self) -> None:
         if self.seq_len < 1:
@@ -103,6 +104,9 @@ class DataConfig:
             raise ConfigError(f"data.retry_backoff_s: must be >= 0, got {self.retry_backoff_s}")
         if self.prefetch < 0:
             raise ConfigError(f"data.prefetch: must be >= 0, got {self.prefetch}")
+        if self.retrieval_loss == "answers" and self.source != "retrieval":
+            raise ConfigError(f"data.retrieval_loss: answers needs data.source=retrieval (answer "
+                              f"targets exist only there), got data.source={self.source}")
 
 
 @dataclasses.dataclass(frozen=True)

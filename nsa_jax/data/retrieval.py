@@ -30,12 +30,13 @@ A row has ``n = seq_len + 1`` tokens: a context of ``C = n - 3Q`` tokens, then `
   (``[3j+3, C+3j]``), then the pair is placed there (uniformly among free places when the drawn
   one collides).
 
-Training uses the plain next-token loss over the whole row. Pair places, keys, values and the
-choice of queried key are unpredictable, and so is ``random`` filler: their loss is a constant
-floor, and what the model can learn beyond the filler's structure is the answer tokens (and the
-trivial query markers). ``cycle`` filler costs nothing once learned (a bigram), which removes the
-gradient noise of thousands of unpredictable filler targets per row. Accuracy is measured only at
-the answers (:func:`answer_info`, :func:`evaluate_retrieval`); chance is ``1 / V``.
+Training (``data.retrieval_loss``): ``all`` -- the plain next-token loss over the whole row;
+``answers`` -- only the Q answer targets (:func:`answer_loss_mask`), the only targets that
+need retrieval. With ``all``, pair places, keys, values and the choice of queried key are
+unpredictable, and so is ``random`` filler: their loss is a constant floor whose gradient noise
+drowns the Q answers among thousands of targets per row (``cycle`` filler, a bigram, costs
+nothing once learned). Accuracy is measured only at the answers (:func:`answer_info`,
+:func:`evaluate_retrieval`); chance is ``1 / V``.
 
 Row ``g`` of a split comes from its own RNG keyed by (``train.seed``, split, ``g``): the stream is
 infinite, deterministic and random-access; the position is one integer like the synthetic source
@@ -112,12 +113,8 @@ class RetrievalLayout:
         return self.context_len + 3 * np.arange(self.queries) + 2
 
     def answer_loss_mask(self) -> np.ndarray:
-        """``float32 [seq_len]`` weights over next-token targets: 1 where the target is an answer
-        (input position ``a_j - 1``), else 0 -- the ``loss_mask`` of ``nsa_jax.model.lm_loss``
-        for training on the answers only (the trainer does not pass one today)."""
-        m = np.zeros(self.seq_len, np.float32)
-        m[self.answer_positions() - 1] = 1.0
-        return m
+        """:func:`answer_loss_mask` of this layout."""
+        return answer_loss_mask(self.seq_len, self.queries)
 
     def distance_range(self, j: int) -> tuple[int, int]:
         """Inclusive distances query ``j`` can have: config range within ``[3j+3, C+3j]``."""
@@ -208,6 +205,15 @@ class RetrievalLayout:
         row[qpos + 1] = keys[:Q]
         row[qpos + 2] = vals[:Q]
         return row, dist
+
+
+def answer_loss_mask(seq_len: int, queries: int) -> np.ndarray:
+    """``float32 [seq_len]`` weights over next-token targets: 1 where the target is an answer
+    (input position ``a_j - 1``), else 0 -- the ``loss_mask`` of ``nsa_jax.model.lm_loss``
+    that ``data.retrieval_loss: answers`` trains with (``nsa_jax.train.step.loss_mask_for``)."""
+    m = np.zeros(seq_len, np.float32)
+    m[seq_len + 1 - 3 * queries + 3 * np.arange(queries) + 1] = 1.0
+    return m
 
 
 def _draw_free(rng, cands: np.ndarray, free: np.ndarray) -> int:

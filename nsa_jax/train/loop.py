@@ -260,13 +260,13 @@ class _Trainer:
     # ---- pieces --------------------------------------------------------------------------
     def _compile(self):
         pre, t = self.pre, self.cfg.train
-        step_fn = jax.jit(make_train_step(pre.spec, t, pre.tx, pre.mesh),
+        step_fn = jax.jit(make_train_step(pre.spec, t, pre.tx, pre.mesh, data=self.cfg.data),
                           in_shardings=(pre.shardings, self.batch_sharding),
                           out_shardings=(pre.shardings, self.repl), donate_argnums=0)
         batch = jax.ShapeDtypeStruct((t.batch_size, self.cfg.data.seq_len + 1), np.int32,
                                      sharding=self.batch_sharding)
         compiled = step_fn.lower(pre.abstract, batch).compile()
-        self.eval_fn = jax.jit(make_eval_step(pre.spec, t.grad_accum, pre.mesh),
+        self.eval_fn = jax.jit(make_eval_step(pre.spec, t.grad_accum, pre.mesh, data=self.cfg.data),
                                in_shardings=(pre.shardings.params, self.batch_sharding),
                                out_shardings=self.repl)
         return compiled
