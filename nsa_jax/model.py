@@ -22,6 +22,7 @@ from nsa_jax.config import ModelConfig
 from nsa_jax.nsa import NSAConfig, nsa_attention
 from nsa_jax.nsa.compression import compress
 from nsa_jax.nsa.rope import apply_rope, cmp_positions
+from nsa_jax.parallel import batch_parallel
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -128,7 +129,8 @@ class NSAAttention(nnx.Module):
     def __call__(self, x, positions):
         B, T, _ = x.shape
         args = self.project(x, positions)
-        o = nsa_attention(*args, self.ncfg, impl=resolve_nsa_impl(self.mcfg.nsa_impl))
+        impl = resolve_nsa_impl(self.mcfg.nsa_impl)
+        o = batch_parallel(lambda *a: nsa_attention(*a, self.ncfg, impl=impl), *args)
         return self.wo(o.reshape(B, T, -1).astype(self.dtype))
 
 
@@ -165,7 +167,9 @@ class DenseAttention(nnx.Module):
     def __call__(self, x, positions):
         B, T, _ = x.shape
         q, k, v = self.project(x, positions)
-        o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.impl())
+        impl = self.impl()
+        o = batch_parallel(lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, implementation=impl), q, k, v)
         return self.wo(o.reshape(B, T, -1))
 
 

@@ -5,8 +5,12 @@ Multi-process runs are started explicitly from the CLI (``--distributed`` lets
 ``--coordinator HOST:PORT --num-processes N --process-id I`` sets it up by hand). Single-process
 runs never call it.
 
-The batch is split over every device (mesh axes ``('data', 'fsdp')``); parameters and optimizer
-state are replicated. ``param_shardings`` is the one place to change for FSDP.
+The batch is split over every device (mesh axes ``('data', 'fsdp')``). With ``mesh.fsdp = 1``
+parameters and optimizer state are replicated (plain data parallelism: XLA all-reduces the
+gradients). With ``mesh.fsdp = F > 1`` every large array of the train state (parameters and the
+Adam moments shaped like them) is split F ways along its largest dimension that F divides
+(:func:`leaf_spec`); XLA all-gathers a parameter where it is used and reduce-scatters its
+gradient. Small arrays (norm scales, biases, counters) stay replicated.
 """
 from __future__ import annotations
 
@@ -19,8 +23,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from nsa_jax.config import Config, MeshConfig
 from nsa_jax.train.errors import TrainError
 
+from nsa_jax.parallel import BATCH_AXES  # noqa: E402  (batch rows are split over all devices)
+
 AXES = ("data", "fsdp")
-BATCH_AXES = ("data", "fsdp")   # batch rows are split over all devices
+FSDP_MIN_SIZE = 1 << 14   # arrays with fewer elements stay replicated under FSDP
 
 
 def init_distributed(auto: bool, coordinator: str | None, num_processes: int | None,
@@ -82,20 +88,31 @@ def replicated(mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def param_shardings(mesh, params):
-    """Sharding of every parameter (and of optimizer state shaped like it): replicated.
+def leaf_spec(shape, fsdp: int, min_size: int = FSDP_MIN_SIZE) -> P:
+    """PartitionSpec of one state array under ``fsdp``-way sharding: its largest dimension that
+    ``fsdp`` divides goes on the ``fsdp`` axis (the first such on ties); replicated when
+    ``fsdp == 1``, when the array is smaller than ``min_size`` elements or no dimension fits."""
+    size = int(np.prod(shape)) if len(shape) else 1
+    if fsdp == 1 or size < min_size:
+        return P()
+    dims = [i for i, n in enumerate(shape) if n % fsdp == 0]
+    if not dims:
+        return P()
+    best = max(dims, key=lambda i: (shape[i], -i))
+    return P(*([None] * best + ["fsdp"]))
 
-    FSDP hook: return ``NamedSharding(mesh, P(..., 'fsdp', ...))`` per leaf here.
-    """
-    return jax.tree.map(lambda _: replicated(mesh), params)
+
+def param_shardings(mesh, params):
+    """Sharding of every parameter: :func:`leaf_spec` on the mesh's ``fsdp`` axis."""
+    fsdp = mesh.shape["fsdp"]
+    return jax.tree.map(lambda a: NamedSharding(mesh, leaf_spec(a.shape, fsdp)), params)
 
 
 def state_shardings(mesh, abstract_state):
-    """Shardings of the whole :class:`TrainState`: all replicated for now.
-
-    FSDP hook: give ``params`` :func:`param_shardings` and the Adam moments their parameter's
-    sharding (``optax.tree_utils.tree_map_params``); counters and the RNG stay replicated."""
-    return jax.tree.map(lambda _: replicated(mesh), abstract_state)
+    """Shardings of the whole :class:`TrainState`: parameters per :func:`param_shardings`; the
+    optimizer state by the same shape rule, so each Adam moment is split exactly like its
+    parameter; the step, RNG and counters (scalars and tiny arrays) replicated."""
+    return param_shardings(mesh, abstract_state)
 
 
 def batch_sharding(mesh) -> NamedSharding:
