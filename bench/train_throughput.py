@@ -116,13 +116,16 @@ def loader_throughput(cfg_path, smoke: bool) -> dict:
     return out
 
 
-def run_point(name: str, T: int, B: int, steps: int, smoke: bool, mesh_data: int | None) -> dict:
+def build_point(name: str, T: int, B: int, steps: int, smoke: bool, mesh_data: int | None,
+                fsdp: int = 1, extra=()):
+    """The product's train step for one (model, T, B) point on the first ``mesh_data`` devices
+    (all by default), its initial state and 4 placed synthetic batches."""
     ov = [f"data.seq_len={T}", f"train.batch_size={B}", "data.source=synthetic",
           "data.prefetch=2", f"train.steps={steps + 3}", "train.warmup_steps=1"]
-    if mesh_data:
-        ov.append(f"mesh.data={mesh_data}")
-    cfg = load_config(REPO / "configs" / f"{name}.yaml", ov + (SMOKE if smoke else []))
-    devices = jax.devices()[: (mesh_data or len(jax.devices()))]
+    ndev = mesh_data or len(jax.devices())
+    ov += [f"mesh.data={ndev // fsdp}", f"mesh.fsdp={fsdp}"]
+    cfg = load_config(REPO / "configs" / f"{name}.yaml", ov + (SMOKE if smoke else []) + list(extra))
+    devices = jax.devices()[:ndev]
     mesh = meshlib.build_mesh(cfg.mesh, devices)
     meshlib.check_batch(cfg, len(devices), 1)
     spec = ModelSpec(cfg.model, cfg.nsa, cfg.train.seed)
@@ -136,6 +139,12 @@ def run_point(name: str, T: int, B: int, steps: int, smoke: bool, mesh_data: int
     loader = build_loader(cfg, "train", batch_size=B)
     batches = [meshlib.place_batch(next(loader), bsh, B) for _ in range(4)]
     loader.close()
+    return cfg, devices, step, state, batches
+
+
+def run_point(name: str, T: int, B: int, steps: int, smoke: bool, mesh_data: int | None,
+              fsdp: int = 1) -> dict:
+    cfg, devices, step, state, batches = build_point(name, T, B, steps, smoke, mesh_data, fsdp)
     t0 = time.perf_counter()
     step = step.lower(state, batches[0]).compile()
     compile_s = time.perf_counter() - t0
@@ -159,6 +168,7 @@ def run_point(name: str, T: int, B: int, steps: int, smoke: bool, mesh_data: int
     tps = B * T / (ms / 1e3)
     fpt = model_flops_per_token(cfg, state.params, T)
     return {"model": name, "seq_len": T, "batch": B, "devices": len(devices),
+            "mesh": {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp},
             "step_ms": ms, "step_ms_all": [t * 1e3 for t in times], "tokens_per_s": tps,
             "compiled_peak_gb": compiled_peak, "process_peak_gb": peak_memory_gb(),
             "compile_s": compile_s,
@@ -174,6 +184,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=["nsa_125m", "dense_125m"])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--mesh-data", type=int, default=None, help="use the first N devices")
+    ap.add_argument("--fsdp", type=int, default=1, help="mesh.fsdp (divides the device count)")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args(argv)
@@ -182,9 +193,11 @@ def main(argv=None) -> int:
         a.steps = min(a.steps, 3)
     ndev = a.mesh_data or len(jax.devices())
     out = Path(a.out or REPO / "bench" / "results" /
-               f"train_throughput_{device_name()}x{ndev}{'_smoke' if a.smoke else ''}.json")
+               f"train_throughput_{device_name()}x{ndev}{'_fsdp' if a.fsdp > 1 else ''}"
+               f"{'_smoke' if a.smoke else ''}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    res = {"device": jax.devices()[0].device_kind, "n_devices": ndev, "jax": jax.__version__,
+    res = {"device": jax.devices()[0].device_kind, "n_devices": ndev, "fsdp": a.fsdp,
+           "jax": jax.__version__,
            "python": platform.python_version(), "peak_tflops": a.peak_tflops, "smoke": a.smoke,
            "loader": loader_throughput(REPO / "configs" / "nsa_125m.yaml", a.smoke),
            "points": []}
@@ -192,7 +205,7 @@ def main(argv=None) -> int:
         T, B = (int(x) for x in pt.split(":"))
         for name in a.models:
             try:
-                r = run_point(name, T, B, a.steps, a.smoke, a.mesh_data)
+                r = run_point(name, T, B, a.steps, a.smoke, a.mesh_data, a.fsdp)
                 r["mfu"] = r["model_tflops_per_s"] / a.peak_tflops
             except Exception as e:  # noqa: BLE001 - an OOM at one point must not lose the rest
                 r = {"model": name, "seq_len": T, "batch": B, "error": str(e).splitlines()[0][:300]}

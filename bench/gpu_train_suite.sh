@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# GPU training checks and benchmarks (issue 5), run from the repo root on the device machine:
+#   bench/gpu_train_suite.sh single [probe]  # 1 GPU: profile 64k/2k steps, 2 reference loss runs
+#   bench/gpu_train_suite.sh multi           # 2 GPUs: throughput 1 vs 2 GPUs at T=2048, loss runs
+#   bench/gpu_train_suite.sh probe           # 1 GPU: short retrieval learnability probe
+# Results (JSON) are copied to $OUT (default /tmp/nsa_train_out), every log and JSON also into
+# $OUT/logs_<stages>.tgz (the device tool returns at most 8 files); a short table is printed last.
+set -u
+stages=("${@:-single}")
+OUT=${OUT:-/tmp/nsa_train_out}
+W=/tmp/nsa_train_work
+mkdir -p "$OUT" "$W"
+FINAL=$OUT
+OUT=$W
+export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
+rc=0
+t0=$SECONDS
+for stage in "${stages[@]}"; do
+if [[ $stage == single ]]; then
+  python3 bench/profile_step.py --models nsa_125m dense_125m --points 65536:1 2048:16 \
+    --steps 2 --out "$OUT/profile_h200.json" --trace-dir /tmp/traces > "$OUT/profile.log" 2>&1 || rc=1
+  echo "profile done at $((SECONDS - t0))s"
+  f=$(ls /tmp/traces/nsa_125m_65536x1/plugins/profile/*/perfetto_trace.json.gz 2>/dev/null | head -1)
+  [[ -n $f ]] && cp "$f" "$FINAL/trace_nsa_64k.json.gz"
+  for tag in 1gpu_a 1gpu_b; do
+    python3 bench/loss_match.py run --tag $tag --devices 0 --out "$OUT/loss_match_run_$tag.json" \
+      > "$OUT/loss_$tag.log" 2>&1 || rc=1
+    tail -n 1 "$OUT/loss_$tag.log"
+  done
+  python3 bench/loss_match.py compare "$OUT"/loss_match_run_1gpu_a.json \
+    "$OUT"/loss_match_run_1gpu_b.json || rc=1
+  sed -n '/^== /,$p' "$OUT/profile.log" | grep -v "^wrote"
+fi
+if [[ $stage == multi ]]; then
+  for f in bench/results/loss_match_run_1gpu_a.json; do [[ -f $f ]] && cp "$f" /tmp/ref.json; done
+  python3 bench/train_throughput.py --points 2048:16 --models nsa_125m dense_125m --mesh-data 1 \
+    --steps 10 --out "$OUT/tp_1gpu.json" > "$OUT/tp_1gpu.log" 2>&1 || rc=1
+  python3 bench/train_throughput.py --points 2048:32 --models nsa_125m dense_125m --mesh-data 2 \
+    --steps 10 --out "$OUT/train_throughput_h200x2.json" > "$OUT/tp_2gpu.log" 2>&1 || rc=1
+  python3 bench/train_throughput.py --points 2048:32 --models nsa_125m --mesh-data 2 --fsdp 2 \
+    --steps 10 --out "$OUT/tp_2gpu_fsdp.json" > "$OUT/tp_2gpu_fsdp.log" 2>&1 || rc=1
+  echo "throughput done at $((SECONDS - t0))s"
+  python3 bench/loss_match.py run --tag 2gpu_data --devices 0,1 \
+    --out "$OUT/loss_match_run_2gpu_data.json" > "$OUT/loss_2gpu_data.log" 2>&1 || rc=1
+  tail -n 1 "$OUT/loss_2gpu_data.log"
+  python3 bench/loss_match.py run --tag 2gpu_fsdp --devices 0,1 --set mesh.fsdp=2 \
+    --out "$OUT/loss_match_run_2gpu_fsdp.json" > "$OUT/loss_2gpu_fsdp.log" 2>&1 || rc=1
+  tail -n 1 "$OUT/loss_2gpu_fsdp.log"
+  for f in tp_1gpu train_throughput_h200x2 tp_2gpu_fsdp; do
+    sed -n '/^model /,$p' "$OUT/$f.log"
+  done
+  ls /tmp/ref.json >/dev/null 2>&1 && python3 bench/loss_match.py compare /tmp/ref.json \
+    "$OUT"/loss_match_run_2gpu_*.json
+fi
+if [[ $stage == probe ]]; then
+  # retrieval learnability, answers-only loss, both attentions sharing the GPU for ~4 minutes
+  for att in nsa dense; do
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.4 timeout -s TERM 240 python3 -m nsa_jax.train \
+      --config configs/quality_retrieval.yaml model.attention=$att data.retrieval_loss=answers \
+      train.steps=100000 train.log_every=50 train.eval_every=200 train.ckpt_every=100000 \
+      run.dir=/tmp/probe_$att > "$OUT/probe_$att.log" 2>&1 &
+  done
+  wait
+  for att in nsa dense; do echo "== $att"; grep -E "eval|step [0-9]+/" "$OUT/probe_$att.log" | tail -n 8; done
+fi
+echo "stage $stage finished at $((SECONDS - t0))s rc=$rc"
+done
+cp "$W"/profile_h200.json "$W"/loss_match_run_*.json "$W"/train_throughput_h200x2.json \
+  "$W"/tp_*.json "$FINAL"/ 2>/dev/null
+tag=$(IFS=_; echo "${stages[*]}")
+tar czf "$FINAL/logs_$tag.tgz" -C "$W" .
+ls -la "$FINAL"
+exit $rc
