@@ -17,11 +17,24 @@ nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > "$OUT/gpu.
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
 rc=0
 t0=$SECONDS
+probe_start() {  # retrieval learnability, answers-only loss, nsa and dense sharing the GPU
+  for att in nsa dense; do
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 timeout -s TERM ${PROBE_S:-240} python3 -m nsa_jax.train \
+      --config configs/quality_retrieval.yaml model.attention=$att data.retrieval_loss=answers \
+      train.steps=100000 train.log_every=50 train.eval_every=200 train.ckpt_every=100000 \
+      run.dir=/tmp/probe_$att > "$OUT/probe_$att.log" 2>&1 &
+  done
+}
+probe_report() {
+  for att in nsa dense; do echo "== probe $att"; grep -E "eval|^step [0-9]+/" "$OUT/probe_$att.log" | tail -n 8; done
+}
 for stage in "${stages[@]}"; do
 if [[ $stage == single ]]; then
   python3 bench/profile_step.py --models nsa_125m dense_125m --points 65536:1 2048:16 \
     --steps 2 --out "$OUT/profile_h200.json" --trace-dir /tmp/traces > "$OUT/profile.log" 2>&1 || rc=1
   echo "profile done at $((SECONDS - t0))s"
+  if [[ " ${stages[*]} " == *" probe "* ]]; then probe_start; fi
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=0.3
   f=$(ls /tmp/traces/nsa_125m_65536x1/plugins/profile/*/perfetto_trace.json.gz 2>/dev/null | head -1)
   [[ -n $f ]] && cp "$f" "$FINAL/trace_nsa_64k.json.gz"
   for tag in 1gpu_a 1gpu_b; do
@@ -31,7 +44,13 @@ if [[ $stage == single ]]; then
   done
   python3 bench/loss_match.py compare "$OUT"/loss_match_run_1gpu_a.json \
     "$OUT"/loss_match_run_1gpu_b.json || rc=1
+  unset XLA_PYTHON_CLIENT_MEM_FRACTION
+  wait
+  if [[ " ${stages[*]} " == *" probe "* ]]; then probe_report; fi
   sed -n '/^== /,$p' "$OUT/profile.log" | grep -v "^wrote"
+fi
+if [[ $stage == probe && " ${stages[*]} " != *" single "* ]]; then
+  probe_start; wait; probe_report
 fi
 if [[ $stage == multi ]]; then
   for f in bench/results/loss_match_run_1gpu_a.json; do [[ -f $f ]] && cp "$f" /tmp/ref.json; done
@@ -53,17 +72,6 @@ if [[ $stage == multi ]]; then
   done
   ls /tmp/ref.json >/dev/null 2>&1 && python3 bench/loss_match.py compare /tmp/ref.json \
     "$OUT"/loss_match_run_2gpu_*.json
-fi
-if [[ $stage == probe ]]; then
-  # retrieval learnability, answers-only loss, both attentions sharing the GPU for ~4 minutes
-  for att in nsa dense; do
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.4 timeout -s TERM 240 python3 -m nsa_jax.train \
-      --config configs/quality_retrieval.yaml model.attention=$att data.retrieval_loss=answers \
-      train.steps=100000 train.log_every=50 train.eval_every=200 train.ckpt_every=100000 \
-      run.dir=/tmp/probe_$att > "$OUT/probe_$att.log" 2>&1 &
-  done
-  wait
-  for att in nsa dense; do echo "== $att"; grep -E "eval|step [0-9]+/" "$OUT/probe_$att.log" | tail -n 8; done
 fi
 echo "stage $stage finished at $((SECONDS - t0))s rc=$rc"
 done
