@@ -13,7 +13,7 @@ W=/tmp/nsa_train_work
 mkdir -p "$OUT" "$W"
 FINAL=$OUT
 OUT=$W
-export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
 rc=0
