@@ -95,7 +95,13 @@ class BlockSizes:
     sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
     sel_bwd:      "inverted" (block -> query index, one atomic tile add per work item) or
-                  "atomic" (per-query programs atomically add every block's dK/dV).
+                  "atomic" (per-query programs atomically add every block's dK/dV); gather only.
+    sel_impl:     selection-attention kernels: "gather" (``selection.py``: one program per
+                  query gathers its n blocks; work ~T), "tiled" (``selection_tiled.py``:
+                  block-sparse flash attention over query tiles; work ~ the tiles' block
+                  unions, up to ~T^2) or "auto" (tiled when T <= sel_tiled_max_t).
+    sel_tiled_max_t: longest T for which "auto" picks the tiled kernels.
+    sel_tile_q:   queries per tile of the tiled selection kernels (rows of one head).
     cmp_bwd_keys: compressed keys per tile in the compressed-attention backward (dQ and dK/dV).
     cmp_bwd_split: parts the query range of one compressed dK/dV tile is split into (partial
                   sums meet in float32 atomic adds; 1 = no split, plain stores).
@@ -113,6 +119,9 @@ class BlockSizes:
     sel_rows: int = 128
     sel_chunk: int = 1024
     sel_bwd: str = "inverted"
+    sel_impl: str = "auto"
+    sel_tiled_max_t: int = 4096
+    sel_tile_q: int = 64
     cmp_bwd_keys: int = 64
     cmp_bwd_split: int = 8
     score_dot: str = "ieee"
@@ -123,7 +132,8 @@ class BlockSizes:
     sel_stages: int = 2
 
     def __post_init__(self):
-        for f in ("cmp_rows", "cmp_keys", "score_sel", "sel_keys", "sel_rows", "cmp_bwd_keys"):
+        for f in ("cmp_rows", "cmp_keys", "score_sel", "sel_keys", "sel_rows", "cmp_bwd_keys",
+                  "sel_tile_q"):
             v = getattr(self, f)
             if v < MIN_DOT or v & (v - 1):
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
@@ -131,6 +141,12 @@ class BlockSizes:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
         if self.sel_bwd not in ("inverted", "atomic"):
             raise ValueError(f"BlockSizes.sel_bwd: 'inverted' or 'atomic', got {self.sel_bwd!r}")
+        if self.sel_impl not in ("gather", "tiled", "auto"):
+            raise ValueError(f"BlockSizes.sel_impl: 'gather', 'tiled' or 'auto', "
+                             f"got {self.sel_impl!r}")
+        if self.sel_tiled_max_t < 0:
+            raise ValueError(f"BlockSizes.sel_tiled_max_t: must be >= 0, "
+                             f"got {self.sel_tiled_max_t}")
         if self.score_dot not in SCORE_DOTS:
             raise ValueError(f"BlockSizes.score_dot: one of {sorted(SCORE_DOTS)}, "
                              f"got {self.score_dot!r}")

@@ -20,6 +20,7 @@ from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import MIN_DOT, BlockSizes, next_pow2, use_interpret
 from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
 from nsa_jax.pallas.selection import sel_backward, sel_forward
+from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
 from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention
 
@@ -60,6 +61,13 @@ def block_scores_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None
 def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None = None):
     """Selected block ids int32 [B,T,G,n_sel], ascending, -1 padded (== reference.select_blocks)."""
     return topn_pallas(block_scores_pallas(q, k_cmp, cfg, block_sizes), cfg, use_interpret())
+
+
+def _sel_kernels(bs: BlockSizes, T: int):
+    """(forward, backward) of the selection branch by ``bs.sel_impl``: "auto" takes the tiled
+    (block-sparse flash) kernels up to ``bs.sel_tiled_max_t`` tokens, the gather ones above."""
+    tiled = bs.sel_impl == "tiled" or (bs.sel_impl == "auto" and T <= bs.sel_tiled_max_t)
+    return (sel_tiled_forward, sel_tiled_backward) if tiled else (sel_forward, sel_backward)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +121,9 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st: _Stati
         if st.select:
             idx = topn_pallas(cmp_block_scores(qp, kcp, lse_c, cfg, bs, scale, interpret), cfg,
                               interpret)
-        o_s, lse_s = sel_forward(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, cfg, bs,
-                                 scale, interpret)
+        sel_fwd = _sel_kernels(bs, q.shape[1])[0]
+        o_s, lse_s = sel_fwd(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, cfg, bs, scale,
+                             interpret)
         o_slc = o_s[..., :Dv]
         res["slc"] = (idx, o_s, lse_s)
     if "win" in br:
@@ -147,8 +156,9 @@ def _nsa_bwd(st: _Static, resid, dout):
     if "slc" in res:
         idx, o_s, lse_s = res["slc"]
         dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
-        dq_s, dks, dvs = sel_backward(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, o_s,
-                                      lse_s, dop, g[..., 1], cfg, bs, scale, interpret)
+        sel_bwd = _sel_kernels(bs, q.shape[1])[1]
+        dq_s, dks, dvs = sel_bwd(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, o_s, lse_s,
+                                 dop, g[..., 1], cfg, bs, scale, interpret)
         dq = dq + dq_s
     dq = dq[..., :Dk]
     if "win" in res:

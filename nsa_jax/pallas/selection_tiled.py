@@ -1,0 +1,290 @@
+"""Selected-block attention (NSA §3.3.2, Eq. 10-12 applied) as a block-sparse FlashAttention-2.
+
+Same contract as ``selection.sel_forward`` / ``selection.sel_backward``: query t of KV group g
+attends to the keys s <= t of the blocks listed in ``idx [B,T,G,n]`` (block j = keys
+[j*l', (j+1)*l'), -1 = unused slot). Where the gather kernels run one program per query and load
+that query's n blocks, these kernels tile the queries:
+
+* Forward and dQ: one program per (tile of ``bq`` consecutive queries, query head, batch). Rows
+  are the queries of one head (no padding of the group's h heads to 16 rows; GQA: head ->
+  group head // h). The program walks the *union* of the blocks its rows selected, in sub-tiles
+  of ``bs.sel_keys`` keys, with an online softmax (forward) or recomputing p from the saved lse
+  (dQ: dS = P * (dP - delta), dQ = dS K). Key s counts for row t iff its block is in t's
+  selection (``any(idx[b, t, g, :] == j)``, evaluated in the kernel) and s <= t. Blocks no row
+  selected are never loaded.
+* dK/dV: one program per (key block, group, batch) walks the query tiles whose union holds the
+  block and, for each, the group's h heads, accumulating dK/dV in registers; one plain store per
+  block (each program owns its block's rows: no atomics, no zero-initialised accumulator).
+
+Both lists come from ``tile_index`` (outside the kernels, each call): a [B,G,n_tiles,Ts] table of
+"some row of tile i selected block j" (one scatter of idx, restricted to blocks that start at or
+before the tile's last query), sorted per tile (ascending block ids, for the forward/dQ loops) and
+per block (ascending tile ids, for dK/dV), with counts that bound dynamic trip counts.
+
+Work: a tile pays for every block of its union, so cost grows with how far the rows' selections
+differ. At short T most visible blocks are selected anyway (with n = 16, l' = 64 every query
+t < 1024 selects all of its blocks) and the tiled kernels do near-dense causal work at full
+tensor-core tile height with each K/V tile read once per (tile, head) instead of once per query;
+at long T the union approaches all visible blocks (random-like selections) and the work grows
+~T^2 while the gather kernels grow ~T. ``nsa.py`` picks between them (``BlockSizes.sel_impl``).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from nsa_jax.nsa.config import NSAConfig
+from nsa_jax.pallas.common import (LOG2E, MIN_DOT, BlockSizes, cdiv, compiler_params, dot,
+                                   dot_precision, idiv, load, next_pow2, store)
+
+NEG_INF = float("-inf")
+POS_INF = float("inf")
+
+
+def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
+    """Key sub-tile size BK and count for one selected block of l' keys."""
+    bk = min(bs.sel_keys, max(MIN_DOT, next_pow2(cfg.sel_block)))
+    return bk, cdiv(cfg.sel_block, bk)
+
+
+def tile_index(idx, T: int, cfg: NSAConfig, bq: int):
+    """Block-sparse layout of a selection for query tiles of ``bq`` rows.
+
+    idx int32 [B,T,G,n] -> (blocks [B,G,nqt,Ts], bcount [B,G,nqt], tiles [B,G,Ts,nqt],
+    tcount [B,G,Ts]), all int32, nqt = ceil(T / bq), Ts = ceil(T / l'). ``blocks[b, g, i, :c]``
+    (c = bcount[b, g, i]) are the ascending distinct blocks selected by some row of query tile i
+    (ids outside [0, Ts) ignored, and only blocks j with j*l' <= the tile's last query, since no
+    row sees a later block); ``tiles[b, g, j, :tcount[b, g, j]]`` are the ascending tiles whose
+    list holds block j. Entries past a count are padding (never read by the kernels).
+    """
+    B, _, G, n = idx.shape
+    Ts = cfg.num_sel_blocks(T)
+    nqt = cdiv(T, bq)
+    idx = idx.astype(jnp.int32)
+    jj = jnp.where((idx >= 0) & (idx < Ts), idx, Ts)
+    bi = jnp.arange(B, dtype=jnp.int32)[:, None, None, None]
+    ti = idiv(jnp.arange(T, dtype=jnp.int32), bq)[None, :, None, None]
+    gi = jnp.arange(G, dtype=jnp.int32)[None, None, :, None]
+    has = jnp.zeros((B, G, nqt, Ts + 1), jnp.bool_).at[bi, gi, ti, jj].set(True)[..., :Ts]
+    last = jnp.minimum((jnp.arange(nqt) + 1) * bq, T) - 1  # last query of each tile
+    blk = jnp.arange(Ts, dtype=jnp.int32)
+    has = has & (blk[None, :] * cfg.sel_block <= last[:, None])
+    blocks = jnp.sort(jnp.where(has, blk, Ts), axis=-1).astype(jnp.int32)
+    bcount = jnp.sum(has, axis=-1, dtype=jnp.int32)
+    has_t = jnp.swapaxes(has, -1, -2)  # [B,G,Ts,nqt]
+    tiles = jnp.sort(jnp.where(has_t, jnp.arange(nqt, dtype=jnp.int32), nqt), axis=-1)
+    tcount = jnp.sum(has_t, axis=-1, dtype=jnp.int32)
+    return blocks, bcount, tiles.astype(jnp.int32), tcount
+
+
+def _padded_idx(idx):
+    """Selection slots padded with -1 to a power of two (a loadable tile width)."""
+    n = idx.shape[-1]
+    n_p = next_pow2(max(n, 1))
+    idx = idx.astype(jnp.int32)
+    if n_p == n:
+        return idx
+    return jnp.pad(idx, [(0, 0)] * 3 + [(0, n_p - n)], constant_values=-1)
+
+
+def _members(sel, j):
+    """[bq] bool: row r selected block j (``sel`` [bq, n_p] block ids, -1 unused)."""
+    return jnp.max(jnp.where(sel == j, 1, 0), axis=1) > 0
+
+
+def _tile_rows(qt, bq: int, T: int):
+    t = qt * bq + jnp.arange(bq)
+    return t, t < T
+
+
+# ---- forward ---------------------------------------------------------------------------------
+def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, o_ref, lse_ref, *, h, bq,
+                l_sel, bk, n_sub, scale, prec):
+    qt, hd, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    g = idiv(hd, h)
+    T, Dv = q_ref.shape[1], v_ref.shape[-1]
+    t, ok = _tile_rows(qt, bq, T)
+    q = load(q_ref.at[b, pl.ds(qt * bq, bq), hd, :], ok[:, None])
+    sel = load(idx_ref.at[b, pl.ds(qt * bq, bq), g, :], ok[:, None], other=-1)
+    c = scale * LOG2E
+
+    def block(u, carry):
+        m, lsum, acc = carry
+        j = blocks_ref[b, g, qt, u]
+        member = _members(sel, j)
+        base = j * l_sel
+        for sub in range(n_sub):
+            off = sub * bk + jnp.arange(bk)
+            kpos = base + off
+            kvalid = (off < l_sel) & (kpos < T)
+            k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
+            v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
+            s = dot(q, k, trans_b=True, precision=prec) * c
+            vis = member[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
+            s = jnp.where(vis, s, NEG_INF)
+            m_new = jnp.maximum(m, jnp.max(s, axis=1))
+            m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+            alpha = jnp.exp2(m - m_safe)
+            p = jnp.exp2(s - m_safe[:, None])
+            lsum = lsum * alpha + jnp.sum(p, axis=1)
+            acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
+            m = m_new
+        return m, lsum, acc
+
+    init = (jnp.full((bq,), NEG_INF, jnp.float32), jnp.zeros((bq,), jnp.float32),
+            jnp.zeros((bq, Dv), jnp.float32))
+    m, lsum, acc = lax.fori_loop(0, bcount_ref[b, g, qt], block, init)
+    has = lsum > 0
+    l_safe = jnp.where(has, lsum, 1.0)
+    lse = jnp.where(has, m + jnp.log2(l_safe), POS_INF)
+    t_st = jnp.where(ok, t, T)  # masked rows -> out of bounds (dropped)
+    dv_ = jnp.arange(Dv)
+    store(o_ref.at[b, t_st[:, None], hd, dv_[None, :]], acc / l_safe[:, None], ok[:, None])
+    store(lse_ref.at[b, t_st, hd], lse, ok)
+
+
+def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float,
+                      interpret: bool):
+    """-> o float32 [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of scaled logits,
+    +inf for a row with no visible key); same as ``selection.sel_forward``."""
+    B, T, Hq, _ = q.shape
+    G, Dv = k.shape[2], v.shape[-1]
+    bq = bs.sel_tile_q
+    bk, n_sub = _sub_tiles(cfg, bs)
+    blocks, bcount, _, _ = tile_index(idx, T, cfg, bq)
+    kern = functools.partial(_fwd_kernel, h=Hq // G, bq=bq, l_sel=cfg.sel_block, bk=bk,
+                             n_sub=n_sub, scale=scale, prec=dot_precision(q.dtype, interpret))
+    return pl.pallas_call(
+        kern, grid=(cdiv(T, bq), Hq, B),
+        out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
+                   jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
+        compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+        interpret=interpret, name="nsa_sel_tiled_fwd",
+    )(blocks, bcount, q, k, v, _padded_idx(idx))
+
+
+# ---- backward: dQ ------------------------------------------------------------------------------
+def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref,
+                   delta_ref, dq_ref, *, h, bq, l_sel, bk, n_sub, scale, prec):
+    qt, hd, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    g = idiv(hd, h)
+    T, Dk = q_ref.shape[1], q_ref.shape[-1]
+    cdt = q_ref.dtype
+    t, ok = _tile_rows(qt, bq, T)
+    rows = pl.ds(qt * bq, bq)
+    q = load(q_ref.at[b, rows, hd, :], ok[:, None])
+    do = load(do_ref.at[b, rows, hd, :], ok[:, None]).astype(cdt)
+    gs = load(gs_ref.at[b, rows, hd], ok)
+    lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
+    delta = load(delta_ref.at[b, rows, hd], ok)
+    sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
+    c = scale * LOG2E
+
+    def block(u, dq):
+        j = blocks_ref[b, g, qt, u]
+        member = _members(sel, j)
+        base = j * l_sel
+        for sub in range(n_sub):
+            off = sub * bk + jnp.arange(bk)
+            kpos = base + off
+            kvalid = (off < l_sel) & (kpos < T)
+            k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
+            v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
+            s = dot(q, k, trans_b=True, precision=prec) * c
+            vis = member[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
+            p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
+            dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
+            ds = p * (dp - delta[:, None])
+            dq = dq + dot(ds.astype(cdt), k, precision=prec)
+        return dq
+
+    dq = lax.fori_loop(0, bcount_ref[b, g, qt], block, jnp.zeros((bq, Dk), jnp.float32))
+    t_st = jnp.where(ok, t, T)
+    dk_ = jnp.arange(Dk)
+    store(dq_ref.at[b, t_st[:, None], hd, dk_[None, :]], dq * scale, ok[:, None])
+
+
+# ---- backward: dK/dV ---------------------------------------------------------------------------
+def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref,
+                    delta_ref, dk_ref, dv_ref, *, h, bq, l_sel, bk, n_sub, scale, prec):
+    j, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    T, Dk, Dv = q_ref.shape[1], q_ref.shape[-1], v_ref.shape[-1]
+    cdt = q_ref.dtype
+    c = scale * LOG2E
+    base = j * l_sel
+    count = tcount_ref[b, g, j]
+    dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
+
+    for sub in range(n_sub):
+        off = sub * bk + jnp.arange(bk)
+        kpos = base + off
+        kvalid = (off < l_sel) & (kpos < T)
+        k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
+        v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
+
+        def tile(u, carry, k=k, v=v, kpos=kpos, kvalid=kvalid):
+            qt = tiles_ref[b, g, j, u]
+            t, ok = _tile_rows(qt, bq, T)
+            rows = pl.ds(qt * bq, bq)
+            sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
+            vis = (_members(sel, j)[:, None] & kvalid[None, :]
+                   & (kpos[None, :] <= t[:, None]))
+
+            def head(i, carry):
+                dk, dv = carry
+                hd = g * h + i
+                q = load(q_ref.at[b, rows, hd, :], ok[:, None])
+                do = load(do_ref.at[b, rows, hd, :], ok[:, None]).astype(cdt)
+                gs = load(gs_ref.at[b, rows, hd], ok)
+                lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
+                delta = load(delta_ref.at[b, rows, hd], ok)
+                s = dot(q, k, trans_b=True, precision=prec) * c
+                p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
+                dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
+                dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
+                ds = p * (dp - delta[:, None])
+                dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
+                return dk, dv
+
+            return lax.fori_loop(0, h, head, carry)
+
+        dk, dv = lax.fori_loop(0, count, tile, (jnp.zeros((bk, Dk), jnp.float32),
+                                                jnp.zeros((bk, Dv), jnp.float32)))
+        k_st = jnp.where(kvalid, kpos, T)  # masked rows -> out of bounds (dropped)
+        store(dk_ref.at[b, k_st[:, None], g, dk_[None, :]], dk * scale, kvalid[:, None])
+        store(dv_ref.at[b, k_st[:, None], g, dv_[None, :]], dv, kvalid[:, None])
+
+
+def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,
+                       scale: float, interpret: bool):
+    """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
+    same contract as ``selection.sel_backward`` (``do`` in its own dtype, ``gs`` [B,T,Hq] float32
+    per-row scale, None = 1)."""
+    B, T, Hq, Dk = q.shape
+    G, Dv = k.shape[2], v.shape[-1]
+    bq = bs.sel_tile_q
+    bk, n_sub = _sub_tiles(cfg, bs)
+    Ts = cfg.num_sel_blocks(T)
+    gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
+    delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
+    blocks, bcount, tiles, tcount = tile_index(idx, T, cfg, bq)
+    idxp = _padded_idx(idx)
+    common = dict(h=Hq // G, bq=bq, l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale,
+                  prec=dot_precision(q.dtype, interpret))
+    cp = compiler_params(bs.num_warps, bs.num_stages)
+    dq = pl.pallas_call(
+        functools.partial(_bwd_dq_kernel, **common), grid=(cdiv(T, bq), Hq, B),
+        out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32), compiler_params=cp,
+        interpret=interpret, name="nsa_sel_tiled_bwd_dq",
+    )(blocks, bcount, q, k, v, idxp, do, gs, lse, delta)
+    dk, dv = pl.pallas_call(
+        functools.partial(_bwd_dkv_kernel, **common), grid=(Ts, G, B),
+        out_shape=[jax.ShapeDtypeStruct((B, T, G, Dk), jnp.float32),
+                   jax.ShapeDtypeStruct((B, T, G, Dv), jnp.float32)], compiler_params=cp,
+        interpret=interpret, name="nsa_sel_tiled_bwd_dkv",
+    )(tiles, tcount, q, k, v, idxp, do, gs, lse, delta)
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype)
