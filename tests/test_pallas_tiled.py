@@ -1,0 +1,298 @@
+"""Tiled (block-sparse flash) selection kernels (``pallas/selection_tiled.py``) against the
+pure-JAX reference: interpret mode on the CPU, float32, relative error <= 2e-5 for o, the lse and
+dq/dk/dv, and for the output and all 8 input gradients of a full NSA call with
+``sel_impl="tiled"``. GPU tests (bf16 vs the float32 reference) run on the device machine."""
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nsa_jax.nsa import NSAConfig, nsa_attention
+from nsa_jax.nsa import reference as ref
+from nsa_jax.pallas import BlockSizes
+from nsa_jax.pallas.common import LN2
+from nsa_jax.pallas.nsa import _sel_kernels
+from nsa_jax.pallas.selection import sel_backward, sel_forward
+from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward, tile_index
+from nsa_testutil import random_inputs
+
+TOL = 2e-5
+TINY = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16, n_init=1, n_local=1)
+NAMES = ("q", "k_cmp", "v_cmp", "k_slc", "v_slc", "k_win", "v_win", "gates")
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all(), "non-finite values in the kernel result"
+    nb = np.linalg.norm(b)
+    assert nb > 0, "reference is all zeros: the comparison would be vacuous"
+    return float(np.linalg.norm(a - b) / nb)
+
+
+def _selection(rng, B, T, G, cfg, future=0.1):
+    """Random selections shaped like top-n's: forced initial/local blocks, a random number of
+    other visible blocks, -1 in unused slots, now and then a block after the query (ignored),
+    ids in random slot order. Then hand-made rows: in query tile 1 (16 rows) of (b=0, g=0) even
+    rows select only block 0 and odd rows only block 1 (disjoint selections within a tile);
+    rows 3 and 4 of (b=B-1, g=G-1) see no key (only a future block / all slots unused)."""
+    Ts, n, l = cfg.num_sel_blocks(T), cfg.n_sel, cfg.sel_block
+    idx = np.full((B, T, G, n), -1, np.int32)
+    for b in range(B):
+        for t in range(T):
+            cur = t // l
+            for g in range(G):
+                forced = sorted({j for j in range(cfg.n_init)} | {cur - i for i in
+                                                                  range(cfg.n_local)})
+                forced = [j for j in forced if 0 <= j <= cur]
+                cand = [j for j in range(cur + 1) if j not in forced]
+                k = int(rng.integers(0, n - len(forced) + 1))
+                ids = forced + list(rng.choice(cand, size=min(k, len(cand)), replace=False))
+                if len(ids) < n and cur + 1 < Ts and rng.random() < future:
+                    ids.append(int(rng.integers(cur + 1, Ts)))
+                rng.shuffle(ids)
+                idx[b, t, g, :len(ids)] = ids
+    assert T >= 32 and Ts >= 3
+    idx[0, 16:32, 0, :] = -1
+    idx[0, 16:32:2, 0, 0] = 0
+    idx[0, 17:32:2, 0, 0] = 1
+    idx[B - 1, 3:5, G - 1, :] = -1
+    idx[B - 1, 3, G - 1, 1] = Ts - 1
+    return jnp.asarray(idx)
+
+
+@functools.partial(jax.jit, static_argnums=6)
+def _reference(q, k, v, idx, do, gs, cfg):
+    """Reference o, (dq, dk, dv) for the cotangent gs * do, and the base-2 log-sum-exp of the
+    scaled logits over the selected visible keys (+inf where there is none)."""
+    o, vjp = jax.vjp(lambda q, k, v: ref.selection_attention(q, k, v, idx, cfg), q, k, v)
+    B, T, Hq, D = q.shape
+    G = k.shape[2]
+    mask = ref.selected_token_mask(idx, T, cfg)[:, :, :, None, :]  # [B,T,G,1,S]
+    s = jnp.einsum("btghd,bsgd->btghs", q.reshape(B, T, G, Hq // G, D), k) / math.sqrt(D)
+    lse = jax.nn.logsumexp(jnp.where(mask, s, -jnp.inf), axis=-1) / LN2
+    lse = jnp.where(jnp.any(mask, axis=-1), lse, jnp.inf).reshape(B, T, Hq)
+    return o, vjp(do * gs[..., None]), lse
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _sel_inputs(B, T, Hq, G, D, key):
+    ks = jax.random.split(key, 5)
+    return (jax.random.normal(ks[0], (B, T, Hq, D)), jax.random.normal(ks[1], (B, T, G, D)),
+            jax.random.normal(ks[2], (B, T, G, D)), jax.random.normal(ks[3], (B, T, Hq, D)),
+            jax.random.uniform(ks[4], (B, T, Hq), minval=0.2, maxval=1.0))
+
+
+@pytest.mark.parametrize("h,G,cfg,D,bs", [
+    # h=1; T=75 is not a multiple of l'=16 nor of the 16-row tiles
+    (1, 2, TINY, 16, BlockSizes(sel_tile_q=16, sel_keys=16)),
+    # h=2; blocks of 32 keys walked in 2 sub-tiles of 16; n=5 slots (padded to 8 in the kernel)
+    (2, 2, dataclasses.replace(TINY, sel_block=32, n_sel=5, n_local=2), 32,
+     BlockSizes(sel_tile_q=32, sel_keys=16)),
+    # h=6; a 32-row tile spans two blocks of 16
+    (6, 1, TINY, 16, BlockSizes(sel_tile_q=32)),
+    # l'=24: one 32-key sub-tile with 8 keys masked
+    (2, 1, dataclasses.replace(TINY, sel_block=24, n_sel=3), 16, BlockSizes(sel_tile_q=16)),
+])
+def test_tiled_selection_matches_reference(h, G, cfg, D, bs):
+    B = 2
+    T = {16: 75, 32: 150, 24: 100}[cfg.sel_block]
+    rng = np.random.default_rng(h * 10 + G)
+    q, k, v, do, gs = _sel_inputs(B, T, h * G, G, D, jax.random.PRNGKey(h + G))
+    idx = _selection(rng, B, T, G, cfg)
+    scale = 1.0 / math.sqrt(D)
+
+    @jax.jit
+    def run(q, k, v, idx, do, gs):
+        o, lse = sel_tiled_forward(q, k, v, idx, cfg, bs, scale, True)
+        return (o, lse), sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg, bs, scale, True)
+    (o, lse), grads = run(q, k, v, idx, do, gs)
+
+    o_r, g_r, lse_r = _reference(q, k, v, idx, do, gs, cfg)
+    assert o.dtype == jnp.float32 and lse.shape == (B, T, h * G)
+    errs = {"o": _rel(o, o_r)}
+    errs.update({n: _rel(a, b) for n, a, b in zip(("dq", "dk", "dv"), grads, g_r)})
+    fin = np.isfinite(np.asarray(lse_r))
+    np.testing.assert_array_equal(np.isfinite(np.asarray(lse)), fin)
+    errs["lse"] = _rel(np.asarray(lse)[fin], np.asarray(lse_r)[fin])
+    bad = {k_: f"{e:.2e}" for k_, e in errs.items() if not e <= TOL}
+    assert not bad, f"relative error above {TOL}: {bad}"
+    # rows 3, 4 of (b=B-1, g=G-1) see no key: o = 0, lse = +inf, no gradient into q
+    heads = slice((G - 1) * h, G * h)
+    assert not np.isfinite(np.asarray(lse)[B - 1, 3:5, heads]).any()
+    assert np.abs(np.asarray(o)[B - 1, 3:5, heads]).max() == 0.0
+    assert np.abs(np.asarray(grads[0])[B - 1, 3:5, heads]).max() == 0.0
+
+
+def test_tile_index_lists_each_tile_union_and_its_inverse():
+    cfg = TINY
+    B, T, G, bq = 2, 75, 2, 16
+    Ts, nqt = cfg.num_sel_blocks(T), -(-T // bq)
+    idx = np.array(_selection(np.random.default_rng(3), B, T, G, cfg))
+    idx[1, 40, 1, 0] = Ts + 2  # out of range: ignored like -1
+    blocks, bcount, tiles, tcount = [np.asarray(x) for x in jax.jit(
+        lambda i: tile_index(i, T, cfg, bq))(jnp.asarray(idx))]
+    assert blocks.shape == (B, G, nqt, Ts) and tiles.shape == (B, G, Ts, nqt)
+    for b in range(B):
+        for g in range(G):
+            for i in range(nqt):
+                rows = idx[b, i * bq:(i + 1) * bq, g].ravel()
+                last = min((i + 1) * bq, T) - 1
+                want = sorted({int(j) for j in rows if 0 <= j < Ts and j * cfg.sel_block <= last})
+                assert list(blocks[b, g, i, :bcount[b, g, i]]) == want
+            for j in range(Ts):
+                want = [i for i in range(nqt) if j in blocks[b, g, i, :bcount[b, g, i]]]
+                assert list(tiles[b, g, j, :tcount[b, g, j]]) == want
+    # the hand-made tile 1 of (0, 0): even rows block 0, odd rows block 1
+    assert list(blocks[0, 0, 1, :bcount[0, 0, 1]]) == [0, 1]
+
+
+def _nsa_fwd_bwd(impl, args, cot, cfg, **kw):
+    @jax.jit
+    def run(args, cot):
+        out, vjp = jax.vjp(lambda *a: nsa_attention(*a, cfg, impl=impl, **kw), *args)
+        return out, vjp(cot)
+    return run(args, cot)
+
+
+def _assert_nsa_parity(args, cot, cfg, bs, block_idx=None, kernel="nsa_sel_tiled_fwd"):
+    kw = {} if block_idx is None else {"block_idx": block_idx}
+    jaxpr = str(jax.make_jaxpr(lambda *a: nsa_attention(*a, cfg, impl="pallas", block_sizes=bs,
+                                                        **kw))(*args))
+    assert kernel in jaxpr, f"{kernel} not called"
+    out_p, g_p = _nsa_fwd_bwd("pallas", args, cot, cfg, block_sizes=bs, **kw)
+    out_r, g_r = _nsa_fwd_bwd("reference", args, cot, cfg, **kw)
+    errs = {"out": _rel(out_p, out_r)}
+    errs.update({n: _rel(a, b) for n, a, b in zip(NAMES, g_p, g_r)})
+    bad = {k: f"{v:.2e}" for k, v in errs.items() if not v <= TOL}
+    assert not bad, f"relative error above {TOL}: {bad}"
+
+
+def _nsa_inputs(seed, B, T, h, G, cfg, D=16):
+    args = random_inputs(seed, B, T, h * G, G, D, D, cfg)
+    cot = jax.random.normal(jax.random.PRNGKey(seed + 100), (B, T, h * G, D))
+    return args, cot
+
+
+def test_full_nsa_tiled_with_kernel_selection():
+    """Selection by the fused scoring + top-n kernels, then the tiled selection kernels."""
+    args, cot = _nsa_inputs(1, 2, 75, 2, 2, TINY)
+    _assert_nsa_parity(args, cot, TINY, BlockSizes(sel_impl="tiled", sel_tile_q=16))
+
+
+def test_full_nsa_tiled_with_given_block_idx():
+    """h=6, default 64-row tiles (T=70: two tiles, the second partial), given ids with -1
+    slots, future blocks, disjoint rows in a tile and rows without a visible key."""
+    B, T, h, G = 2, 70, 6, 1
+    args, cot = _nsa_inputs(2, B, T, h, G, TINY)
+    idx = _selection(np.random.default_rng(5), B, T, G, TINY)
+    _assert_nsa_parity(args, cot, TINY, BlockSizes(sel_impl="tiled"), block_idx=idx)
+
+
+def test_full_nsa_gather_still_selectable():
+    """sel_impl="gather" keeps the per-query kernels (auto would pick tiled at this T)."""
+    args, cot = _nsa_inputs(3, 1, 75, 2, 2, TINY)
+    _assert_nsa_parity(args, cot, TINY, BlockSizes(sel_impl="gather"), kernel="nsa_sel_fwd")
+
+
+def test_auto_dispatch_by_sequence_length():
+    tiled, gather = (sel_tiled_forward, sel_tiled_backward), (sel_forward, sel_backward)
+    auto = BlockSizes(sel_impl="auto", sel_tiled_max_t=100)
+    assert _sel_kernels(auto, 100) == tiled
+    assert _sel_kernels(auto, 101) == gather
+    assert _sel_kernels(BlockSizes(sel_impl="gather"), 16) == gather
+    assert _sel_kernels(BlockSizes(sel_impl="tiled"), 1 << 20) == tiled
+
+
+@pytest.mark.parametrize("field,value", [("sel_impl", "dense"), ("sel_tile_q", 48),
+                                         ("sel_tile_q", 8), ("sel_tiled_max_t", -1)])
+def test_block_sizes_reject_bad_tiled_values(field, value):
+    with pytest.raises(ValueError, match=f"BlockSizes.{field}"):
+        BlockSizes(**{field: value})
+
+
+# ---- GPU (bf16 compiled kernels vs the float32 reference) ---------------------------------------
+GPU_CFG = NSAConfig()  # l=32, d=16, l'=64, n=16, w=512
+SHAPE_125M = (12, 2, 64)  # Hq, G, D
+
+
+def _rrmse(a, b):
+    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+    assert np.isfinite(a).all(), "non-finite values in the kernel result"
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _gpu_inputs(seed, T, B=2):
+    Hq, G, D = SHAPE_125M
+    args = random_inputs(seed, B, T, Hq, G, D, D, GPU_CFG, dtype=jnp.bfloat16)
+    cot = jax.random.normal(jax.random.PRNGKey(seed + 1), (B, T, Hq, D)).astype(jnp.bfloat16)
+    idx = jax.jit(lambda q, kc: ref.select_blocks(q, kc, GPU_CFG))(
+        args[0].astype(jnp.float32), args[1].astype(jnp.float32))
+    return args, cot, idx
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [2048, 8192])
+def test_gpu_tiled_selection_bf16(T):
+    """Selection branch alone: tiled fwd + bwd (gate scale gs) against the float32 reference."""
+    args, cot, idx = _gpu_inputs(T, T)
+    q, k, v = args[0], args[3], args[4]
+    gs = args[7][..., 1].astype(jnp.float32)
+    bs = BlockSizes(sel_impl="tiled")
+    scale = 1.0 / math.sqrt(q.shape[-1])
+
+    @jax.jit
+    def run(q, k, v, idx, do, gs):
+        o, lse = sel_tiled_forward(q, k, v, idx, GPU_CFG, bs, scale, False)
+        return o, sel_tiled_backward(q, k, v, idx, o, lse, do, gs, GPU_CFG, bs, scale, False)
+    o, grads = run(q, k, v, idx, cot, gs)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    B, G = q.shape[0], k.shape[2]
+    h = q.shape[2] // G
+    errs = {}
+    for g in range(G):  # one group at a time bounds the reference's T x T memory
+        hs = slice(g * h, (g + 1) * h)
+        o_r, vjp = jax.vjp(lambda a, b_, c: ref.selection_attention(a, b_, c, idx[:, :, g:g + 1],
+                                                                    GPU_CFG),
+                           f32[0][:, :, hs], f32[1][:, :, g:g + 1], f32[2][:, :, g:g + 1])
+        g_r = vjp(cot[:, :, hs].astype(jnp.float32) * gs[:, :, hs, None])
+        got = (o[:, :, hs], grads[0][:, :, hs], grads[1][:, :, g:g + 1], grads[2][:, :, g:g + 1])
+        for n, a, b_ in zip(("o", "dq", "dk", "dv"), got, (o_r,) + tuple(g_r)):
+            errs[f"{n}{g}"] = _rrmse(a, b_)
+    print(T, {k_: f"{e:.2e}" for k_, e in errs.items()})
+    bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
+    assert not bad, f"relative RMSE above 5e-3: {bad}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [2048, 8192])
+def test_gpu_full_nsa_tiled_bf16(T):
+    """Full NSA (impl="pallas", sel_impl="tiled") in bf16 against the float32 reference with the
+    same block ids; output and all 8 input gradients, relative RMSE <= 5e-3."""
+    args, cot, idx = _gpu_inputs(T + 7, T)
+    out, grads = _nsa_fwd_bwd("pallas", args, cot, GPU_CFG, block_idx=idx,
+                              block_sizes=BlockSizes(sel_impl="tiled"))
+    assert out.dtype == jnp.bfloat16
+    Hq, G, _ = SHAPE_125M
+    h = Hq // G
+    f32 = [a.astype(jnp.float32) for a in args]
+    errs = {}
+    outs, ref_grads = [], [[] for _ in NAMES]
+    for g in range(G):
+        hs, gg = slice(g * h, (g + 1) * h), slice(g, g + 1)
+        part = [f32[0][:, :, hs]] + [a[:, :, gg] for a in f32[1:7]] + [f32[7][:, :, hs]]
+        o_r, g_r = _nsa_fwd_bwd("reference", part, cot[:, :, hs].astype(jnp.float32), GPU_CFG,
+                                block_idx=idx[:, :, gg])
+        outs.append(o_r)
+        for lst, x in zip(ref_grads, g_r):
+            lst.append(x)
+    errs["out"] = _rrmse(out, jnp.concatenate(outs, 2))
+    for n, a, lst in zip(NAMES, grads, ref_grads):
+        errs[n] = _rrmse(a, jnp.concatenate(lst, 2))
+    print(T, {k_: f"{e:.2e}" for k_, e in errs.items()})
+    bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
+    assert not bad, f"relative RMSE above 5e-3: {bad}"
