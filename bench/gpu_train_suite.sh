@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU training checks and benchmarks (issue 5), run from the repo root on the device machine:
 #   bench/gpu_train_suite.sh single [probe]  # 1 GPU: profile 64k/2k steps, 2 reference loss runs
-#   bench/gpu_train_suite.sh multi           # 2 GPUs: throughput 1 vs 2 GPUs at T=2048, loss runs
-#                                            # (1 GPU, 2 GPUs data-parallel, 2 GPUs FSDP)
+#   bench/gpu_train_suite.sh multi           # 2 GPUs: throughput at T=2048 on 1 GPU, 2 GPUs
+#                                            # data-parallel and 2 GPUs FSDP; 2-GPU loss run
 #   bench/gpu_train_suite.sh probe           # 1 GPU: short retrieval learnability probe
 # Results (JSON) are copied to $OUT (default /tmp/nsa_train_out), every log and JSON also into
 # $OUT/logs_<stages>.tgz (the device tool returns at most 8 files); a short table is printed last.
@@ -53,24 +53,15 @@ fi
 if [[ $stage == probe && " ${stages[*]} " != *" single "* ]]; then
   probe_start; wait; probe_report
 fi
-if [[ $stage == multi ]]; then
-  python3 bench/train_throughput.py --points 2048:16 --models nsa_125m dense_125m --mesh-data 1 \
-    --steps 10 --out "$OUT/tp_1gpu.json" > "$OUT/tp_1gpu.log" 2>&1 || rc=1
-  python3 bench/train_throughput.py --points 2048:32 --models nsa_125m dense_125m --mesh-data 2 \
-    --steps 10 --out "$OUT/train_throughput_h200x2.json" > "$OUT/tp_2gpu.log" 2>&1 || rc=1
-  python3 bench/train_throughput.py --points 2048:32 --models nsa_125m --mesh-data 2 --fsdp 2 \
-    --steps 10 --out "$OUT/tp_2gpu_fsdp.json" > "$OUT/tp_2gpu_fsdp.log" 2>&1 || rc=1
+if [[ $stage == multi ]]; then   # results go straight to $FINAL: a cut-short call keeps them
+  python3 bench/train_throughput.py --no-loader --points 2048:16@1 2048:32@2 2048:32@2/2 \
+    --models nsa_125m dense_125m --steps 10 --out "$FINAL/train_throughput_h200x2.json" \
+    > "$OUT/tp_2gpu.log" 2>&1 || rc=1
+  sed -n '/^model /,$p' "$OUT/tp_2gpu.log"
   echo "throughput done at $((SECONDS - t0))s"
-  for run in "1gpu_a 0" "2gpu_data 0,1" "2gpu_fsdp 0,1 --set mesh.fsdp=2"; do
-    set -- $run
-    tag=$1; shift; dev=$1; shift
-    python3 bench/loss_match.py run --tag $tag --devices $dev "$@" \
-      --out "$OUT/loss_match_run_$tag.json" > "$OUT/loss_$tag.log" 2>&1 || rc=1
-    tail -n 1 "$OUT/loss_$tag.log"
-  done
-  for f in tp_1gpu tp_2gpu tp_2gpu_fsdp; do sed -n '/^model /,$p' "$OUT/$f.log"; done
-  python3 bench/loss_match.py compare "$OUT"/loss_match_run_1gpu_a.json \
-    "$OUT"/loss_match_run_2gpu_*.json
+  python3 bench/loss_match.py run --tag 2gpu_data --devices 0,1 \
+    --out "$FINAL/loss_match_run_2gpu_data.json" > "$OUT/loss_2gpu_data.log" 2>&1 || rc=1
+  tail -n 1 "$OUT/loss_2gpu_data.log"
 fi
 echo "stage $stage finished at $((SECONDS - t0))s rc=$rc"
 done

@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python bench/train_throughput.py [--out bench/results/train_throughput_<dev>.json]
         [--points 2048:16 8192:4 32768:1 65536:1] [--steps 10] [--models nsa_125m dense_125m]
-        [--mesh-data N] [--smoke]
+        [--mesh-data N] [--fsdp F] [--no-loader] [--smoke]
+    # a point may name its devices: T:B@N uses the first N devices, T:B@N/F also mesh.fsdp=F
 
 For every model config and (seq_len T, global batch B) point it builds the product's own train step
 (``nsa_jax.train.step.make_train_step``: AdamW, clipping, donated state, bf16 compute from the
@@ -186,6 +187,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mesh-data", type=int, default=None, help="use the first N devices")
     ap.add_argument("--fsdp", type=int, default=1, help="mesh.fsdp (divides the device count)")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--no-loader", action="store_true", help="skip the loader measurement")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args(argv)
     if a.smoke:
@@ -199,27 +201,32 @@ def main(argv=None) -> int:
     res = {"device": jax.devices()[0].device_kind, "n_devices": ndev, "fsdp": a.fsdp,
            "jax": jax.__version__,
            "python": platform.python_version(), "peak_tflops": a.peak_tflops, "smoke": a.smoke,
-           "loader": loader_throughput(REPO / "configs" / "nsa_125m.yaml", a.smoke),
+           "loader": None if a.no_loader else loader_throughput(REPO / "configs" / "nsa_125m.yaml",
+                                                                 a.smoke),
            "points": []}
-    for pt in a.points:
+    for pt in a.points:   # T:B, or T:B@N (first N devices) or T:B@N/F (and mesh.fsdp=F)
+        pt, _, where = pt.partition("@")
         T, B = (int(x) for x in pt.split(":"))
+        nd, _, fs = where.partition("/")
+        nd, fs = (int(nd) if nd else a.mesh_data), (int(fs) if fs else a.fsdp)
         for name in a.models:
             try:
-                r = run_point(name, T, B, a.steps, a.smoke, a.mesh_data, a.fsdp)
-                r["mfu"] = r["model_tflops_per_s"] / a.peak_tflops
+                r = run_point(name, T, B, a.steps, a.smoke, nd, fs)
+                r["mfu"] = r["model_tflops_per_s"] / (a.peak_tflops * r["devices"])
             except Exception as e:  # noqa: BLE001 - an OOM at one point must not lose the rest
                 r = {"model": name, "seq_len": T, "batch": B, "error": str(e).splitlines()[0][:300]}
             res["points"].append(r)
             out.write_text(json.dumps(res, indent=1))
             print(json.dumps({k: v for k, v in r.items() if k not in ("step_ms_all", "losses")}),
                   flush=True)
-    print(f"\nwrote {out}\n{'model':<11} {'T':>6} {'B':>3} {'ms/step':>9} {'tok/s':>10} "
-          f"{'peakGB':>7} {'MFU':>6}")
+    print(f"\nwrote {out}\n{'model':<11} {'T':>6} {'B':>3} {'dev':>3} {'fsdp':>4} {'ms/step':>9} "
+          f"{'tok/s':>10} {'peakGB':>7} {'MFU':>6}")
     for r in res["points"]:
         if "error" in r:
             print(f"{r['model']:<11} {r['seq_len']:>6} {r['batch']:>3}  ERROR {r['error'][:60]}")
             continue
-        print(f"{r['model']:<11} {r['seq_len']:>6} {r['batch']:>3} {r['step_ms']:>9.1f} "
+        print(f"{r['model']:<11} {r['seq_len']:>6} {r['batch']:>3} {r['devices']:>3} "
+              f"{r['mesh']['fsdp']:>4} {r['step_ms']:>9.1f} "
               f"{r['tokens_per_s']:>10.0f} {r['compiled_peak_gb'] or 0:>7.1f} {r['mfu']:>6.1%}")
     return 0
 
