@@ -10,6 +10,16 @@ whole ``nsa_attention(impl="pallas")`` fwd and fwd+bwd; cuDNN dense causal atten
 fwd+bwd on the same q / k_slc / v_slc. Each number is the median wall time of ``--reps`` calls
 (block_until_ready) after a compile call and warm-up calls, alternating between two input sets
 so repeated calls do not just re-read L2. The JSON is rewritten after every (shape, T).
+
+Selection kernels, gather vs tiled (``BlockSizes.sel_impl``), at a fixed number of tokens per
+batch (B = --tokens / T; 32768 = the 125M training batch of 16 x 2048):
+
+    PYTHONPATH=. python3 bench/kernels.py --sel-impl gather tiled --T 2048 4096 8192 16384
+        --shapes 125m --tokens 32768 [--sel-tile-q 64 128] --out bench/results/sel_impl_h200.json
+
+times the selection forward, its backward (dQ + dK/dV, index building included) and the whole
+``nsa_attention(impl="pallas")`` fwd+bwd with each implementation (block ids from the kernels'
+own top-n on random inputs), and cuDNN dense causal fwd+bwd; key ``sel_impl`` in the JSON.
 """
 from __future__ import annotations
 
@@ -30,7 +40,9 @@ from nsa_jax.nsa import NSAConfig, nsa_attention
 from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
+from nsa_jax.pallas.nsa import _sel_kernels
 from nsa_jax.pallas.selection import inverted_index, sel_backward, sel_forward
+from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward, tile_index
 from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention
 
@@ -53,14 +65,14 @@ def timed(fn, argsets, reps, warmup=3):
     return statistics.median(ts) * 1e3
 
 
-def make_inputs(seed, T, Hq, G, D, dtype=jnp.bfloat16):
+def make_inputs(seed, T, Hq, G, D, dtype=jnp.bfloat16, B=1):
     ks = jax.random.split(jax.random.PRNGKey(seed), 9)
     Tc = CFG.num_cmp_blocks(T)
     n = lambda k, s: jax.random.normal(k, s, jnp.float32).astype(dtype)
-    return (n(ks[0], (1, T, Hq, D)), n(ks[1], (1, Tc, G, D)), n(ks[2], (1, Tc, G, D)),
-            n(ks[3], (1, T, G, D)), n(ks[4], (1, T, G, D)), n(ks[5], (1, T, G, D)),
-            n(ks[6], (1, T, G, D)), jax.nn.sigmoid(n(ks[7], (1, T, Hq, 3))).astype(dtype),
-            n(ks[8], (1, T, Hq, D)))
+    return (n(ks[0], (B, T, Hq, D)), n(ks[1], (B, Tc, G, D)), n(ks[2], (B, Tc, G, D)),
+            n(ks[3], (B, T, G, D)), n(ks[4], (B, T, G, D)), n(ks[5], (B, T, G, D)),
+            n(ks[6], (B, T, G, D)), jax.nn.sigmoid(n(ks[7], (B, T, Hq, 3))).astype(dtype),
+            n(ks[8], (B, T, Hq, D)))
 
 
 def flops(T, Hq, D, cfg=CFG):
@@ -195,6 +207,12 @@ def smoke(log):
         bsm = dataclasses.replace(bs, sel_bwd=mode)
         check(f"sel_bwd_{mode}", lambda bsm=bsm: [rel(x, y) for x, y in zip(sel_backward(
             a[0], a[3], a[4], idx, o, lse, a[8], gs, CFG, bsm, scale, INTERP), rg)])
+    check("sel_tiled_fwd", lambda: rel(sel_tiled_forward(a[0], a[3], a[4], idx, CFG, bs, scale,
+                                                         INTERP)[0],
+                                       ref.selection_attention(f[0], f[3], f[4], idx, CFG)))
+    to, tl = sel_tiled_forward(a[0], a[3], a[4], idx, CFG, bs, scale, INTERP)
+    check("sel_tiled_bwd", lambda: [rel(x, y) for x, y in zip(sel_tiled_backward(
+        a[0], a[3], a[4], idx, to, tl, a[8], gs, CFG, bs, scale, INTERP), rg)])
     check("cmp_fwd", lambda: rel(cmp_forward(a[0], a[1], a[2], CFG, bs, scale, INTERP)[0],
                                  ref.compressed_attention(f[0], f[1], f[2], CFG)))
     check("cmp_lse", lambda: rel(cmp_forward(a[0], a[1], None, CFG, bs, scale, INTERP)[1][:, 64:],
@@ -217,6 +235,85 @@ def smoke(log):
     check("nsa_fwd_bwd", lambda: [round(rel(x, y), 5) for x, y in zip(
         nsa_grads("pallas", a), nsa_grads("reference", f))])
     del B
+
+
+def bench_sel_impls(shape, T, B, impls, tile_qs, reps, log):
+    """Selection fwd, bwd and whole-NSA fwd+bwd per selection implementation at (shape, T, B)."""
+    Hq, G, D = SHAPES[shape]
+    base = BlockSizes.for_shape(Hq // G, D)
+    scale = 1.0 / math.sqrt(D)
+    variants = []
+    for impl in impls:
+        if impl == "tiled":
+            variants += [(f"tiled{bq}", dataclasses.replace(base, sel_impl="tiled", sel_tile_q=bq))
+                         for bq in tile_qs]
+        else:
+            variants.append((impl, dataclasses.replace(base, sel_impl=impl)))
+    sets = [make_inputs(s_, T, Hq, G, D, B=B) for s_ in (0, 1)]
+    select = jax.jit(lambda q, kc: topn_pallas(
+        cmp_block_scores(q, kc, cmp_forward(q, kc, None, CFG, base, scale, INTERP)[1], CFG, base,
+                         scale, INTERP), CFG, INTERP))
+    idxs = [select(a[0], a[1]) for a in sets]
+    jax.block_until_ready(idxs)
+    rows = []
+
+    def run(res, name, fn, argsets):
+        try:
+            res[name] = round(timed(fn, argsets, reps), 4)
+        except Exception as e:  # keep going: one failing variant must not hide the others
+            res[name] = None
+            log(f"  {name}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            return
+        log(f"  {name:20s} {res[name]:10.3f} ms")
+
+    for name, bs in variants:
+        log(f" {shape} T={T} B={B} sel_impl={name}")
+        res = {}
+        fwd, bwd = _sel_kernels(bs, T)
+        sel_f = jax.jit(lambda q, k, v, i, fwd=fwd, bs=bs: fwd(q, k, v, i, CFG, bs, scale, INTERP))
+        run(res, "sel_fwd", sel_f, [(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)])
+        fw = [sel_f(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)]
+        sel_b = jax.jit(lambda q, k, v, i, o, lse, do, gs, bwd=bwd, bs=bs: bwd(
+            q, k, v, i, o, lse, do, gs, CFG, bs, scale, INTERP))
+        run(res, "sel_bwd", sel_b, [(a[0], a[3], a[4], i, o, lse, a[8], a[7][..., 1])
+                                    for a, i, (o, lse) in zip(sets, idxs, fw)])
+        del fw
+        if bs.sel_impl == "tiled":
+            run(res, "tile_index", jax.jit(lambda i, bs=bs: tile_index(i, T, CFG, bs.sel_tile_q)),
+                [(i,) for i in idxs])
+
+        def nsa_loss(*a, bs=bs):
+            return jnp.sum(nsa_attention(*a[:8], CFG, impl="pallas", block_sizes=bs)
+                           .astype(jnp.float32) * a[8].astype(jnp.float32))
+        run(res, "nsa_fwd_bwd", jax.jit(jax.grad(nsa_loss, argnums=tuple(range(8)))), sets)
+        rows.append({"shape": shape, "T": T, "B": B, "sel_impl": name, "ms": res,
+                     "block_sizes": dataclasses.asdict(bs)})
+
+    def dense_loss(q, k, v, c):
+        o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+        return jnp.sum(o.astype(jnp.float32) * c.astype(jnp.float32))
+    res = {}
+    run(res, "dense_fwd_bwd", jax.jit(jax.grad(dense_loss, argnums=(0, 1, 2))),
+        [(a[0], a[3], a[4], a[8]) for a in sets])
+    for r in rows:
+        r["ms"]["dense_fwd_bwd"] = res.get("dense_fwd_bwd")
+    return rows
+
+
+def print_sel_table(rows):
+    cols = ["sel_fwd", "sel_bwd", "tile_index", "nsa_fwd_bwd", "dense_fwd_bwd"]
+    print("shape  T      B   sel_impl " + " ".join(f"{c:>13s}" for c in cols)
+          + "  sel_vs_gather")
+    gather = {(r["shape"], r["T"]): r["ms"] for r in rows if r["sel_impl"] == "gather"}
+    for r in rows:
+        ms = r["ms"]
+        vals = " ".join(f"{ms.get(c) if ms.get(c) is not None else float('nan'):13.3f}"
+                        for c in cols)
+        g = gather.get((r["shape"], r["T"]), {})
+        tot = (ms.get("sel_fwd") or 0) + (ms.get("sel_bwd") or 0)
+        gtot = (g.get("sel_fwd") or 0) + (g.get("sel_bwd") or 0)
+        x = f"{gtot / tot:.2f}x" if tot and gtot else "-"
+        print(f"{r['shape']:6s} {r['T']:6d} {r['B']:3d} {r['sel_impl']:8s} {vals}  {x}")
 
 
 SWEEP = {  # kernel group -> BlockSizes variants (first = current default)
@@ -280,6 +377,12 @@ def main(argv=None):
     p.add_argument("--T", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
     p.add_argument("--shapes", nargs="+", default=["bench", "125m"], choices=sorted(SHAPES))
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--sel-impl", nargs="+", choices=["gather", "tiled", "auto"],
+                   help="compare selection implementations (fwd, bwd, NSA fwd+bwd) instead")
+    p.add_argument("--sel-tile-q", type=int, nargs="+", default=[64],
+                   help="tiled selection: query tile sizes to time (with --sel-impl tiled)")
+    p.add_argument("--tokens", type=int, default=32768,
+                   help="with --sel-impl: batch B = tokens // T (at least 1)")
     a = p.parse_args(argv)
     log = lambda s: print(s, flush=True)
     if a.smoke:
@@ -297,11 +400,29 @@ def main(argv=None):
         with open(a.out) as f:
             old = json.load(f)
         keep = [r for r in old.get("results", [])
-                if not (r["shape"] in a.shapes and r["T"] in a.T)] if not a.sweep \
-            else old.get("results", [])
+                if not (r["shape"] in a.shapes and r["T"] in a.T)] \
+            if not (a.sweep or a.sel_impl) else old.get("results", [])
         doc["results"] = keep
-        if "sweeps" in old:
-            doc["sweeps"] = old["sweeps"]
+        for k in ("sweeps", "sel_impl"):
+            if k in old:
+                doc[k] = old[k]
+    if a.sel_impl:
+        key = "sel_impl"
+        doc.setdefault(key, [])
+        for shape in a.shapes:
+            for T in a.T:
+                B = max(1, a.tokens // T)
+                t0 = time.time()
+                new = bench_sel_impls(shape, T, B, a.sel_impl, a.sel_tile_q, a.reps, log)
+                log(f"   ({time.time() - t0:.0f} s)")
+                names = {r["sel_impl"] for r in new}
+                doc[key] = [r for r in doc[key] if not (r["shape"] == shape and r["T"] == T
+                                                        and r["sel_impl"] in names)] + new
+                doc[key].sort(key=lambda r: (r["shape"], r["T"], r["sel_impl"]))
+                with open(a.out, "w") as f:
+                    json.dump(doc, f, indent=1)
+        print_sel_table([r for r in doc[key] if r["shape"] in a.shapes and r["T"] in a.T])
+        return
     if a.sweep:
         doc.setdefault("sweeps", [])
         doc["sweeps"] = [w for w in doc.get("sweeps", []) if w["T"] != a.sweep]

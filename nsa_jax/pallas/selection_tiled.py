@@ -69,7 +69,7 @@ def tile_index(idx, T: int, cfg: NSAConfig, bq: int):
     bi = jnp.arange(B, dtype=jnp.int32)[:, None, None, None]
     ti = idiv(jnp.arange(T, dtype=jnp.int32), bq)[None, :, None, None]
     gi = jnp.arange(G, dtype=jnp.int32)[None, None, :, None]
-    has = jnp.zeros((B, G, nqt, Ts + 1), jnp.bool_).at[bi, gi, ti, jj].set(True)[..., :Ts]
+    has = jnp.zeros((B, G, nqt, Ts + 1), jnp.int32).at[bi, gi, ti, jj].set(1)[..., :Ts] > 0
     last = jnp.minimum((jnp.arange(nqt) + 1) * bq, T) - 1  # last query of each tile
     blk = jnp.arange(Ts, dtype=jnp.int32)
     has = has & (blk[None, :] * cfg.sel_block <= last[:, None])
