@@ -5,16 +5,20 @@ attends to the keys s <= t of the blocks listed in ``idx [B,T,G,n]`` (block j = 
 [j*l', (j+1)*l'), -1 = unused slot). Where the gather kernels run one program per query and load
 that query's n blocks, these kernels tile the queries:
 
-* Forward and dQ: one program per (tile of ``bq`` consecutive queries, query head, batch). Rows
+* Forward and dQ: one program per (query head, batch, tile of ``bq`` consecutive queries). Rows
   are the queries of one head (no padding of the group's h heads to 16 rows; GQA: head ->
   group head // h). The program walks the *union* of the blocks its rows selected, in sub-tiles
   of ``bs.sel_keys`` keys, with an online softmax (forward) or recomputing p from the saved lse
   (dQ: dS = P * (dP - delta), dQ = dS K). Key s counts for row t iff its block is in t's
   selection (``any(idx[b, t, g, :] == j)``, evaluated in the kernel) and s <= t. Blocks no row
   selected are never loaded.
-* dK/dV: one program per (key block, group, batch) walks the query tiles whose union holds the
+* dK/dV: one program per (group, batch, key block) walks the query tiles whose union holds the
   block and, for each, the group's h heads, accumulating dK/dV in registers; one plain store per
   block (each program owns its block's rows: no atomics, no zero-initialised accumulator).
+
+Grids put the tile / block axis last (slowest in launch order) and order it longest program
+first: the last query tiles see the most blocks, the first key blocks (forced initial blocks
+among them) are in the most tiles.
 
 Both lists come from ``tile_index`` (outside the kernels, each call): a [B,G,n_tiles,Ts] table of
 "some row of tile i selected block j" (one scatter of idx, restricted to blocks that start at or
@@ -96,6 +100,13 @@ def _members(sel, j):
     return jnp.max(jnp.where(sel == j, 1, 0), axis=1) > 0
 
 
+def _tile_program(T: int, bq: int):
+    """(head, batch, query tile) of a forward / dQ program on grid (Hq, B, n_tiles). The
+    launch order runs the grid's first axis fastest, so tiles go last to first: later tiles
+    see more blocks, and the longest programs start first."""
+    return pl.program_id(0), pl.program_id(1), cdiv(T, bq) - 1 - pl.program_id(2)
+
+
 def _tile_rows(qt, bq: int, T: int):
     t = qt * bq + jnp.arange(bq)
     return t, t < T
@@ -104,9 +115,9 @@ def _tile_rows(qt, bq: int, T: int):
 # ---- forward ---------------------------------------------------------------------------------
 def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, o_ref, lse_ref, *, h, bq,
                 l_sel, bk, n_sub, scale, prec):
-    qt, hd, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    g = idiv(hd, h)
     T, Dv = q_ref.shape[1], v_ref.shape[-1]
+    hd, b, qt = _tile_program(T, bq)
+    g = idiv(hd, h)
     t, ok = _tile_rows(qt, bq, T)
     q = load(q_ref.at[b, pl.ds(qt * bq, bq), hd, :], ok[:, None])
     sel = load(idx_ref.at[b, pl.ds(qt * bq, bq), g, :], ok[:, None], other=-1)
@@ -159,7 +170,7 @@ def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
     kern = functools.partial(_fwd_kernel, h=Hq // G, bq=bq, l_sel=cfg.sel_block, bk=bk,
                              n_sub=n_sub, scale=scale, prec=dot_precision(q.dtype, interpret))
     return pl.pallas_call(
-        kern, grid=(cdiv(T, bq), Hq, B),
+        kern, grid=(Hq, B, cdiv(T, bq)),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
@@ -170,9 +181,9 @@ def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
 # ---- backward: dQ ------------------------------------------------------------------------------
 def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref,
                    delta_ref, dq_ref, *, h, bq, l_sel, bk, n_sub, scale, prec):
-    qt, hd, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    g = idiv(hd, h)
     T, Dk = q_ref.shape[1], q_ref.shape[-1]
+    hd, b, qt = _tile_program(T, bq)
+    g = idiv(hd, h)
     cdt = q_ref.dtype
     t, ok = _tile_rows(qt, bq, T)
     rows = pl.ds(qt * bq, bq)
@@ -211,7 +222,7 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
 # ---- backward: dK/dV ---------------------------------------------------------------------------
 def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref,
                     delta_ref, dk_ref, dv_ref, *, h, bq, l_sel, bk, n_sub, scale, prec):
-    j, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    g, b, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     T, Dk, Dv = q_ref.shape[1], q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
     c = scale * LOG2E
@@ -277,12 +288,12 @@ def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
                   prec=dot_precision(q.dtype, interpret))
     cp = compiler_params(bs.num_warps, bs.num_stages)
     dq = pl.pallas_call(
-        functools.partial(_bwd_dq_kernel, **common), grid=(cdiv(T, bq), Hq, B),
+        functools.partial(_bwd_dq_kernel, **common), grid=(Hq, B, cdiv(T, bq)),
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32), compiler_params=cp,
         interpret=interpret, name="nsa_sel_tiled_bwd_dq",
     )(blocks, bcount, q, k, v, idxp, do, gs, lse, delta)
     dk, dv = pl.pallas_call(
-        functools.partial(_bwd_dkv_kernel, **common), grid=(Ts, G, B),
+        functools.partial(_bwd_dkv_kernel, **common), grid=(G, B, Ts),
         out_shape=[jax.ShapeDtypeStruct((B, T, G, Dk), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, G, Dv), jnp.float32)], compiler_params=cp,
         interpret=interpret, name="nsa_sel_tiled_bwd_dkv",
