@@ -19,7 +19,8 @@ batch (B = --tokens / T; 32768 = the 125M training batch of 16 x 2048):
 
 times the selection forward, its backward (dQ + dK/dV, index building included) and the whole
 ``nsa_attention(impl="pallas")`` fwd+bwd with each implementation (block ids from the kernels'
-own top-n on random inputs), and cuDNN dense causal fwd+bwd; key ``sel_impl`` in the JSON.
+own top-n on random inputs), and cuDNN dense causal fwd+bwd; for the tiled kernels also the
+backward's parts (``tile_index``, the dQ kernel, the dK/dV kernel); key ``sel_impl`` in the JSON.
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
 from nsa_jax.pallas.nsa import _sel_kernels
 from nsa_jax.pallas.selection import inverted_index, sel_backward, sel_forward
-from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward, tile_index
+from nsa_jax.pallas.selection_tiled import (sel_tiled_backward, sel_tiled_bwd_dkv,
+                                             sel_tiled_bwd_dq, sel_tiled_forward, tile_index)
 from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention
 
@@ -277,10 +279,22 @@ def bench_sel_impls(shape, T, B, impls, tile_qs, reps, log):
             q, k, v, i, o, lse, do, gs, CFG, bs, scale, INTERP))
         run(res, "sel_bwd", sel_b, [(a[0], a[3], a[4], i, o, lse, a[8], a[7][..., 1])
                                     for a, i, (o, lse) in zip(sets, idxs, fw)])
+        if bs.sel_impl == "tiled":  # the backward's parts: index, dQ kernel, dK/dV kernel
+            index = jax.jit(lambda i, bs=bs: tile_index(i, T, CFG, bs.sel_tile_q))
+            run(res, "tile_index", index, [(i,) for i in idxs])
+            lists = [index(i) for i in idxs]
+            parts = [(a[0], a[3], a[4], i, a[8], a[7][..., 1].astype(jnp.float32), lse,
+                      a[7][..., 1].astype(jnp.float32)
+                      * jnp.sum(o * a[8].astype(jnp.float32), axis=-1), ls)
+                     for a, i, (o, lse), ls in zip(sets, idxs, fw, lists)]
+            dq_f = jax.jit(lambda q, k, v, i, do, gs, lse, dl, ls, bs=bs: sel_tiled_bwd_dq(
+                q, k, v, i, ls[0], ls[1], do, gs, lse, dl, CFG, bs, scale, INTERP))
+            dkv_f = jax.jit(lambda q, k, v, i, do, gs, lse, dl, ls, bs=bs: sel_tiled_bwd_dkv(
+                q, k, v, i, ls[2], ls[3], do, gs, lse, dl, CFG, bs, scale, INTERP))
+            run(res, "bwd_dq", dq_f, parts)
+            run(res, "bwd_dkv", dkv_f, parts)
+            del parts, lists
         del fw
-        if bs.sel_impl == "tiled":
-            run(res, "tile_index", jax.jit(lambda i, bs=bs: tile_index(i, T, CFG, bs.sel_tile_q)),
-                [(i,) for i in idxs])
 
         def nsa_loss(*a, bs=bs):
             return jnp.sum(nsa_attention(*a[:8], CFG, impl="pallas", block_sizes=bs)
@@ -301,7 +315,8 @@ def bench_sel_impls(shape, T, B, impls, tile_qs, reps, log):
 
 
 def print_sel_table(rows):
-    cols = ["sel_fwd", "sel_bwd", "tile_index", "nsa_fwd_bwd", "dense_fwd_bwd"]
+    cols = ["sel_fwd", "sel_bwd", "tile_index", "bwd_dq", "bwd_dkv", "nsa_fwd_bwd",
+            "dense_fwd_bwd"]
     print("shape  T      B   sel_impl " + " ".join(f"{c:>13s}" for c in cols)
           + "  sel_vs_gather")
     gather = {(r["shape"], r["T"]): r["ms"] for r in rows if r["sel_impl"] == "gather"}

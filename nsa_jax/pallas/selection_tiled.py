@@ -270,32 +270,52 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
         store(dv_ref.at[b, k_st[:, None], g, dv_[None, :]], dv, kvalid[:, None])
 
 
+def _bwd_common(q, k, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
+    bk, n_sub = _sub_tiles(cfg, bs)
+    return dict(h=q.shape[2] // k.shape[2], bq=bs.sel_tile_q, l_sel=cfg.sel_block, bk=bk,
+                n_sub=n_sub, scale=scale, prec=dot_precision(q.dtype, interpret))
+
+
+def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAConfig,
+                     bs: BlockSizes, scale: float, interpret: bool):
+    """dQ float32 [B,T,Hq,Dk] (kernel ``nsa_sel_tiled_bwd_dq``) from ``tile_index``'s per-tile
+    lists, float32 ``gs`` and ``delta = gs * rowsum(o * do)``."""
+    B, T, Hq, Dk = q.shape
+    return pl.pallas_call(
+        functools.partial(_bwd_dq_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret)),
+        grid=(Hq, B, cdiv(T, bs.sel_tile_q)),
+        out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),
+        compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+        interpret=interpret, name="nsa_sel_tiled_bwd_dq",
+    )(blocks, bcount, q, k, v, _padded_idx(idx), do, gs, lse, delta)
+
+
+def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAConfig,
+                      bs: BlockSizes, scale: float, interpret: bool):
+    """dK, dV float32 [B,T,G,D] (kernel ``nsa_sel_tiled_bwd_dkv``) from ``tile_index``'s
+    per-block tile lists; other arguments as ``sel_tiled_bwd_dq``."""
+    B, T, G, Dk = k.shape
+    Dv = v.shape[-1]
+    return pl.pallas_call(
+        functools.partial(_bwd_dkv_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret)),
+        grid=(G, B, cfg.num_sel_blocks(T)),
+        out_shape=[jax.ShapeDtypeStruct((B, T, G, Dk), jnp.float32),
+                   jax.ShapeDtypeStruct((B, T, G, Dv), jnp.float32)],
+        compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+        interpret=interpret, name="nsa_sel_tiled_bwd_dkv",
+    )(tiles, tcount, q, k, v, _padded_idx(idx), do, gs, lse, delta)
+
+
 def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,
                        scale: float, interpret: bool):
     """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
     same contract as ``selection.sel_backward`` (``do`` in its own dtype, ``gs`` [B,T,Hq] float32
     per-row scale, None = 1)."""
-    B, T, Hq, Dk = q.shape
-    G, Dv = k.shape[2], v.shape[-1]
-    bq = bs.sel_tile_q
-    bk, n_sub = _sub_tiles(cfg, bs)
-    Ts = cfg.num_sel_blocks(T)
+    B, T, Hq, _ = q.shape
     gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
-    blocks, bcount, tiles, tcount = tile_index(idx, T, cfg, bq)
-    idxp = _padded_idx(idx)
-    common = dict(h=Hq // G, bq=bq, l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale,
-                  prec=dot_precision(q.dtype, interpret))
-    cp = compiler_params(bs.num_warps, bs.num_stages)
-    dq = pl.pallas_call(
-        functools.partial(_bwd_dq_kernel, **common), grid=(Hq, B, cdiv(T, bq)),
-        out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32), compiler_params=cp,
-        interpret=interpret, name="nsa_sel_tiled_bwd_dq",
-    )(blocks, bcount, q, k, v, idxp, do, gs, lse, delta)
-    dk, dv = pl.pallas_call(
-        functools.partial(_bwd_dkv_kernel, **common), grid=(G, B, Ts),
-        out_shape=[jax.ShapeDtypeStruct((B, T, G, Dk), jnp.float32),
-                   jax.ShapeDtypeStruct((B, T, G, Dv), jnp.float32)], compiler_params=cp,
-        interpret=interpret, name="nsa_sel_tiled_bwd_dkv",
-    )(tiles, tcount, q, k, v, idxp, do, gs, lse, delta)
+    blocks, bcount, tiles, tcount = tile_index(idx, T, cfg, bs.sel_tile_q)
+    args = (do, gs, lse, delta, cfg, bs, scale, interpret)
+    dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, *args)
+    dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args)
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)
