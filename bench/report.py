@@ -45,6 +45,23 @@ def train(path=RES / "train_throughput_h200x1.json") -> str:
     return f"{d['device']} x{d['n_devices']}, jax {d['jax']}:\n\n" + "\n".join(rows) + "\n" + tail
 
 
+def multi(path=RES / "train_throughput_h200x2.json") -> str:
+    """1 GPU vs 2 GPUs (data parallel, FSDP) at T=2048 from one run of train_throughput.py."""
+    d = json.loads(path.read_text())
+    pts = [p for p in d["points"] if "error" not in p]
+    one = {p["model"]: p for p in pts if p["devices"] == 1}
+    rows = ["| model | GPUs | mesh | global B | T | tok/s | ms/step | x one GPU | peak GB / GPU | MFU |",
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for p in pts:
+        base = one.get(p["model"])
+        scale = f"{p['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
+        mesh = f"data={p['mesh']['data']} fsdp={p['mesh']['fsdp']}"
+        rows.append(f"| {p['model']} | {p['devices']} | {mesh} | {p['batch']} | {p['seq_len']} "
+                    f"| {p['tokens_per_s']:,.0f} | {p['step_ms']:.1f} | {scale} "
+                    f"| {p['compiled_peak_gb'] or 0:.1f} | {p['mfu']:.1%} |")
+    return f"{d['device']} (one host), jax {d['jax']}:\n\n" + "\n".join(rows)
+
+
 def decode(path=RES / "decode_h200.json") -> str:
     d = json.loads(path.read_text())
     pts = d.get("points") or d.get("results")
@@ -84,6 +101,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--plot", action="store_true")
     a = ap.parse_args()
-    print("## kernels\n" + kernels() + "\n\n## train\n" + train() + "\n\n## decode\n" + decode())
+    print("## kernels\n" + kernels() + "\n\n## train\n" + train() + "\n\n## train, 2 GPUs\n"
+          + multi() + "\n\n## decode\n" + decode())
     if a.plot:
         plot_train()
