@@ -20,7 +20,7 @@ rc=0
 t0=$SECONDS
 probe_start() {  # retrieval learnability, answers-only loss, nsa and dense sharing the GPU
   for att in nsa dense; do
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 timeout -s TERM ${PROBE_S:-240} python3 -m nsa_jax.train \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout -s TERM ${PROBE_S:-240} python3 -m nsa_jax.train \
       --config configs/quality_retrieval.yaml model.attention=$att data.retrieval_loss=answers \
       train.steps=100000 train.log_every=50 train.eval_every=200 train.ckpt_every=100000 \
       run.dir=/tmp/probe_$att > "$OUT/probe_$att.log" 2>&1 &
@@ -34,8 +34,9 @@ if [[ $stage == single ]]; then
   python3 bench/profile_step.py --models nsa_125m dense_125m --points 65536:1 2048:16 \
     --steps 2 --out "$OUT/profile_h200.json" --trace-dir /tmp/traces > "$OUT/profile.log" 2>&1 || rc=1
   echo "profile done at $((SECONDS - t0))s"
-  if [[ " ${stages[*]} " == *" probe "* ]]; then probe_start; fi
-  export XLA_PYTHON_CLIENT_MEM_FRACTION=0.3
+  if [[ " ${stages[*]} " == *" probe "* ]]; then   # B=32 at 2k needs ~45 GB: leave it 55%
+    probe_start; export XLA_PYTHON_CLIENT_MEM_FRACTION=0.55
+  fi
   f=$(ls /tmp/traces/nsa_125m_65536x1/plugins/profile/*/perfetto_trace.json.gz 2>/dev/null | head -1)
   [[ -n $f ]] && cp "$f" "$FINAL/trace_nsa_64k.json.gz"
   for tag in 1gpu_a 1gpu_b; do
