@@ -315,20 +315,25 @@ def bench_sel_impls(shape, T, B, impls, tile_qs, reps, log):
 
 
 def print_sel_table(rows):
-    cols = ["sel_fwd", "sel_bwd", "tile_index", "bwd_dq", "bwd_dkv", "nsa_fwd_bwd",
-            "dense_fwd_bwd"]
-    print("shape  T      B   sel_impl " + " ".join(f"{c:>13s}" for c in cols)
-          + "  sel_vs_gather")
+    """ms per column; x_sel / x_nsa: gather time / this row's time (selection fwd+bwd, whole
+    NSA fwd+bwd) at the same (shape, T)."""
+    cols = {"sel_fwd": "sel_fwd", "sel_bwd": "sel_bwd", "tile_index": "index",
+            "bwd_dq": "bwd_dq", "bwd_dkv": "bwd_dkv", "nsa_fwd_bwd": "nsa_f+b",
+            "dense_fwd_bwd": "dense_f+b"}
+    print("shape      T   B sel_impl " + " ".join(f"{c:>9s}" for c in cols.values())
+          + "  x_sel  x_nsa")
     gather = {(r["shape"], r["T"]): r["ms"] for r in rows if r["sel_impl"] == "gather"}
     for r in rows:
-        ms = r["ms"]
-        vals = " ".join(f"{ms.get(c) if ms.get(c) is not None else float('nan'):13.3f}"
+        ms, g = r["ms"], gather.get((r["shape"], r["T"]), {})
+        vals = " ".join(f"{ms[c] if ms.get(c) is not None else float('nan'):9.3f}"
                         for c in cols)
-        g = gather.get((r["shape"], r["T"]), {})
         tot = (ms.get("sel_fwd") or 0) + (ms.get("sel_bwd") or 0)
         gtot = (g.get("sel_fwd") or 0) + (g.get("sel_bwd") or 0)
-        x = f"{gtot / tot:.2f}x" if tot and gtot else "-"
-        print(f"{r['shape']:6s} {r['T']:6d} {r['B']:3d} {r['sel_impl']:8s} {vals}  {x}")
+        x_sel = f"{gtot / tot:5.2f}x" if tot and gtot else "    -"
+        x_nsa = f"{g['nsa_fwd_bwd'] / ms['nsa_fwd_bwd']:5.2f}x" \
+            if ms.get("nsa_fwd_bwd") and g.get("nsa_fwd_bwd") else "    -"
+        print(f"{r['shape']:6s} {r['T']:6d} {r['B']:3d} {r['sel_impl']:8s} {vals}  {x_sel} "
+              f"{x_nsa}")
 
 
 SWEEP = {  # kernel group -> BlockSizes variants (first = current default)
@@ -429,6 +434,7 @@ def main(argv=None):
                 B = max(1, a.tokens // T)
                 t0 = time.time()
                 new = bench_sel_impls(shape, T, B, a.sel_impl, a.sel_tile_q, a.reps, log)
+                print_sel_table(new)
                 log(f"   ({time.time() - t0:.0f} s)")
                 names = {r["sel_impl"] for r in new}
                 doc[key] = [r for r in doc[key] if not (r["shape"] == shape and r["T"] == T
@@ -436,7 +442,8 @@ def main(argv=None):
                 doc[key].sort(key=lambda r: (r["shape"], r["T"], r["sel_impl"]))
                 with open(a.out, "w") as f:
                     json.dump(doc, f, indent=1)
-        print_sel_table([r for r in doc[key] if r["shape"] in a.shapes and r["T"] in a.T])
+        print("== all", key, "rows in", a.out)
+        print_sel_table(doc[key])
         return
     if a.sweep:
         doc.setdefault("sweeps", [])
