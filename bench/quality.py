@@ -48,12 +48,14 @@ repeated. ``--set key=value`` adds overrides to every training run (e.g. ``train
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -121,21 +123,120 @@ def _env() -> dict:
     return env
 
 
-def run_training(study: str, variant: str, run_dir: Path, extra: list[str]) -> None:
-    cmd = train_command(study, variant, run_dir, extra)
-    log(f"train {study}/{variant}: {' '.join(cmd[1:])}")
-    t0 = time.perf_counter()
-    rc = subprocess.run(cmd, cwd=ROOT, env=_env()).returncode
-    wall = time.perf_counter() - t0
-    if rc != 0:
-        raise BenchError(f"training {study}/{variant} failed (exit {rc}); command: "
-                         f"{' '.join(cmd[1:])}")
-    rec = run_dir / "bench_train.json"
-    hist = json.loads(rec.read_text()) if rec.is_file() else []
-    hist.append({"command": " ".join(["python", *cmd[1:]]), "wall_s": round(wall, 1),
-                 "finished": _now()})
-    rec.write_text(json.dumps(hist, indent=1) + "\n")
-    log(f"train {study}/{variant}: done in {wall:.0f}s")
+@dataclasses.dataclass
+class Job:
+    """One training run through the product's CLI, and what became of it."""
+
+    study: str
+    variant: str
+    run_dir: Path
+    cmd: list[str]
+    log_path: Path | None = None      # parallel runs write their output here
+    env: dict = dataclasses.field(default_factory=dict)   # extra environment (launcher detail)
+    proc: subprocess.Popen | None = None
+    t0: float = 0.0
+    wall_s: float = 0.0
+    rc: int | None = None
+    stopped: str = ""                 # why the launcher stopped it ("" = it ended by itself)
+    kill_at: float = math.inf         # monotonic time for SIGKILL after a SIGTERM
+
+    @property
+    def name(self) -> str:
+        return f"{self.study}/{self.variant}"
+
+    @property
+    def failed(self) -> bool:
+        """Ended badly by itself (a run the budget stopped is not a failure)."""
+        return self.rc is not None and self.rc != 0 and not self.stopped
+
+
+def make_job(study: str, variant: str, run_dir: Path, extra: list[str]) -> Job:
+    return Job(study, variant, run_dir, train_command(study, variant, run_dir, extra))
+
+
+def _start(job: Job, log_to_file: bool) -> None:
+    log(f"train {job.name}: {' '.join(job.cmd[1:])}"
+        + (f" (output: {job.log_path})" if log_to_file else ""))
+    out = None
+    if log_to_file:
+        job.log_path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(job.log_path, "ab")
+    job.t0 = time.monotonic()
+    try:
+        job.proc = subprocess.Popen(job.cmd, cwd=ROOT, env={**_env(), **job.env}, stdout=out,
+                                    stderr=subprocess.STDOUT if out else None)
+    finally:
+        if out is not None:
+            out.close()          # the child holds its own descriptor
+
+
+def _finish(job: Job) -> None:
+    job.rc = job.proc.returncode
+    job.wall_s = time.monotonic() - job.t0
+    rec = job.run_dir / "bench_train.json"
+    if job.run_dir.is_dir():
+        hist = json.loads(rec.read_text()) if rec.is_file() else []
+        hist.append({"command": " ".join(["python", *job.cmd[1:]]), "wall_s": round(job.wall_s, 1),
+                     "finished": _now(), "exit": job.rc,
+                     **({"stopped": job.stopped} if job.stopped else {})})
+        rec.write_text(json.dumps(hist, indent=1) + "\n")
+    how = (f"stopped ({job.stopped}) after {job.wall_s:.0f}s, exit {job.rc}" if job.stopped
+           else f"done in {job.wall_s:.0f}s" if job.rc == 0
+           else f"FAILED (exit {job.rc}) after {job.wall_s:.0f}s"
+           + (f"; see {job.log_path}" if job.log_path else ""))
+    log(f"train {job.name}: {how}")
+
+
+def _progress(job: Job) -> str:
+    """``study/variant step N`` from the run's heartbeat (written every step)."""
+    try:
+        beat = json.loads((job.run_dir / "heartbeat.json").read_text())
+        return f"{job.name} {beat.get('where', '')}".strip()
+    except (OSError, ValueError):
+        return f"{job.name} starting"
+
+
+def run_jobs(jobs: list[Job], parallel: bool, budget_s: float | None, grace_s: float,
+             status_every_s: float = 60.0) -> None:
+    """Run ``jobs`` one after another or all at once. When ``budget_s`` seconds have passed,
+    running jobs get SIGTERM (the trainer finishes its step, writes a checkpoint and exits 0),
+    then SIGKILL after ``grace_s`` more; jobs not started yet are skipped."""
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    pending, running = list(jobs), []
+    last_status = time.monotonic()
+    while pending or running:
+        now = time.monotonic()
+        over = deadline is not None and now >= deadline
+        while pending and (parallel or not running) and not over:
+            job = pending.pop(0)
+            _start(job, log_to_file=parallel)
+            running.append(job)
+        if over:
+            for job in pending:
+                job.stopped = "time budget: not started"
+                log(f"train {job.name}: not started (--time-budget-s {budget_s:g} s is spent)")
+            pending = []
+            for job in running:
+                if not job.stopped:
+                    job.stopped = "time budget"
+                    log(f"train {job.name}: --time-budget-s {budget_s:g} s spent; SIGTERM "
+                        f"(checkpoint, then exit)")
+                    job.proc.send_signal(signal.SIGTERM)
+                    job.kill_at = now + grace_s
+                elif now >= job.kill_at and job.proc.poll() is None:
+                    log(f"train {job.name}: still running {grace_s:g} s after SIGTERM; SIGKILL")
+                    job.proc.kill()
+                    job.kill_at = float("inf")
+        for job in list(running):
+            if job.proc.poll() is not None:
+                running.remove(job)
+                _finish(job)
+        if running and now - last_status >= status_every_s:
+            last_status = now
+            left = "" if deadline is None else f" | {max(0.0, deadline - now):.0f}s of budget left"
+            log("running: " + "; ".join(_progress(j) for j in running) + left)
+        if running:
+            time.sleep(0.5)
 
 
 def _now() -> str:
@@ -154,8 +255,7 @@ def train_summary(run_dir: Path, cfg) -> dict:
     m = read_metrics(run_dir)
     train = [e for e in m if "loss" in e]
     evals = [e for e in m if "eval_loss" in e]
-    rec = run_dir / "bench_train.json"
-    hist = json.loads(rec.read_text()) if rec.is_file() else []
+    hist = _train_history(run_dir)
     tps = sorted(e["tokens_per_s"] for e in train[1:]) or [None]   # first window has compile
     return {"steps": train[-1]["step"] if train else 0,
             "final_loss": train[-1]["loss"] if train else None,
@@ -214,7 +314,7 @@ def evaluate_retrieval_run(run_dir: Path, rows: int, batch_size: int | None) -> 
     res["eval_s"] = round(time.perf_counter() - t0, 1)
     res["layout"] = {k: getattr(layout, k) for k in ("seq_len", "pairs", "queries", "keys",
                                                      "values", "filler", "min_distance",
-                                                     "max_distance", "filler_mode")}
+                                                     "max_distance", "filler_mode", "distance")}
     res["train"] = train_summary(run_dir, cfg)
     return res
 
@@ -374,27 +474,45 @@ def merge_results(path: Path, study: str, smoke: bool, device: str, fresh: dict)
             "variants": variants}
 
 
-def report(study: str, args, run_root: Path, results: Path) -> dict:
+def newest_checkpoint_step(run_dir: Path) -> int | None:
+    ck = run_dir / "checkpoints"
+    steps = [int(p.name) for p in ck.iterdir() if p.name.isdigit()] if ck.is_dir() else []
+    return max(steps) if steps else None
+
+
+def report(study: str, args, run_root: Path, results: Path) -> tuple[dict, list[str]]:
+    """Evaluate every variant of ``study`` that has a checkpoint under ``run_root`` (a run
+    stopped early counts: its newest checkpoint is used), merge into the study's JSON, plot.
+    Returns the data and the variants whose evaluation failed (the others are still written)."""
     tag = args.device_tag or device_tag()
     json_path = results / f"quality_{study}_{tag}.json"
-    fresh = {}
+    fresh, errors = {}, []
     for v in VARIANTS[study]:
         run_dir = run_root / f"{study}_{v}"
         if not has_checkpoint(run_dir):
             log(f"report {study}: no checkpoint in {run_dir}; {v} not (re)evaluated")
             continue
         log(f"report {study}: evaluating {v} from {run_dir}")
-        if study == "retrieval":
-            rows = SMOKE_ROWS if args.smoke else args.eval_rows
-            entry = evaluate_retrieval_run(run_dir, rows, args.eval_batch_size)
-        else:
-            entry = parity_entry(run_dir)
+        try:
+            if study == "retrieval":
+                rows = SMOKE_ROWS if args.smoke else args.eval_rows
+                entry = evaluate_retrieval_run(run_dir, rows, args.eval_batch_size)
+            else:
+                entry = parity_entry(run_dir)
+        except Exception as e:      # one bad run must not lose the others' results
+            errors.append(f"{study}/{v}: {type(e).__name__}: {e}")
+            log(f"report {study}: {v} FAILED: {type(e).__name__}: {e}")
+            continue
         entry["run_dir"] = str(run_dir)
+        entry["checkpoint_step"] = newest_checkpoint_step(run_dir)
+        hist = _train_history(run_dir)
+        entry["stopped_by_budget"] = bool(hist and hist[-1].get("stopped"))
         entry["device"] = device_desc()
         entry["evaluated"] = _now()
         fresh[v] = entry
     if not fresh and not json_path.is_file():
-        raise BenchError(f"report {study}: no finished run under {run_root} and no {json_path}")
+        raise BenchError(f"report {study}: no checkpoint under {run_root} and no {json_path}"
+                         + (f" ({'; '.join(errors)})" if errors else ""))
     data = merge_results(json_path, study, args.smoke, tag, fresh)
     if study == "retrieval":
         data["checks"] = retrieval_checks(data["variants"])
@@ -407,7 +525,12 @@ def report(study: str, args, run_root: Path, results: Path) -> dict:
     (plot_retrieval if study == "retrieval" else plot_parity)(data, png)
     log(f"report {study}: wrote {json_path} and {png}")
     print_summary(data)
-    return data
+    return data, errors
+
+
+def _train_history(run_dir: Path) -> list[dict]:
+    rec = run_dir / "bench_train.json"
+    return json.loads(rec.read_text()) if rec.is_file() else []
 
 
 def print_summary(data: dict) -> None:
@@ -422,6 +545,48 @@ def print_summary(data: dict) -> None:
             c = r["eval_curve"][-1]
             log(f"parity {v:5s} step {c['step']} eval_loss {c['eval_loss']:.4f}")
     log(f"checks: {json.dumps(data.get('checks'))}")
+
+
+def _fmt(x, spec=".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(results: Path, tag: str | None) -> None:
+    """A short table of every study's JSON in ``results`` (``quality_<study>_<tag>.json``)."""
+    found = False
+    for study in ("retrieval", "parity"):
+        paths = ([results / f"quality_{study}_{tag}.json"] if tag
+                 else sorted(results.glob(f"quality_{study}_*.json")))
+        for path in paths:
+            if not path.is_file():
+                continue
+            found = True
+            data = json.loads(path.read_text())
+            print(f"== {path.name}" + (" (smoke)" if data.get("smoke") else ""))
+            if study == "retrieval":
+                print(f"{'variant':8s} {'step':>6s} {'<=w':>6s} {'>w':>6s} {'>4w':>6s} "
+                      f"{'n>4w':>6s} {'chance':>7s} {'train_s':>8s} stopped")
+                for v, r in data["variants"].items():
+                    t = r["train"]
+                    print(f"{v:8s} {r.get('checkpoint_step') or t['steps']:>6} "
+                          f"{_fmt(r['within_w']['accuracy']):>6s} "
+                          f"{_fmt(r['beyond_w']['accuracy']):>6s} "
+                          f"{_fmt(r['beyond_4w']['accuracy']):>6s} {r['beyond_4w']['n']:>6} "
+                          f"{r['chance']:>7.4f} {_fmt(t['train_elapsed_s'], '.0f'):>8s} "
+                          f"{'yes' if r.get('stopped_by_budget') else 'no'}")
+            else:
+                print(f"{'variant':8s} {'step':>6s} {'eval_loss':>9s} {'best':>7s} "
+                      f"{'tok/s':>9s} {'train_s':>8s} stopped")
+                for v, r in data["variants"].items():
+                    t, c = r["train"], r["eval_curve"]
+                    print(f"{v:8s} {c[-1]['step']:>6} {c[-1]['eval_loss']:>9.4f} "
+                          f"{min(e['eval_loss'] for e in c):>7.4f} "
+                          f"{_fmt(t['median_tokens_per_s'], '.0f'):>9s} "
+                          f"{_fmt(t['train_elapsed_s'], '.0f'):>8s} "
+                          f"{'yes' if r.get('stopped_by_budget') else 'no'}")
+            print(f"checks: {json.dumps(data.get('checks'))}")
+    if not found:
+        raise BenchError(f"table: no quality_*{'_' + tag if tag else ''}.json in {results}")
 
 
 # ---- parity data --------------------------------------------------------------------------
@@ -490,16 +655,27 @@ def prepare_parity(args) -> None:
 
 
 # ---- main -----------------------------------------------------------------------------------
-def run_study(study: str, args) -> None:
-    smoke_root = ROOT / "runs" / "quality_smoke"
+@dataclasses.dataclass
+class Plan:
+    study: str
+    run_root: Path
+    results: Path
+    jobs: list[Job]
+
+
+SMOKE_ROOT = ROOT / "runs" / "quality_smoke"
+
+
+def results_dir(args) -> Path:
+    return Path(args.results) if args.results else (SMOKE_ROOT / "results" if args.smoke
+                                                    else ROOT / "bench" / "results")
+
+
+def plan_study(study: str, args) -> Plan:
+    smoke_root = SMOKE_ROOT
     run_root = Path(args.runs) if args.runs else (smoke_root if args.smoke
                                                   else ROOT / "runs" / "quality")
-    results = Path(args.results) if args.results else (smoke_root / "results" if args.smoke
-                                                       else ROOT / "bench" / "results")
-    extra = list(SMOKE[study]) if args.smoke else []
-    if study == "parity" and args.smoke:
-        extra.append(f"data.path={ensure_smoke_tokens(smoke_root)}")
-    extra += args.set
+    results = results_dir(args)
     variants = args.variants or list(VARIANTS[study])
     if args.study == "all":
         variants = [v for v in variants if v in VARIANTS[study]]
@@ -507,20 +683,53 @@ def run_study(study: str, args) -> None:
         if v not in VARIANTS[study]:
             raise BenchError(f"--variants: {v!r} is not a {study} variant "
                              f"({', '.join(VARIANTS[study])})")
+    jobs = []
     if not args.no_train:
+        extra = list(SMOKE[study]) if args.smoke else []
+        if study == "parity":
+            if args.smoke:
+                extra.append(f"data.path={ensure_smoke_tokens(smoke_root)}")
+            else:
+                check_parity_data(args.set)
+        extra += args.set
         for v in variants:
             run_dir = run_root / f"{study}_{v}"
             if args.smoke and run_dir.is_dir():      # a smoke run always trains from scratch
                 shutil.rmtree(run_dir)
-            run_training(study, v, run_dir, extra)
-    if not args.no_report:
-        report(study, args, run_root, results)
+            job = make_job(study, v, run_dir, extra)
+            job.log_path = run_root / f"{study}_{v}.log"
+            jobs.append(job)
+    return Plan(study, run_root, results, jobs)
+
+
+def check_parity_data(overrides: list[str]) -> None:
+    """The parity runs' token shards exist (before anything starts)."""
+    from nsa_jax.config import load_config
+
+    path = Path(load_config(ROOT / CONFIGS["parity"], [o for o in overrides
+                                                       if o.startswith("data.")]).data.path)
+    path = path if path.is_absolute() else ROOT / path
+    if not (path / "index.json").is_file():
+        raise BenchError(f"parity data {path} not found: run `python3 bench/quality.py "
+                         f"prepare-parity --texts ...` where the texts are and carry that folder")
+
+
+def set_memory_shares(jobs: list[Job], fraction: float | None) -> None:
+    """Concurrent jobs on one GPU: each child preallocates ``fraction`` of its memory (default
+    0.9 / number of jobs) -- a launcher detail, set only in the children's environment."""
+    share = fraction if fraction is not None else 0.9 / max(len(jobs), 1)
+    for job in jobs:
+        # XLA_CLIENT_MEM_FRACTION is the newer name of the same setting
+        job.env.update(XLA_PYTHON_CLIENT_MEM_FRACTION=f"{share:.3f}",
+                       XLA_CLIENT_MEM_FRACTION=f"{share:.3f}")
+    if jobs:
+        log(f"{len(jobs)} runs at once, each with {share:.3f} of the GPU memory")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python bench/quality.py", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("study", choices=["retrieval", "parity", "all", "prepare-parity"])
+    p.add_argument("study", choices=["retrieval", "parity", "all", "prepare-parity", "table"])
     p.add_argument("--variants", nargs="+", metavar="V",
                    help="retrieval: nsa win dense; parity: nsa dense (default: all)")
     p.add_argument("--smoke", action="store_true",
@@ -529,6 +738,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra overrides for every training run, e.g. train.steps=800")
     p.add_argument("--no-train", action="store_true", help="only evaluate and report")
     p.add_argument("--no-report", action="store_true", help="only train")
+    p.add_argument("--parallel", action="store_true",
+                   help="train all runs (of both studies with 'all') at the same time, sharing "
+                        "the GPU; each run's output goes to <runs>/<study>_<variant>.log")
+    p.add_argument("--mem-fraction", type=float, metavar="F",
+                   help="with --parallel: GPU memory share of each run (default 0.9 / runs)")
+    p.add_argument("--time-budget-s", type=float, metavar="S",
+                   help="wall-clock seconds for all training; then running runs are stopped "
+                        "(SIGTERM: checkpoint, exit), the rest skipped, and the report is made "
+                        "from the newest checkpoints")
+    p.add_argument("--stop-grace-s", type=float, default=90.0, metavar="S",
+                   help="after that SIGTERM, seconds before SIGKILL (default 90)")
     p.add_argument("--runs", help="run directories root (default runs/quality)")
     p.add_argument("--results", help="JSON/PNG directory (default bench/results)")
     p.add_argument("--device-tag", help="file name tag (default from the device, e.g. h200)")
@@ -549,9 +769,37 @@ def main(argv: list[str] | None = None) -> int:
             if not args.texts:
                 raise BenchError("prepare-parity: --texts is required")
             prepare_parity(args)
+            return 0
+        if args.time_budget_s is not None and args.time_budget_s <= 0:
+            raise BenchError(f"--time-budget-s: must be > 0, got {args.time_budget_s:g}")
+        if args.mem_fraction is not None and not 0 < args.mem_fraction <= 1:
+            raise BenchError(f"--mem-fraction: must be in (0, 1], got {args.mem_fraction:g}")
+        if args.study == "table":
+            print_table(results_dir(args), args.device_tag)
+            return 0
+        studies = ["retrieval", "parity"] if args.study == "all" else [args.study]
+        plans = [plan_study(s, args) for s in studies]
+        jobs = [j for p in plans for j in p.jobs]
+        if args.parallel:
+            set_memory_shares(jobs, args.mem_fraction)
         else:
-            for study in (["retrieval", "parity"] if args.study == "all" else [args.study]):
-                run_study(study, args)
+            for j in jobs:
+                j.log_path = None             # one at a time: output on the console
+        t0 = time.monotonic()
+        run_jobs(jobs, args.parallel, args.time_budget_s, args.stop_grace_s)
+        if jobs:
+            log(f"training: {time.monotonic() - t0:.0f}s wall for {len(jobs)} runs")
+        problems = [f"training {j.name} failed (exit {j.rc}"
+                    + (f"; {j.log_path})" if j.log_path else ")") for j in jobs if j.failed]
+        if not args.no_report:
+            for p in plans:
+                try:
+                    problems += report(p.study, args, p.run_root, p.results)[1]
+                except BenchError as e:
+                    problems.append(str(e))
+                    log(f"error: {e}")
+        if problems:
+            raise BenchError("; ".join(problems))
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

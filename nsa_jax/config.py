@@ -89,6 +89,7 @@ class DataConfig:
     retrieval_filler_mode: Literal["random", "cycle"] = "random"  # retrieval: iid or a fixed cycle
     retrieval_min_distance: int = 1     # retrieval: query-to-key distance range (tokens)
     retrieval_max_distance: int = 0     # retrieval: 0 = as far as the row allows
+    retrieval_distance: Literal["uniform", "log"] = "uniform"  # retrieval: distance distribution
     retrieval_loss: Literal["all", "answers"] = "all"  # retrieval: train on every target or answers
 
     def validate(self) -> None:

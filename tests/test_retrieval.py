@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ def batches(cfg, n, batch_size=4, split="train", **kw):
 def load_bench():
     spec = importlib.util.spec_from_file_location("quality_bench", ROOT / "bench" / "quality.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod          # dataclasses look their module up while defined
     spec.loader.exec_module(mod)
     return mod
 
@@ -306,3 +308,137 @@ def test_bench_checks_merge_and_staging(tmp_path):
     assert names == ["000_a.txt", "000_b.txt", "001_a.txt", "001_b.txt"]
     assert (out / "001_a.txt").read_text() == "".join(f"a{i}\n" for i in range(5, 10))
     assert (out / "000_b.txt").read_text(encoding="utf-8") == "café\n" * 2
+
+
+# ---- training on the answers only (data.retrieval_loss) -------------------------------------
+def test_answers_loss_is_lm_loss_with_the_answer_mask_in_train_and_eval_steps():
+    import jax
+    import jax.numpy as jnp
+
+    from nsa_jax.model import lm_loss
+    from nsa_jax.train.optim import make_optimizer
+    from nsa_jax.train.state import ModelSpec, init_state
+    from nsa_jax.train.step import loss_mask_for, make_eval_step, make_train_step
+
+    def cfg_for(loss, accum=1):
+        return config_from_dict({
+            "model": {"vocab_size": 96, "dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_groups": 1,
+                      "head_dim": 16, "mlp_hidden": 64, "attention": "dense"},
+            "train": {"batch_size": 4, "grad_accum": accum},
+            "data": {"source": "retrieval", "seq_len": 64, "retrieval_pairs": 4,
+                     "retrieval_queries": 3, "retrieval_keys": 16, "retrieval_values": 16,
+                     "retrieval_loss": loss}})
+
+    cfg = cfg_for("answers")
+    lay = RetrievalLayout.from_config(cfg)
+    np.testing.assert_array_equal(loss_mask_for(cfg.data), lay.answer_loss_mask())
+    assert loss_mask_for(cfg_for("all").data) is None and loss_mask_for(None) is None
+    spec = ModelSpec(cfg.model, cfg.nsa, 0)
+    params = spec.init_params()
+    batch = jnp.asarray(np.concatenate(batches(cfg, 1, batch_size=4)))
+    model = spec.model(params)
+    mask = jnp.broadcast_to(jnp.asarray(lay.answer_loss_mask()), (4, 64))
+    want = float(lm_loss(model, batch, mask))
+    full = float(lm_loss(model, batch))
+    assert abs(want - full) > 1e-3                      # the mask changes the loss
+    # by hand: mean cross-entropy at the 3 answer targets of every row
+    logits = np.asarray(model.logits(batch[:, :-1]), np.float64)
+    pos = lay.answer_positions() - 1
+    lp = logits[:, pos] - np.log(np.exp(logits[:, pos]).sum(-1, keepdims=True))
+    ans = np.asarray(batch)[:, pos + 1]
+    np.testing.assert_allclose(want, -np.take_along_axis(lp, ans[..., None], -1).mean(),
+                               rtol=1e-5)
+    got = float(jax.jit(make_eval_step(spec, 1, data=cfg.data))(params, batch))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    c = cfg_for("answers", accum=2)    # same number of answers in every micro-batch: same mean
+    tx = make_optimizer(c.train)
+    state = init_state(spec, tx, 0)
+    _, stats = jax.jit(make_train_step(spec, c.train, tx, data=c.data))(state, batch)
+    np.testing.assert_allclose(float(stats["loss"]), want, rtol=1e-5)
+    plain = float(jax.jit(make_eval_step(spec, 1, data=cfg_for("all").data))(params, batch))
+    np.testing.assert_allclose(plain, full, rtol=1e-5)
+
+
+def test_retrieval_loss_and_distance_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"data.retrieval_loss: answers needs "
+                                          r"data.source=retrieval.*data.source=synthetic"):
+        config_from_dict({"data": {"retrieval_loss": "answers"}})
+    with pytest.raises(ConfigError, match=r"data.retrieval_loss: must be one of"):
+        make_cfg(retrieval_loss="queries")
+    with pytest.raises(ConfigError, match=r"data.retrieval_distance: must be one of"):
+        make_cfg(retrieval_distance="normal")
+    assert make_cfg(retrieval_loss="answers").data.retrieval_loss == "answers"
+
+
+def test_log_distance_is_log_uniform_within_the_range():
+    def first_query_distances(dist, **kw):
+        cfg = make_cfg(seq_len=1024, retrieval_pairs=4, retrieval_queries=2, retrieval_values=8,
+                       retrieval_distance=dist, **kw)
+        lay = RetrievalLayout.from_config(cfg)
+        info = answer_info(np.concatenate(batches(cfg, 25, batch_size=16)), lay)
+        return info.distances[:, 0], lay
+
+    d, lay = first_query_distances("log")
+    lo, hi = lay.distance_range(0)
+    assert d.min() >= lo and d.max() <= hi
+    # log-uniform: each quarter of [log lo, log hi] holds about a quarter of the draws
+    q = np.histogram(np.log(d), bins=np.linspace(np.log(lo), np.log(hi + 1), 5))[0] / len(d)
+    assert np.all(np.abs(q - 0.25) < 0.08), q
+    u, _ = first_query_distances("uniform")
+    short = np.sqrt(lo * hi)                  # the geometric middle of the range
+    assert (d <= short).mean() > 0.4 and (u <= short).mean() < 0.15
+    d2, _ = first_query_distances("log", retrieval_min_distance=100, retrieval_max_distance=400)
+    assert d2.min() >= 100 and d2.max() <= 400 and (d2 <= 200).mean() > 0.35
+
+
+# ---- bench launcher: concurrent runs, time budget ------------------------------------------
+_CHILD = """
+import os, signal, sys, time
+out = sys.argv[1]
+mode = sys.argv[2]
+def stop(*_):
+    open(out, "a").write("sigterm\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else stop)
+open(out, "a").write("mem=" + os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "-") + "\\n")
+if mode == "fail":
+    sys.exit(3)
+time.sleep(60)
+"""
+
+
+def test_run_jobs_parallel_budget_stops_with_sigterm_then_kill(tmp_path):
+    import time
+
+    bench = load_bench()
+
+    def job(name, mode):
+        d = tmp_path / name
+        d.mkdir()
+        return bench.Job("retrieval", name, d, [sys.executable, "-c", _CHILD, str(d / "out"), mode],
+                         log_path=tmp_path / f"{name}.log")
+
+    jobs = [job("term", "sleep"), job("fail", "fail"), job("stubborn", "ignore")]
+    bench.set_memory_shares(jobs, None)
+    t0 = time.monotonic()
+    bench.run_jobs(jobs, parallel=True, budget_s=2.0, grace_s=1.0, status_every_s=0.5)
+    wall = time.monotonic() - t0
+    term, fail, stubborn = jobs
+    assert 2.0 <= wall < 20
+    assert (term.rc, term.stopped, term.failed) == (0, "time budget", False)
+    assert (tmp_path / "term" / "out").read_text() == "mem=0.300\nsigterm\n"
+    assert fail.rc == 3 and fail.failed and not fail.stopped
+    assert stubborn.rc == -9 and stubborn.stopped and not stubborn.failed   # SIGKILL after grace
+    rec = json.loads((tmp_path / "term" / "bench_train.json").read_text())
+    assert rec[0]["stopped"] == "time budget" and rec[0]["exit"] == 0
+
+
+def test_run_jobs_sequential_budget_skips_runs_not_started(tmp_path):
+    bench = load_bench()
+    jobs = [bench.Job("parity", v, tmp_path, [sys.executable, "-c", _CHILD, str(tmp_path / v),
+                                               "sleep"]) for v in ("nsa", "dense")]
+    bench.run_jobs(jobs, parallel=False, budget_s=1.5, grace_s=5.0)
+    assert (jobs[0].rc, jobs[0].stopped) == (0, "time budget")
+    assert jobs[1].rc is None and jobs[1].stopped == "time budget: not started"
+    assert not (tmp_path / "dense").exists()
+    assert (tmp_path / "nsa").read_text() == "mem=-\nsigterm\n"   # only --parallel sets it

@@ -25,10 +25,12 @@ A row has ``n = seq_len + 1`` tokens: a context of ``C = n - 3Q`` tokens, then `
   ``a_j = C + 3j + 2``, predicted from position ``a_j - 1`` (the query's key token).
 * *Distance* of query ``j``: position of the query's key minus position of the pair's key, so a
   causal sliding window of ``w`` tokens at the query's key sees the stored value iff
-  ``distance <= w``. Each query's distance is drawn uniformly from
+  ``distance <= w``. Each query's distance is drawn from
   ``[data.retrieval_min_distance, data.retrieval_max_distance]`` intersected with what fits
-  (``[3j+3, C+3j]``), then the pair is placed there (uniformly among free places when the drawn
-  one collides).
+  (``[3j+3, C+3j]``) -- ``data.retrieval_distance: uniform`` uniformly, ``log`` log-uniformly
+  (probability ``log(1 + 1/d)``, about ``1/d``: every octave of distances equally often, so
+  many queries are short and a share is far) -- then the pair is placed there (drawn again the
+  same way among the free places when the drawn one collides).
 
 Training (``data.retrieval_loss``): ``all`` -- the plain next-token loss over the whole row;
 ``answers`` -- only the Q answer targets (:func:`answer_loss_mask`), the only targets that
@@ -70,6 +72,7 @@ class RetrievalLayout:
     min_distance: int = 1
     max_distance: int = 0     # 0 = as far as the row allows
     filler_mode: str = "random"   # random | cycle
+    distance: str = "uniform"     # uniform | log
 
     @classmethod
     def from_config(cls, cfg) -> "RetrievalLayout":
@@ -79,7 +82,7 @@ class RetrievalLayout:
         filler = d.retrieval_filler or vocab - N_SPECIAL - d.retrieval_keys - d.retrieval_values
         lay = cls(d.seq_len, d.retrieval_pairs, d.retrieval_queries, d.retrieval_keys,
                   d.retrieval_values, filler, d.retrieval_min_distance, d.retrieval_max_distance,
-                  d.retrieval_filler_mode)
+                  d.retrieval_filler_mode, d.retrieval_distance)
         lay.validate(vocab)
         return lay
 
@@ -135,6 +138,8 @@ class RetrievalLayout:
                 fail(k, f"must be >= 1, got {getattr(self, k)}")
         if self.filler_mode not in ("random", "cycle"):
             fail("filler_mode", f"must be random or cycle, got {self.filler_mode!r}")
+        if self.distance not in ("uniform", "log"):
+            fail("distance", f"must be uniform or log, got {self.distance!r}")
         if self.max_distance < 0:
             fail("max_distance", f"must be >= 0 (0 = no limit), got {self.max_distance}")
         if self.pairs < self.queries:
@@ -183,13 +188,15 @@ class RetrievalLayout:
         starts = np.empty(P, np.int64)
         dist = np.empty(Q, np.int64)
         for j in range(P):
+            log_from = 0
             if j < Q:
                 t = C + 3 * j + 1          # the query's key position
                 lo, hi = self.distance_range(j)
                 cands = t - 1 - np.arange(lo, hi + 1)   # pair starts giving those distances
+                log_from = lo if self.distance == "log" else 0
             else:
                 cands = np.arange(C - 2)
-            s = _draw_free(rng, cands, free)
+            s = _draw_free(rng, cands, free, log_from)
             if s < 0:
                 raise DataError(f"data.retrieval_pairs: no free place left for pair {j} "
                                 f"(distance range too narrow for {P} pairs)")
@@ -216,14 +223,24 @@ def answer_loss_mask(seq_len: int, queries: int) -> np.ndarray:
     return m
 
 
-def _draw_free(rng, cands: np.ndarray, free: np.ndarray) -> int:
-    """A uniform choice among ``cands`` with ``free[c]`` (rejection, then the explicit list)."""
+def _draw_free(rng, cands: np.ndarray, free: np.ndarray, log_from: int = 0) -> int:
+    """A choice among ``cands`` with ``free[c]`` (rejection, then the explicit list of free
+    candidates): uniform, or -- ``log_from = d0 >= 1``, candidate ``i`` being distance
+    ``d0 + i`` -- with probability ``log(1 + 1/d)``, i.e. ``d = floor(d0 * r**u)`` for ``u``
+    uniform in [0, 1) and ``r = (d0 + n) / d0`` (log-uniform over ``[d0, d0 + n)``)."""
+    n = len(cands)
     for _ in range(_TRIES):
-        c = int(cands[rng.integers(len(cands))])
-        if free[c]:
-            return c
-    ok = cands[free[cands]]
-    return int(ok[rng.integers(len(ok))]) if len(ok) else -1
+        i = rng.integers(n) if not log_from else \
+            min(int(log_from * ((log_from + n) / log_from) ** rng.random()) - log_from, n - 1)
+        if free[cands[i]]:
+            return int(cands[i])
+    ok = np.flatnonzero(free[cands])
+    if not len(ok):
+        return -1
+    if not log_from:
+        return int(cands[ok[rng.integers(len(ok))]])
+    cdf = np.cumsum(np.log1p(1.0 / (log_from + ok)))
+    return int(cands[ok[np.searchsorted(cdf, rng.random() * cdf[-1], side="right")]])
 
 
 class RetrievalSource:
