@@ -127,10 +127,10 @@ def test_parity_sequence_shorter_than_a_compressed_block():
 
 
 def test_parity_other_block_sizes():
-    """Atomic selection dK/dV, compressed dK/dV split over 3 query ranges (atomic adds, some
-    ranges empty), smaller tiles and a wider scoring step."""
+    """Gather selection kernels with the atomic dK/dV, compressed dK/dV split over 3 query ranges
+    (atomic adds, some ranges empty), smaller tiles and a wider scoring step."""
     args, cot = _inputs(6, 1, 75, 4, 2, TINY)
-    bs = BlockSizes(sel_bwd="atomic", cmp_bwd_split=3, cmp_bwd_keys=16, cmp_keys=16,
+    bs = BlockSizes(sel_impl="gather", sel_bwd="atomic", cmp_bwd_split=3, cmp_bwd_keys=16, cmp_keys=16,
                     cmp_rows=32, score_sel=32, sel_keys=16)
     _assert_parity(args, cot, TINY, block_sizes=bs)
 
