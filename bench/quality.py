@@ -6,46 +6,60 @@ per run, then evaluate the saved runs in this process:
 * ``retrieval``: ``data.source: retrieval`` (key-value pairs scattered over an 8k context, queries
   at the end; layout in :mod:`nsa_jax.data.retrieval`). Three attentions from
   ``configs/quality_retrieval.yaml``: full NSA, window only (``nsa.branches=[win]``) and dense.
-  Each run is restored with ``load_for_inference`` and scored on held-out rows: argmax accuracy
-  at every answer, binned by the distance from the query's key back to the pair's key, in
-  multiples of the window w (bins ``(lo, hi]``). With n_layers stacked windows, information can
-  travel at most n_layers * w tokens, so a window-only model of 4 layers is at chance beyond 4w.
+  Each run is restored with ``load_for_inference`` from its newest checkpoint and scored on
+  held-out rows: argmax accuracy at every answer, binned by the distance from the query's key
+  back to the pair's key, in multiples of the window w (bins ``(lo, hi]``). With n_layers stacked
+  windows, information can travel at most n_layers * w tokens, so a window-only model of 4 layers
+  is at chance beyond 4w.
 * ``parity``: NSA and dense from ``configs/quality_parity.yaml`` on the same pretokenized tokens
   (``data.source: tokens``, seq 4096, same seed, so the same windows in the same order); held-out
   loss (``eval_loss`` in each run's ``metrics.jsonl``) against training tokens.
 
 Results: ``<results>/quality_{retrieval,parity}_<device>.json`` and ``.png``. A report merges
-with an existing JSON of the same study, so variants trained in separate sessions end up in one
-file (each entry records its run's config). ``--smoke`` runs everything at tiny sizes on any
-machine (a minute or two on 2 CPU cores); its outputs go under ``runs/quality_smoke/`` (its run
-directories are replaced each time) and its numbers mean nothing beyond "the pipeline works".
+with an existing JSON of the same study (rewritten after each variant, so a killed command keeps
+what was done), so variants trained in separate sessions end up in one file (each entry records
+its run's config, checkpoint step and whether the time budget stopped it). ``--smoke`` runs
+everything at tiny sizes on any machine (about a minute on 2 CPU cores); its outputs go under
+``runs/quality_smoke/`` (replaced each time) and its numbers mean nothing beyond "the pipeline
+works". ``table`` prints a short table of the JSONs in ``--results``.
 
-Reproduce (GPU; fill in the durations when you run them -- every command must fit in 10 min)::
+Reproduce on ONE GPU, one command (``bench/quality_gpu.sh``: 3 retrieval + 2 parity runs at the
+same time, ``--parallel`` giving each 0.9/5 of the GPU memory; ``--time-budget-s`` stops runs
+still going with SIGTERM -- the trainer checkpoints and exits 0 -- then evaluates them)::
 
     # once, on a machine with the texts (the 1 MB FineWeb-Edu sample text and the NLTK Gutenberg
     # books, not shipped here); then carry data_prepared/quality_parity (3.6 MB) to the GPU machine
     python3 bench/quality.py prepare-parity --texts DATA/fineweb_edu/fineweb_sample.txt \
         DATA/text/nltk_gutenberg                 # 1,805,591 tokens (measured: 11 s on 2 CPU cores)
-    # retrieval: one training run per command, each evaluated and merged into the JSON
-    python3 bench/quality.py retrieval --variants nsa   && cp bench/results/quality_* "$OUT"/
-    python3 bench/quality.py retrieval --variants win   && cp bench/results/quality_* "$OUT"/
-    python3 bench/quality.py retrieval --variants dense && cp bench/results/quality_* "$OUT"/
-    # loss parity
-    python3 bench/quality.py parity --variants nsa   && cp bench/results/quality_* "$OUT"/
-    python3 bench/quality.py parity --variants dense && cp bench/results/quality_* "$OUT"/
-    # durations (fill in): retrieval nsa ?, win ?, dense ?; parity nsa ?, dense ?
+    OUT=$OUT bench/quality_gpu.sh    # = python3 bench/quality.py all --parallel \
+                                     #     --time-budget-s 380 --runs runs/quality --results $OUT
+    # expected < 9.5 min (380 s of training, then the reports; not yet run on a GPU)
+    bench/quality_gpu.sh --smoke     # the same on CPU at tiny sizes: 66 s measured on 2 cores
 
-A report evaluates the variants whose run directories (``runs/quality``) are present and keeps
-the other variants already in the JSON, so when a command lands on a fresh machine, put the JSON
-from the previous command back into ``bench/results`` first. Throughput decides how many steps
-fit in 10 minutes: check ``tokens_per_s`` of the first run and pass ``--set train.steps=N``.
+Retrieval recipe (what made small models learn; measured on 2 CPU cores, every run <= 5 min):
+the plain full-row loss, random or cycle filler and QUERY-marked queries stayed at chance at seq
+256-1024 (dense and NSA, 600-2000 steps); training on the answers only
+(``data.retrieval_loss: answers``) reached only the "some value from this row" plateau (~1/P).
+What works is ``data.retrieval_filler_mode: repeat`` -- each row repeats its own random segment,
+so the full-row loss teaches induction on thousands of targets per row -- plus
+``data.retrieval_query_marker: pair``: a query must repeat its pair's (PAIR, key) context, or
+the induction learned on the filler does not fire on it (seq 64: 2% with QUERY, 99% with PAIR).
+``--cpu-scale`` runs that recipe at seq 64 (w = 8, so > 4w is (32, 64])::
+
+    python bench/quality.py retrieval --cpu-scale --runs runs/quality_cpu \
+        --device-tag cpu_scale --eval-rows 512 --eval-batch-size 64
+    # measured (1500 steps each): dense 100%, NSA 95%, window-only 3% (chance 3.1%) beyond 4w
+
+Caveat: the larger the row, the later the queries learn (seq 128: 38% after 2000 steps, seq 256:
+chance within 2000 steps on CPU), so whether seq 8192 learns within one GPU command is not
+known until it runs; if it does not, the eval curves and per-distance accuracy say how far it
+got, and ``--set`` changes the recipe for a second command (e.g. longer periods or more steps).
 
 Run directories default to ``runs/quality/<study>_<variant>``; a run whose directory already has
 checkpoints is resumed (a finished one is a no-op), so an interrupted command can simply be
 repeated. ``--set key=value`` adds overrides to every training run (e.g. ``train.steps=800``);
-``--no-train`` only reports.
+``--no-train`` only reports; ``--variants`` picks runs.
 """
-from __future__ import annotations
 
 import argparse
 import dataclasses
@@ -88,10 +102,24 @@ _SMOKE_MODEL = ["model.dim=64", "model.n_layers=2", "model.n_heads=2", "model.n_
 SMOKE = {
     "retrieval": _SMOKE_MODEL + ["model.vocab_size=256", "data.seq_len=256",
                                  "data.retrieval_pairs=8", "data.retrieval_queries=8",
-                                 "data.retrieval_keys=32", "data.retrieval_values=32"],
+                                 "data.retrieval_keys=32", "data.retrieval_values=32",
+                                 "data.retrieval_filler_period_min=4",
+                                 "data.retrieval_filler_period_max=64"],
     "parity": _SMOKE_MODEL + ["data.seq_len=128", "data.eval_fraction=0.1"],
 }
 SMOKE_ROWS = 8                # held-out retrieval rows scored in --smoke
+
+# --cpu-scale: the retrieval recipe of configs/quality_retrieval.yaml shrunk until it learns on
+# 2 CPU cores in ~5 min per variant (seq 64, w = 8 so 4w = 32 < seq; measured in the docstring).
+CPU_SCALE = ["model.vocab_size=256", "model.dim=64", "model.n_layers=2", "model.n_heads=2",
+             "model.n_kv_groups=1", "model.head_dim=32", "model.mlp_hidden=192",
+             "model.compute_dtype=float32", "nsa.window=8", "nsa.block_l=4", "nsa.stride_d=2",
+             "nsa.sel_block=8", "nsa.n_sel=3", "nsa.n_local=1", "data.seq_len=64",
+             "data.retrieval_pairs=2", "data.retrieval_queries=2", "data.retrieval_keys=32",
+             "data.retrieval_values=32", "data.retrieval_filler_period_min=6",
+             "data.retrieval_filler_period_max=24", "train.batch_size=64", "train.lr=2e-3",
+             "train.warmup_steps=50", "train.steps=1500", "train.log_every=100",
+             "train.eval_every=250", "train.ckpt_every=500"]
 
 
 class BenchError(Exception):
@@ -314,7 +342,8 @@ def evaluate_retrieval_run(run_dir: Path, rows: int, batch_size: int | None) -> 
     res["eval_s"] = round(time.perf_counter() - t0, 1)
     res["layout"] = {k: getattr(layout, k) for k in ("seq_len", "pairs", "queries", "keys",
                                                      "values", "filler", "min_distance",
-                                                     "max_distance", "filler_mode", "distance")}
+                                                     "max_distance", "filler_mode", "distance",
+                                                     "period_min", "period_max", "query_marker")}
     res["train"] = train_summary(run_dir, cfg)
     return res
 
@@ -482,17 +511,20 @@ def newest_checkpoint_step(run_dir: Path) -> int | None:
 
 def report(study: str, args, run_root: Path, results: Path) -> tuple[dict, list[str]]:
     """Evaluate every variant of ``study`` that has a checkpoint under ``run_root`` (a run
-    stopped early counts: its newest checkpoint is used), merge into the study's JSON, plot.
-    Returns the data and the variants whose evaluation failed (the others are still written)."""
+    stopped early counts: its newest checkpoint is used) and merge it into the study's JSON,
+    written again after each variant (a command killed mid-report keeps what was done); then
+    plot. Returns the data and the variants whose evaluation failed (the others are written)."""
     tag = args.device_tag or device_tag()
     json_path = results / f"quality_{study}_{tag}.json"
-    fresh, errors = {}, []
+    results.mkdir(parents=True, exist_ok=True)
+    data, errors = None, []
     for v in VARIANTS[study]:
         run_dir = run_root / f"{study}_{v}"
         if not has_checkpoint(run_dir):
             log(f"report {study}: no checkpoint in {run_dir}; {v} not (re)evaluated")
             continue
         log(f"report {study}: evaluating {v} from {run_dir}")
+        t0 = time.perf_counter()
         try:
             if study == "retrieval":
                 rows = SMOKE_ROWS if args.smoke else args.eval_rows
@@ -509,23 +541,31 @@ def report(study: str, args, run_root: Path, results: Path) -> tuple[dict, list[
         entry["stopped_by_budget"] = bool(hist and hist[-1].get("stopped"))
         entry["device"] = device_desc()
         entry["evaluated"] = _now()
-        fresh[v] = entry
-    if not fresh and not json_path.is_file():
-        raise BenchError(f"report {study}: no checkpoint under {run_root} and no {json_path}"
-                         + (f" ({'; '.join(errors)})" if errors else ""))
-    data = merge_results(json_path, study, args.smoke, tag, fresh)
-    if study == "retrieval":
-        data["checks"] = retrieval_checks(data["variants"])
-    else:
-        data["seq_len"] = next(iter(data["variants"].values()))["train"]["seq_len"]
-        data["checks"] = parity_checks(data["variants"])
-    results.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(data, indent=1) + "\n")
+        data = _write_study(json_path, study, args.smoke, tag, {v: entry})
+        log(f"report {study}: {v} evaluated in {time.perf_counter() - t0:.0f}s")
+    if data is None:
+        if not json_path.is_file():
+            raise BenchError(f"report {study}: no checkpoint under {run_root} and no {json_path}"
+                             + (f" ({'; '.join(errors)})" if errors else ""))
+        data = _write_study(json_path, study, args.smoke, tag, {})
     png = json_path.with_suffix(".png")
     (plot_retrieval if study == "retrieval" else plot_parity)(data, png)
     log(f"report {study}: wrote {json_path} and {png}")
     print_summary(data)
     return data, errors
+
+
+def _write_study(json_path: Path, study: str, smoke: bool, tag: str, fresh: dict) -> dict:
+    data = merge_results(json_path, study, smoke, tag, fresh)
+    if study == "retrieval":
+        data["checks"] = retrieval_checks(data["variants"])
+    else:
+        data["seq_len"] = next(iter(data["variants"].values()))["train"]["seq_len"]
+        data["checks"] = parity_checks(data["variants"])
+    tmp = json_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(json_path)
+    return data
 
 
 def _train_history(run_dir: Path) -> list[dict]:
@@ -686,6 +726,10 @@ def plan_study(study: str, args) -> Plan:
     jobs = []
     if not args.no_train:
         extra = list(SMOKE[study]) if args.smoke else []
+        if args.cpu_scale:
+            if study != "retrieval" or args.smoke:
+                raise BenchError("--cpu-scale: only for the retrieval study, without --smoke")
+            extra = list(CPU_SCALE)
         if study == "parity":
             if args.smoke:
                 extra.append(f"data.path={ensure_smoke_tokens(smoke_root)}")
@@ -734,6 +778,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="retrieval: nsa win dense; parity: nsa dense (default: all)")
     p.add_argument("--smoke", action="store_true",
                    help="tiny sizes, outputs under runs/quality_smoke (checks the pipeline)")
+    p.add_argument("--cpu-scale", action="store_true",
+                   help="retrieval: the recipe shrunk to learn on 2 CPU cores (seq 64, w 8; "
+                        "~5 min per variant)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="extra overrides for every training run, e.g. train.steps=800")
     p.add_argument("--no-train", action="store_true", help="only evaluate and report")
@@ -792,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = [f"training {j.name} failed (exit {j.rc}"
                     + (f"; {j.log_path})" if j.log_path else ")") for j in jobs if j.failed]
         if not args.no_report:
-            for p in plans:
+            for p in sorted(plans, key=lambda p: p.study != "parity"):   # the quick one first
                 try:
                     problems += report(p.study, args, p.run_root, p.results)[1]
                 except BenchError as e:

@@ -175,7 +175,7 @@ def test_errors_name_the_key():
     with pytest.raises(DataError, match=r"expected \[B, 257\]"):
         answer_info(bad[:, :-1], lay)
     bad[0, lay.context_len + 3] = 5
-    with pytest.raises(DataError, match="row 0 has no QUERY marker"):
+    with pytest.raises(DataError, match="row 0 has no query marker"):
         answer_info(bad, lay)
 
 
@@ -442,3 +442,54 @@ def test_run_jobs_sequential_budget_skips_runs_not_started(tmp_path):
     assert jobs[1].rc is None and jobs[1].stopped == "time budget: not started"
     assert not (tmp_path / "dense").exists()
     assert (tmp_path / "nsa").read_text() == "mem=-\nsigterm\n"   # only --parallel sets it
+
+
+def test_repeat_filler_is_periodic_and_pair_marked_queries_repeat_the_stored_context():
+    cfg = make_cfg(retrieval_filler_mode="repeat", retrieval_filler_period_min=5,
+                   retrieval_filler_period_max=12, retrieval_query_marker="pair")
+    lay = RetrievalLayout.from_config(cfg)
+    C = lay.context_len
+    rows = np.concatenate(batches(cfg, 4))
+    info = answer_info(rows, lay)                       # validates pairs, answers, markers
+    periods, used = set(), set()
+    for b, row in enumerate(rows):
+        ctx = row[:C]
+        pair_pos = np.flatnonzero(ctx == PAIR)
+        keys, vals = ctx[pair_pos + 1], ctx[pair_pos + 2]
+        filler = np.ones(C, bool)
+        filler[np.concatenate([pair_pos, pair_pos + 1, pair_pos + 2])] = False
+        # the smallest p with ctx[i] == ctx[i + p] wherever both are filler
+        p = next(p for p in range(5, 13) if all(ctx[i] == ctx[i + p] for i in range(C - p)
+                                                if filler[i] and filler[i + p]))
+        periods.add(p)
+        seg = {int(ctx[i]) for i in range(C) if filler[i]}
+        assert len(seg) == p                                    # p distinct ids
+        assert not seg & (set(keys.tolist()) | set(vals.tolist()) | {PAIR, QUERY})
+        used |= seg
+        q = row[C:].reshape(-1, 3)
+        assert np.all(q[:, 0] == PAIR)                          # the stored (PAIR, key) again
+        for (m, k, v), d, a in zip(q, info.distances[b], info.positions[b]):
+            s = a - 1 - d                                       # the stored key's position
+            assert (row[s - 1], row[s], row[s + 1]) == (PAIR, k, v)
+    assert len(periods) > 2
+    assert {t for t in used if t < lay.filler0}          # other rows' key/value ids fill too
+    with pytest.raises(DataError, match="row 0 has no query marker"):
+        answer_info(rows, RetrievalLayout.from_config(make_cfg()))   # QUERY expected there
+
+
+def test_repeat_filler_errors_name_the_key():
+    def err(match, **data):
+        with pytest.raises(DataError, match=match):
+            build_loader(make_cfg(retrieval_filler_mode="repeat", **data), batch_size=1)
+
+    err(r"data.retrieval_filler_period_min: must be >= 2", retrieval_filler_period_max=8)
+    err(r"data.retrieval_filler_period_max: 4 < retrieval_filler_period_min=6",
+        retrieval_filler_period_min=6, retrieval_filler_period_max=4)
+    err(r"data.retrieval_filler_period_max: 240 > 106 ", retrieval_filler_period_min=6,
+        retrieval_filler_period_max=240, seq_len=512)
+    with pytest.raises(ConfigError, match="data.retrieval_query_marker: must be one of"):
+        make_cfg(retrieval_query_marker="key")
+    bench = load_bench()
+    args = bench.build_parser().parse_args(["parity", "--cpu-scale"])
+    with pytest.raises(bench.BenchError, match="--cpu-scale: only for the retrieval study"):
+        bench.plan_study("parity", args)

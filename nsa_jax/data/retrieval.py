@@ -19,8 +19,21 @@ A row has ``n = seq_len + 1`` tokens: a context of ``C = n - 3Q`` tokens, then `
 * Filler (``data.retrieval_filler_mode``): ``random`` -- uniform iid ids; ``cycle`` -- the ids in
   a fixed random cyclic order (drawn from ``train.seed``), row ``r`` showing at context position
   ``i`` element ``(o_r + i) mod F`` of the cycle, so one filler token predicts all the others, also
-  across a pair written over it.
-* Query ``j`` occupies ``[C+3j, C+3j+3)`` and asks for pair ``j`` (pairs ``Q..P-1`` are
+  across a pair written over it; ``repeat`` -- each row repeats its own segment of ``p`` distinct
+  random ids, ``p`` uniform in ``[data.retrieval_filler_period_min,
+  data.retrieval_filler_period_max]`` (short periods make induction quick to find: many earlier
+  occurrences to match), the ids drawn from *all* key, value and filler ids except the
+  row's own keys and values (which so occur only in their pairs and queries): after the first
+  ``p`` tokens every filler token is predicted by *induction* (find the previous occurrence of
+  the current token, copy its successor) -- the very mechanism a query needs (find the stored
+  key, copy the value after it), trained with the full-row loss on thousands of targets per row
+  and on the same ids, instead of on Q answers. ``p`` varies by row so that no fixed relative
+  position solves it.
+* Query ``j`` occupies ``[C+3j, C+3j+3)`` -- ``(QUERY, key, value)``, or with
+  ``data.retrieval_query_marker: pair`` ``(PAIR, key, value)``, an exact repeat of the stored
+  triple, so the answer follows the same two tokens as the stored value (models that learn
+  induction from ``repeat`` filler match on the previous *two* tokens, and a QUERY marker breaks
+  that match) -- and asks for pair ``j`` (pairs ``Q..P-1`` are
   distractors that are never asked). Its *answer* is the value at row position
   ``a_j = C + 3j + 2``, predicted from position ``a_j - 1`` (the query's key token).
 * *Distance* of query ``j``: position of the query's key minus position of the pair's key, so a
@@ -71,8 +84,11 @@ class RetrievalLayout:
     filler: int
     min_distance: int = 1
     max_distance: int = 0     # 0 = as far as the row allows
-    filler_mode: str = "random"   # random | cycle
+    filler_mode: str = "random"   # random | cycle | repeat
     distance: str = "uniform"     # uniform | log
+    period_min: int = 0           # repeat: segment length range
+    period_max: int = 0
+    query_marker: str = "query"   # query | pair: the first token of each query
 
     @classmethod
     def from_config(cls, cfg) -> "RetrievalLayout":
@@ -82,7 +98,8 @@ class RetrievalLayout:
         filler = d.retrieval_filler or vocab - N_SPECIAL - d.retrieval_keys - d.retrieval_values
         lay = cls(d.seq_len, d.retrieval_pairs, d.retrieval_queries, d.retrieval_keys,
                   d.retrieval_values, filler, d.retrieval_min_distance, d.retrieval_max_distance,
-                  d.retrieval_filler_mode, d.retrieval_distance)
+                  d.retrieval_filler_mode, d.retrieval_distance, d.retrieval_filler_period_min,
+                  d.retrieval_filler_period_max, d.retrieval_query_marker)
         lay.validate(vocab)
         return lay
 
@@ -126,6 +143,11 @@ class RetrievalLayout:
         return max(self.min_distance, 3 * j + 3), hi
 
     @property
+    def query_id(self) -> int:
+        """The first token of every query (QUERY, or PAIR with ``query_marker: pair``)."""
+        return PAIR if self.query_marker == "pair" else QUERY
+
+    @property
     def chance(self) -> float:
         return 1.0 / self.values
 
@@ -136,8 +158,10 @@ class RetrievalLayout:
         for k in ("queries", "pairs", "keys", "values", "min_distance"):
             if getattr(self, k) < 1:
                 fail(k, f"must be >= 1, got {getattr(self, k)}")
-        if self.filler_mode not in ("random", "cycle"):
-            fail("filler_mode", f"must be random or cycle, got {self.filler_mode!r}")
+        if self.filler_mode not in ("random", "cycle", "repeat"):
+            fail("filler_mode", f"must be random, cycle or repeat, got {self.filler_mode!r}")
+        if self.query_marker not in ("query", "pair"):
+            fail("query_marker", f"must be query or pair, got {self.query_marker!r}")
         if self.distance not in ("uniform", "log"):
             fail("distance", f"must be uniform or log, got {self.distance!r}")
         if self.max_distance < 0:
@@ -158,6 +182,18 @@ class RetrievalLayout:
             raise DataError(f"data.seq_len: {self.seq_len} is too short for {self.queries} queries "
                             f"and {self.pairs} pairs (pairs may fill at most half of the "
                             f"{max(C, 0)}-token context)")
+        if self.filler_mode == "repeat":
+            if self.period_min < 2:
+                fail("filler_period_min", f"must be >= 2 with filler_mode repeat, got "
+                                          f"{self.period_min}")
+            if self.period_max < self.period_min:
+                fail("filler_period_max", f"{self.period_max} < retrieval_filler_period_min="
+                                          f"{self.period_min}")
+            most = min(C, self.vocab_needed - N_SPECIAL - 2 * self.pairs)
+            if self.period_max > most:
+                fail("filler_period_max", f"{self.period_max} > {most} (a segment holds distinct "
+                                          f"ids other than the row's keys and values and must "
+                                          f"fit the {C}-token context)")
         for j in range(self.queries):
             lo, hi = self.distance_range(j)
             if lo > hi:
@@ -180,10 +216,17 @@ class RetrievalLayout:
         row = np.empty(self.row_len, np.int32)
         if self.filler_mode == "cycle":
             row[:C] = cycle[(rng.integers(0, self.filler) + np.arange(C)) % self.filler]
-        else:
+        elif self.filler_mode == "random":
             row[:C] = self.filler0 + rng.integers(0, self.filler, size=C)
         keys = self.key0 + rng.choice(self.keys, size=P, replace=False)
         vals = self.value0 + rng.integers(0, self.values, size=P)
+        if self.filler_mode == "repeat":
+            pool = np.ones(self.vocab_needed, bool)
+            pool[:N_SPECIAL] = False
+            pool[keys] = pool[vals] = False            # this row's keys and values occur once
+            pool = np.flatnonzero(pool)
+            p = int(rng.integers(self.period_min, self.period_max + 1))
+            row[:C] = rng.choice(pool, size=p, replace=False)[np.arange(C) % p]
         free = np.ones(C - 2, bool)        # free[s]: a pair may start at s
         starts = np.empty(P, np.int64)
         dist = np.empty(Q, np.int64)
@@ -208,7 +251,7 @@ class RetrievalLayout:
         row[starts + 1] = keys
         row[starts + 2] = vals
         qpos = C + 3 * np.arange(Q)
-        row[qpos] = QUERY
+        row[qpos] = self.query_id
         row[qpos + 1] = keys[:Q]
         row[qpos + 2] = vals[:Q]
         return row, dist
@@ -305,8 +348,8 @@ def answer_info(batch: np.ndarray, layout: RetrievalLayout) -> AnswerInfo:
     dist = np.empty((B, Q), np.int64)
     for b in range(B):
         row = batch[b]
-        if not np.all(row[C::3] == QUERY):
-            raise DataError(f"retrieval batch: row {b} has no QUERY marker every 3 tokens from "
+        if not np.all(row[C::3] == layout.query_id):
+            raise DataError(f"retrieval batch: row {b} has no query marker every 3 tokens from "
                             f"position {C} (not a retrieval row of this layout)")
         starts = np.flatnonzero(row[:C - 2] == PAIR)
         qkeys = row[C + 1::3]
