@@ -4,6 +4,9 @@
 #   bench/gpu_train_suite.sh multi           # 2 GPUs: throughput at T=2048 on 1 GPU, 2 GPUs
 #                                            # data-parallel and 2 GPUs FSDP; 2-GPU loss run
 #   bench/gpu_train_suite.sh probe           # 1 GPU: short retrieval learnability probe
+#   bench/gpu_train_suite.sh loss            # 2 GPUs: first-50-step losses, 1 GPU twice (noise
+#                                            # floor, GPUs 0 and 1 at once), 2 GPUs data-parallel
+#                                            # and FSDP, same global batch; compare
 # Results (JSON) are copied to $OUT (default /tmp/nsa_train_out), every log and JSON also into
 # $OUT/logs_<stages>.tgz (the device tool returns at most 8 files); a short table is printed last.
 set -u
@@ -63,6 +66,26 @@ if [[ $stage == multi ]]; then   # results go straight to $FINAL: a cut-short ca
   python3 bench/loss_match.py run --tag 2gpu_data --devices 0,1 \
     --out "$FINAL/loss_match_run_2gpu_data.json" > "$OUT/loss_2gpu_data.log" 2>&1 || rc=1
   tail -n 1 "$OUT/loss_2gpu_data.log"
+fi
+if [[ $stage == loss ]]; then   # results go straight to $FINAL as they come
+  python3 -m nsa_jax.data.prepare --config configs/prepare_sample.yaml \
+    data.out_dir=data_prepared/fineweb_edu_sample > "$OUT/prepare.log" 2>&1 || rc=1
+  for d in 0 1; do
+    tag=1gpu_$([[ $d == 0 ]] && echo a || echo b)
+    python3 bench/loss_match.py run --tag $tag --devices $d \
+      --out "$FINAL/loss_match_run_$tag.json" > "$OUT/loss_$tag.log" 2>&1 &
+  done
+  wait
+  echo "1-GPU runs done at $((SECONDS - t0))s"; tail -qn 1 "$OUT"/loss_1gpu_*.log
+  python3 bench/loss_match.py run --tag 2gpu_data --devices 0,1 \
+    --out "$FINAL/loss_match_run_2gpu_data.json" > "$OUT/loss_2gpu_data.log" 2>&1 || rc=1
+  tail -n 1 "$OUT/loss_2gpu_data.log"; echo "2gpu_data done at $((SECONDS - t0))s"
+  python3 bench/loss_match.py run --tag 2gpu_fsdp --devices 0,1 --set mesh.data=1 mesh.fsdp=2 \
+    --out "$FINAL/loss_match_run_2gpu_fsdp.json" > "$OUT/loss_2gpu_fsdp.log" 2>&1 || rc=1
+  tail -n 1 "$OUT/loss_2gpu_fsdp.log"; echo "2gpu_fsdp done at $((SECONDS - t0))s"
+  python3 bench/loss_match.py compare "$FINAL"/loss_match_run_1gpu_a.json \
+    "$FINAL"/loss_match_run_1gpu_b.json "$FINAL"/loss_match_run_2gpu_data.json \
+    "$FINAL"/loss_match_run_2gpu_fsdp.json --out "$FINAL/loss_match_h200x2.json" || rc=1
 fi
 echo "stage $stage finished at $((SECONDS - t0))s rc=$rc"
 done
