@@ -86,9 +86,10 @@ class DataConfig:
     retrieval_keys: int = 256           # retrieval: distinct key ids
     retrieval_values: int = 256         # retrieval: distinct value ids (chance = 1/this)
     retrieval_filler: int = 0           # retrieval: filler ids; 0 = all ids left below vocab
-    retrieval_filler_mode: Literal["random", "cycle", "repeat"] = "random"  # retrieval: filler kind
-    retrieval_filler_period_min: int = 0  # retrieval, repeat filler: segment length range
-    retrieval_filler_period_max: int = 0
+    retrieval_filler_mode: Literal["random", "cycle", "repeat", "copy"] = "random"  # filler kind
+    retrieval_filler_period_min: int = 0  # retrieval, repeat/copy filler: segment length range
+    retrieval_filler_period_max: int = 0  # (repeat: the period; copy: the copied segments)
+    retrieval_copy_fraction: float = 0.5  # retrieval, copy filler: share of segments copied
     retrieval_min_distance: int = 1     # retrieval: query-to-key distance range (tokens)
     retrieval_max_distance: int = 0     # retrieval: 0 = as far as the row allows
     retrieval_distance: Literal["uniform", "log"] = "uniform"  # retrieval: distance distribution

@@ -493,3 +493,128 @@ def test_repeat_filler_errors_name_the_key():
     args = bench.build_parser().parse_args(["parity", "--cpu-scale"])
     with pytest.raises(bench.BenchError, match="--cpu-scale: only for the retrieval study"):
         bench.plan_study("parity", args)
+
+
+# ---- copy filler -------------------------------------------------------------------------------
+COPY = {"retrieval_filler_mode": "copy", "retrieval_filler_period_min": 8,
+        "retrieval_filler_period_max": 32, "retrieval_query_marker": "pair"}
+
+
+def copy_rows(n, seed=0, split="train", **data):
+    """``n`` rows of a copy-filler layout with their spans, straight from the source."""
+    from nsa_jax.data.retrieval import RetrievalSource
+
+    cfg = make_cfg(vocab=512, seed=seed, **{**COPY, **data})
+    lay = RetrievalLayout.from_config(cfg)
+    src = RetrievalSource(lay, seed, split, 0, 1)
+    out = [lay.generate_with_spans(np.random.default_rng([seed, 0x2E7A, src.split_id, g]))
+           for g in range(n)]
+    for g, (row, dist, _) in enumerate(out):       # the source's rows are these rows
+        r, d = src.row(g)
+        np.testing.assert_array_equal(r, row)
+        np.testing.assert_array_equal(d, dist)
+    return cfg, lay, out
+
+
+def test_copy_filler_spans_are_copies_of_earlier_context():
+    cfg, lay, out = copy_rows(6, seq_len=4096)
+    C = lay.context_len
+    rows = np.stack([r for r, _, _ in out])
+    answer_info(rows, lay)                              # pairs, queries and answers intact
+    for row, _, spans in out:
+        s, L, D = spans.T
+        assert len(spans) > 50 and np.all(np.diff(s) >= L[:-1])        # in order, disjoint
+        assert np.all((L >= 8) & (L <= 32)) and np.all(s + L <= C)
+        assert np.all((D >= L) & (D <= s))                             # source before target
+        pair = np.zeros(C, bool)                                       # pair-overwritten
+        starts = np.flatnonzero(row[:C] == PAIR)
+        assert len(starts) == lay.pairs
+        pair[np.concatenate([starts, starts + 1, starts + 2])] = True
+        checked = 0
+        for a, n, d in spans:
+            ok = ~pair[a:a + n] & ~pair[a - d:a - d + n]
+            np.testing.assert_array_equal(row[a:a + n][ok], row[a - d:a - d + n][ok])
+            checked += ok.sum()
+        assert checked > 0.4 * C
+        # this row's keys and values occur only in its pairs and queries
+        keys, vals = row[starts + 1], row[starts + 2]
+        own = np.isin(row, np.concatenate([keys, vals]))
+        where = np.flatnonzero(own)
+        expect = np.concatenate([starts + 1, starts + 2, C + 3 * np.arange(lay.queries) + 1,
+                                 C + 3 * np.arange(lay.queries) + 2])
+        np.testing.assert_array_equal(where, np.sort(expect))
+        assert not np.isin(row[:C][~pair], [PAIR, QUERY]).any()
+        # the filler pool is repeat's: other rows' key and value ids fill too
+        other = row[:C][~pair]
+        assert ((other >= lay.key0) & (other < lay.filler0)).any()
+
+
+def test_copy_filler_share_and_distances():
+    for frac in (0.5, 0.9):
+        _, lay, out = copy_rows(4, seq_len=8192, retrieval_pairs=16, retrieval_queries=8,
+                                retrieval_copy_fraction=frac)
+        C = lay.context_len
+        covered, repeated = 0, 0
+        for row, _, spans in out:
+            covered += spans[:, 1].sum()
+            # measured from the tokens alone: positions whose 8-gram ending there occurred
+            # earlier (a chance repeat of 8 ids drawn from ~400 is negligible)
+            grams = np.lib.stride_tricks.sliding_window_view(row[:C], 8)
+            _, first = np.unique(grams, axis=0, return_index=True)
+            seen_before = np.ones(len(grams), bool)
+            seen_before[first] = False
+            repeated += seen_before.sum() + 7 * len(spans)   # a copy's first 7 end no 8-gram
+        share = covered / (4 * C)
+        assert abs(share - frac) < 0.06, (frac, share)
+        assert abs(repeated / (4 * C) - share) < 0.02, (repeated / (4 * C), share)
+    # distances: uniform over [L, s] vs log-uniform (many short, a share far)
+    D = {}
+    for dist in ("uniform", "log"):
+        _, lay, out = copy_rows(4, seq_len=8192, retrieval_pairs=16, retrieval_queries=8,
+                                retrieval_distance=dist)
+        spans = np.concatenate([sp for _, _, sp in out])
+        s, L, d = spans.T
+        assert np.all((d >= L) & (d <= s))
+        D[dist] = (d - L) / np.maximum(s - L, 1)        # position of D within [L, s]
+    assert 0.4 < np.median(D["uniform"]) < 0.6
+    assert np.median(D["log"]) < 0.1 and (D["log"] > 0.5).mean() > 0.05
+
+
+def test_copy_filler_deterministic_per_seed_split_row():
+    _, _, a = copy_rows(3)
+    _, _, b = copy_rows(3)
+    _, _, c = copy_rows(3, seed=1)
+    _, _, e = copy_rows(3, split="eval")
+    for (ra, _, sa), (rb, _, sb) in zip(a, b):
+        np.testing.assert_array_equal(ra, rb)
+        np.testing.assert_array_equal(sa, sb)
+    rows_a = [r for r, _, _ in a]
+    assert not any(np.array_equal(x, y) for x in rows_a for y in rows_a if x is not y)
+    for other in (c, e):
+        assert not any(np.array_equal(x, r) for x in rows_a for r, _, _ in other)
+    # the loader streams the same rows
+    cfg = make_cfg(vocab=512, **COPY)
+    np.testing.assert_array_equal(np.concatenate(batches(cfg, 1, batch_size=3)),
+                                  np.stack(rows_a))
+
+
+def test_copy_filler_errors_name_the_key():
+    def err(match, **data):
+        with pytest.raises(DataError, match=match):
+            build_loader(make_cfg(vocab=512, **{**COPY, **data}), batch_size=1)
+
+    C = 257 - 3 * 6
+    err(r"^data.retrieval_copy_fraction: must be in \(0, 1\] with filler_mode copy, got 0.0$",
+        retrieval_copy_fraction=0.0)
+    err(r"^data.retrieval_copy_fraction: must be in \(0, 1\] with filler_mode copy, got 1.5$",
+        retrieval_copy_fraction=1.5)
+    err(rf"^data.retrieval_filler_period_max: {C // 2 + 1} > {C // 2} \(with filler_mode copy",
+        retrieval_filler_period_max=C // 2 + 1)
+    err(r"^data.retrieval_filler_period_min: must be >= 2 with filler_mode copy, got 0$",
+        retrieval_filler_period_min=0)
+    err(r"^data.retrieval_filler_period_max: 4 < retrieval_filler_period_min=8$",
+        retrieval_filler_period_max=4)
+    RetrievalLayout.from_config(make_cfg(vocab=512, **{**COPY, "retrieval_filler_period_max":
+                                                       C // 2, "retrieval_copy_fraction": 1.0}))
+    # copy_fraction is only checked for copy filler (its default is valid, not used elsewhere)
+    RetrievalLayout.from_config(make_cfg(retrieval_copy_fraction=0.0))

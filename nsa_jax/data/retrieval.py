@@ -28,7 +28,18 @@ A row has ``n = seq_len + 1`` tokens: a context of ``C = n - 3Q`` tokens, then `
   the current token, copy its successor) -- the very mechanism a query needs (find the stored
   key, copy the value after it), trained with the full-row loss on thousands of targets per row
   and on the same ids, instead of on Q answers. ``p`` varies by row so that no fixed relative
-  position solves it.
+  position solves it. But that induction is short-range (the previous occurrence is ``p <= 64``
+  tokens back, inside any sliding window), so it trains nothing that NSA's compressed and
+  selection branches must do. ``copy`` -- *long-range* induction: iid uniform ids from the same
+  pool as ``repeat``, then the context is walked in segments of ``L`` tokens (``L`` uniform in
+  ``[data.retrieval_filler_period_min, data.retrieval_filler_period_max]``, a new ``L`` per
+  segment, the last one that does not fit dropped); a segment starting at ``s >= L`` is, with
+  probability ``data.retrieval_copy_fraction``, a copy of the ``L`` tokens ``D`` back,
+  ``row[s:s+L] = row[s-D:s-D+L]``, ``D`` drawn from ``[L, s]`` like a query's distance
+  (``data.retrieval_distance``: uniform or log-uniform; copies of copies happen). The first
+  token of a copy is unpredictable, the other ``L - 1`` follow by finding its source (up to the
+  whole context back) and copying on -- so about ``copy_fraction`` of the context trains the
+  retrieval a query needs, at every distance, with the full-row loss (:meth:`copy_spans`).
 * Query ``j`` occupies ``[C+3j, C+3j+3)`` -- ``(QUERY, key, value)``, or with
   ``data.retrieval_query_marker: pair`` ``(PAIR, key, value)``, an exact repeat of the stored
   triple, so the answer follows the same two tokens as the stored value (models that learn
@@ -84,11 +95,12 @@ class RetrievalLayout:
     filler: int
     min_distance: int = 1
     max_distance: int = 0     # 0 = as far as the row allows
-    filler_mode: str = "random"   # random | cycle | repeat
+    filler_mode: str = "random"   # random | cycle | repeat | copy
     distance: str = "uniform"     # uniform | log
-    period_min: int = 0           # repeat: segment length range
+    period_min: int = 0           # repeat, copy: segment length range
     period_max: int = 0
     query_marker: str = "query"   # query | pair: the first token of each query
+    copy_fraction: float = 0.5    # copy: probability that a segment is a copy
 
     @classmethod
     def from_config(cls, cfg) -> "RetrievalLayout":
@@ -99,7 +111,8 @@ class RetrievalLayout:
         lay = cls(d.seq_len, d.retrieval_pairs, d.retrieval_queries, d.retrieval_keys,
                   d.retrieval_values, filler, d.retrieval_min_distance, d.retrieval_max_distance,
                   d.retrieval_filler_mode, d.retrieval_distance, d.retrieval_filler_period_min,
-                  d.retrieval_filler_period_max, d.retrieval_query_marker)
+                  d.retrieval_filler_period_max, d.retrieval_query_marker,
+                  d.retrieval_copy_fraction)
         lay.validate(vocab)
         return lay
 
@@ -158,8 +171,9 @@ class RetrievalLayout:
         for k in ("queries", "pairs", "keys", "values", "min_distance"):
             if getattr(self, k) < 1:
                 fail(k, f"must be >= 1, got {getattr(self, k)}")
-        if self.filler_mode not in ("random", "cycle", "repeat"):
-            fail("filler_mode", f"must be random, cycle or repeat, got {self.filler_mode!r}")
+        if self.filler_mode not in ("random", "cycle", "repeat", "copy"):
+            fail("filler_mode", f"must be random, cycle, repeat or copy, got "
+                                f"{self.filler_mode!r}")
         if self.query_marker not in ("query", "pair"):
             fail("query_marker", f"must be query or pair, got {self.query_marker!r}")
         if self.distance not in ("uniform", "log"):
@@ -182,18 +196,26 @@ class RetrievalLayout:
             raise DataError(f"data.seq_len: {self.seq_len} is too short for {self.queries} queries "
                             f"and {self.pairs} pairs (pairs may fill at most half of the "
                             f"{max(C, 0)}-token context)")
-        if self.filler_mode == "repeat":
+        if self.filler_mode in ("repeat", "copy"):
             if self.period_min < 2:
-                fail("filler_period_min", f"must be >= 2 with filler_mode repeat, got "
-                                          f"{self.period_min}")
+                fail("filler_period_min", f"must be >= 2 with filler_mode {self.filler_mode}, "
+                                          f"got {self.period_min}")
             if self.period_max < self.period_min:
                 fail("filler_period_max", f"{self.period_max} < retrieval_filler_period_min="
                                           f"{self.period_min}")
+        if self.filler_mode == "repeat":
             most = min(C, self.vocab_needed - N_SPECIAL - 2 * self.pairs)
             if self.period_max > most:
                 fail("filler_period_max", f"{self.period_max} > {most} (a segment holds distinct "
                                           f"ids other than the row's keys and values and must "
                                           f"fit the {C}-token context)")
+        if self.filler_mode == "copy":
+            if 2 * self.period_max > C:
+                fail("filler_period_max", f"{self.period_max} > {C // 2} (with filler_mode copy "
+                                          f"a segment may be at most half the {C}-token context)")
+            if not 0.0 < self.copy_fraction <= 1.0:
+                fail("copy_fraction", f"must be in (0, 1] with filler_mode copy, got "
+                                      f"{self.copy_fraction}")
         for j in range(self.queries):
             lo, hi = self.distance_range(j)
             if lo > hi:
@@ -208,11 +230,37 @@ class RetrievalLayout:
         """The fixed cyclic order of the filler ids for ``filler_mode: cycle``."""
         return self.filler0 + np.random.default_rng([seed, _TAG, 0]).permutation(self.filler)
 
+    def copy_spans(self, rng: np.random.Generator) -> np.ndarray:
+        """``int64 [n, 3]``: ``(s, L, D)`` of each copied segment of ``filler_mode: copy``, ``s``
+        increasing: ``row[s:s+L] = row[s-D:s-D+L]``, ``L <= D <= s`` (module docstring)."""
+        C, lo, hi = self.context_len, self.period_min, self.period_max
+        m = C // lo + 1                                # more segments than can fit
+        L = rng.integers(lo, hi + 1, size=m)
+        s = np.cumsum(L) - L
+        keep = s + L <= C                              # the segments that fit (a prefix)
+        copy = keep & (s >= L) & (rng.random(m) < self.copy_fraction)
+        u = rng.random(m)
+        s, L, u = s[copy], L[copy], u[copy]
+        n = s - L + 1                                  # choices of D in [L, s]
+        if self.distance == "log":
+            D = L + _log_index(L, n, u)
+        else:
+            D = L + np.minimum((u * n).astype(np.int64), n - 1)
+        return np.stack([s, L, D], axis=1).astype(np.int64)
+
     def generate(self, rng: np.random.Generator, cycle: np.ndarray | None = None
                  ) -> tuple[np.ndarray, np.ndarray]:
         """One row ``int32 [seq_len + 1]`` and its queries' distances ``int64 [Q]``.
         ``cycle`` (from :meth:`filler_cycle`) is required for ``filler_mode: cycle``."""
+        row, dist, _ = self.generate_with_spans(rng, cycle)
+        return row, dist
+
+    def generate_with_spans(self, rng: np.random.Generator, cycle: np.ndarray | None = None
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`generate` plus the row's :meth:`copy_spans` (``[0, 3]`` unless
+        ``filler_mode: copy``); pairs are written over the copies afterwards."""
         C, P, Q = self.context_len, self.pairs, self.queries
+        spans = np.zeros((0, 3), np.int64)
         row = np.empty(self.row_len, np.int32)
         if self.filler_mode == "cycle":
             row[:C] = cycle[(rng.integers(0, self.filler) + np.arange(C)) % self.filler]
@@ -220,13 +268,19 @@ class RetrievalLayout:
             row[:C] = self.filler0 + rng.integers(0, self.filler, size=C)
         keys = self.key0 + rng.choice(self.keys, size=P, replace=False)
         vals = self.value0 + rng.integers(0, self.values, size=P)
-        if self.filler_mode == "repeat":
+        if self.filler_mode in ("repeat", "copy"):
             pool = np.ones(self.vocab_needed, bool)
             pool[:N_SPECIAL] = False
             pool[keys] = pool[vals] = False            # this row's keys and values occur once
             pool = np.flatnonzero(pool)
+        if self.filler_mode == "repeat":
             p = int(rng.integers(self.period_min, self.period_max + 1))
             row[:C] = rng.choice(pool, size=p, replace=False)[np.arange(C) % p]
+        elif self.filler_mode == "copy":
+            row[:C] = pool[rng.integers(0, len(pool), size=C)]
+            spans = self.copy_spans(rng)
+            for s, L, D in spans.tolist():             # in order: copies of copies
+                row[s:s + L] = row[s - D:s - D + L]
         free = np.ones(C - 2, bool)        # free[s]: a pair may start at s
         starts = np.empty(P, np.int64)
         dist = np.empty(Q, np.int64)
@@ -254,7 +308,7 @@ class RetrievalLayout:
         row[qpos] = self.query_id
         row[qpos + 1] = keys[:Q]
         row[qpos + 2] = vals[:Q]
-        return row, dist
+        return row, dist, spans
 
 
 def answer_loss_mask(seq_len: int, queries: int) -> np.ndarray:
@@ -273,8 +327,7 @@ def _draw_free(rng, cands: np.ndarray, free: np.ndarray, log_from: int = 0) -> i
     uniform in [0, 1) and ``r = (d0 + n) / d0`` (log-uniform over ``[d0, d0 + n)``)."""
     n = len(cands)
     for _ in range(_TRIES):
-        i = rng.integers(n) if not log_from else \
-            min(int(log_from * ((log_from + n) / log_from) ** rng.random()) - log_from, n - 1)
+        i = rng.integers(n) if not log_from else int(_log_index(log_from, n, rng.random()))
         if free[cands[i]]:
             return int(cands[i])
     ok = np.flatnonzero(free[cands])
@@ -284,6 +337,12 @@ def _draw_free(rng, cands: np.ndarray, free: np.ndarray, log_from: int = 0) -> i
         return int(cands[ok[rng.integers(len(ok))]])
     cdf = np.cumsum(np.log1p(1.0 / (log_from + ok)))
     return int(cands[ok[np.searchsorted(cdf, rng.random() * cdf[-1], side="right")]])
+
+
+def _log_index(d0, n, u):
+    """Index ``i`` in ``[0, n)`` of distance ``d0 + i``, log-uniform over ``[d0, d0 + n)`` for
+    ``u`` uniform in [0, 1): ``d = floor(d0 * ((d0 + n) / d0) ** u)``; scalars or arrays."""
+    return np.minimum(np.floor(d0 * ((d0 + n) / d0) ** u).astype(np.int64) - d0, n - 1)
 
 
 class RetrievalSource:
