@@ -94,6 +94,19 @@ def compare(a) -> int:
         res["diffs"].append(row)
         print(f"{r['tag']:<14} {r['device_count']!s:>7} {n:>5} {row['max_abs']:>9.4f} "
               f"{row['mean_abs']:>9.4f} {row['max_abs_last10']:>14.4f} {row['final_loss']:>9.4f}")
+    # every pair: is a sharded run as close to each 1-device run as those are to each other?
+    res["pairwise"] = []
+    print(f"{'pair':<28} {'mean|dL|':>9} {'max|dL|':>9} {'mean dL':>9}")
+    for i, r1 in enumerate(runs):
+        for r2 in runs[i + 1:]:
+            n = min(len(r1["loss"]), len(r2["loss"]))
+            s = [y - x for x, y in zip(r1["loss"][:n], r2["loss"][:n])]
+            row = {"a": r1["tag"], "b": r2["tag"], "steps": n,
+                   "mean_abs": sum(map(abs, s)) / n, "max_abs": max(map(abs, s)),
+                   "mean_signed": sum(s) / n}
+            res["pairwise"].append(row)
+            print(f"{r1['tag'] + ' vs ' + r2['tag']:<28} {row['mean_abs']:>9.4f} "
+                  f"{row['max_abs']:>9.4f} {row['mean_signed']:>+9.4f}")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=1))
