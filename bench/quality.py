@@ -85,7 +85,11 @@ VARIANTS = {
     "retrieval": {"nsa": ["model.attention=nsa", "nsa.branches=[cmp,slc,win]"],
                   "win": ["model.attention=nsa", "nsa.branches=[win]"],
                   "dense": ["model.attention=dense"]},
-    "parity": {"nsa": ["model.attention=nsa"], "dense": ["model.attention=dense"]},
+    # two seeds each (init and data order): the seed-to-seed spread is the noise floor that
+    # an NSA - dense difference is read against
+    "parity": {"nsa": ["model.attention=nsa"], "dense": ["model.attention=dense"],
+               "nsa_s1": ["model.attention=nsa", "train.seed=1"],
+               "dense_s1": ["model.attention=dense", "train.seed=1"]},
 }
 LABELS = {"nsa": "NSA (cmp+slc+win)", "win": "window only", "dense": "dense"}
 COLORS = {"nsa": "tab:blue", "win": "tab:orange", "dense": "tab:green"}
@@ -426,10 +430,7 @@ def parity_entry(run_dir: Path) -> dict:
             "data_path": cfg.data.path}
 
 
-def parity_checks(variants: dict) -> dict:
-    nsa, dense = variants.get("nsa"), variants.get("dense")
-    if not (nsa and dense):
-        return {}
+def _pair_check(nsa: dict, dense: dict) -> dict:
     a = {c["step"]: c["eval_loss"] for c in nsa["eval_curve"]}
     b = {c["step"]: c["eval_loss"] for c in dense["eval_curve"]}
     common = sorted(set(a) & set(b))
@@ -442,19 +443,41 @@ def parity_checks(variants: dict) -> dict:
             "best_nsa_minus_best_dense": min(a[s] for s in common) - min(b[s] for s in common)}
 
 
+def parity_checks(variants: dict) -> dict:
+    """NSA - dense held-out loss at the last common eval step and best against best, for
+    seed 0 (``nsa``/``dense``) and, where trained, seed 1 (``*_s1``, under ``"seed1"``); with
+    both seeds also the seed-to-seed spread of each attention (``seed_spread``: |seed 0 -
+    seed 1| of the best held-out loss), the noise floor of the comparison."""
+    nsa, dense = variants.get("nsa"), variants.get("dense")
+    if not (nsa and dense):
+        return {}
+    out = _pair_check(nsa, dense)
+    if variants.get("nsa_s1") and variants.get("dense_s1"):
+        out["seed1"] = _pair_check(variants["nsa_s1"], variants["dense_s1"])
+        best = lambda v: min(c["eval_loss"] for c in variants[v]["eval_curve"])
+        out["seed_spread"] = {"nsa": abs(best("nsa") - best("nsa_s1")),
+                              "dense": abs(best("dense") - best("dense_s1"))}
+        if "best_nsa_minus_best_dense" in out["seed1"]:
+            out["best_nsa_minus_best_dense_mean"] = (out["best_nsa_minus_best_dense"] + out[
+                "seed1"]["best_nsa_minus_best_dense"]) / 2
+    return out
+
+
 def plot_parity(data: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for v in ("nsa", "dense"):
+    for v in ("nsa", "dense", "nsa_s1", "dense_s1"):
         r = data["variants"].get(v)
         if not r:
             continue
         c = r["eval_curve"]
-        ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c], "o-", ms=3,
-                color=COLORS[v], label=LABELS[v].split(" (")[0])
+        base, s1 = v.removesuffix("_s1"), v.endswith("_s1")
+        ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c],
+                "s--" if s1 else "o-", ms=3, color=COLORS[base], alpha=0.6 if s1 else 1.0,
+                label=LABELS[base].split(" (")[0] + (" (seed 1)" if s1 else " (seed 0)"))
     ax.set_xlabel("training tokens (M)")
     ax.set_ylabel("held-out loss (nats/token)")
     chk = data.get("checks") or {}
