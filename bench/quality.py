@@ -786,9 +786,11 @@ def set_memory_shares(jobs: list[Job], fraction: float | None) -> None:
     0.9 / number of jobs) -- a launcher detail, set only in the children's environment."""
     share = fraction if fraction is not None else 0.9 / max(len(jobs), 1)
     for job in jobs:
-        # XLA_CLIENT_MEM_FRACTION is the newer name of the same setting
-        job.env.update(XLA_PYTHON_CLIENT_MEM_FRACTION=f"{share:.3f}",
-                       XLA_CLIENT_MEM_FRACTION=f"{share:.3f}")
+        # one name only: jax 0.11 refuses to start its GPU backend (and falls back to the CPU)
+        # when the newer XLA_CLIENT_MEM_FRACTION is set together with this older name, which
+        # both jax 0.10 and 0.11 still read
+        job.env.pop("XLA_CLIENT_MEM_FRACTION", None)
+        job.env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{share:.3f}"
     if jobs:
         log(f"{len(jobs)} runs at once, each with {share:.3f} of the GPU memory")
 
