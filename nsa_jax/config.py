@@ -90,8 +90,8 @@ class DataConfig:
     retrieval_filler_period_min: int = 0  # retrieval, repeat/copy filler: segment length range
     retrieval_filler_period_max: int = 0  # (repeat: the period; copy: the copied segments)
     retrieval_copy_fraction: float = 0.5  # retrieval, copy filler: share of segments copied
-    retrieval_filler_successors: int = 0  # retrieval, copy filler: 0 = iid ids; m = each fresh
-    #   filler id drawn from m fixed successors of the id two places back (skip-bigram)
+    retrieval_filler_groups: int = 0  # retrieval, copy filler: 0 = iid ids; G = each fresh
+    #   filler id drawn from the group (id mod G) of the id two places back (skip-bigram)
     retrieval_min_distance: int = 1     # retrieval: query-to-key distance range (tokens)
     retrieval_max_distance: int = 0     # retrieval: 0 = as far as the row allows
     retrieval_distance: Literal["uniform", "log"] = "uniform"  # retrieval: distance distribution

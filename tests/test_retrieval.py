@@ -620,38 +620,34 @@ def test_copy_filler_errors_name_the_key():
     RetrievalLayout.from_config(make_cfg(retrieval_copy_fraction=0.0))
 
 
-def test_copy_filler_skip_bigram_successors():
-    """filler_successors m: every fresh filler id (outside copies, pairs and the two ids that
-    restart a chain every 64 tokens) is one of the m fixed successors of the id two back."""
+def test_copy_filler_skip_bigram_groups():
+    """filler_groups G: every fresh filler id (outside copies, pairs and the two ids that
+    restart a chain every 64 tokens) is in the group (id mod G) of the id two back, and the ids
+    of a group are used about evenly."""
     from nsa_jax.data.retrieval import RetrievalSource
 
-    cfg = make_cfg(vocab=512, **{**COPY, "seq_len": 4096, "retrieval_filler_successors": 4})
+    cfg = make_cfg(vocab=512, **{**COPY, "seq_len": 4096, "retrieval_filler_groups": 8})
     lay = RetrievalLayout.from_config(cfg)
     src = RetrievalSource(lay, 0, "train", 0, 1)
-    table = src.table
-    assert table.shape == (lay.filler, 4)
-    assert np.all((table >= lay.filler0) & (table < lay.filler0 + lay.filler))
-    assert all(len(set(r)) == 4 for r in table)                    # distinct successors
-    np.testing.assert_array_equal(table, lay.successor_table(0))   # fixed by the seed
-    assert not np.array_equal(table, lay.successor_table(1))
     C = lay.context_len
-    checked = 0
+    fresh_ids = []
     for g in range(3):
-        row, _, spans = lay.generate_with_spans(np.random.default_rng([0, 0x2E7A, 1, g]),
-                                                None, table)
+        row, _, spans = lay.generate_with_spans(np.random.default_rng([0, 0x2E7A, 1, g]))
         np.testing.assert_array_equal(row, src.row(g)[0])
         fresh = np.ones(C, bool)
         for s, L, _ in spans:
             fresh[s:s + L] = False
         fresh[np.flatnonzero(row[:C] == PAIR)[:, None] + np.arange(3)] = False
+        assert np.all((row[:C][fresh] >= lay.filler0) &
+                      (row[:C][fresh] < lay.filler0 + lay.filler))
         t = np.flatnonzero(fresh[2:] & fresh[:-2]) + 2
         t = t[t % 64 >= 2]
-        ok = (table[row[t - 2] - lay.filler0] == row[t][:, None]).any(axis=1)
-        assert ok.all() and len(t) > 0.3 * C
-        checked += len(t)
-    assert checked > 3000
-    with pytest.raises(DataError, match=r"^data.retrieval_filler_successors: must be in \[0, "):
-        build_loader(make_cfg(vocab=512, **{**COPY, "retrieval_filler_successors": -1}),
+        assert len(t) > 0.3 * C
+        f = row[t] - lay.filler0
+        np.testing.assert_array_equal(f % 8, (row[t - 2] - lay.filler0) % 8)
+        fresh_ids.append(f)
+    counts = np.bincount(np.concatenate(fresh_ids), minlength=lay.filler)
+    assert counts.min() > 0 and counts.max() < 4 * counts.mean()     # every id, about evenly
+    with pytest.raises(DataError, match=r"^data.retrieval_filler_groups: must be in \[0, "):
+        build_loader(make_cfg(vocab=512, **{**COPY, "retrieval_filler_groups": -1}),
                      batch_size=1)
-    with pytest.raises(ValueError, match="needs the successor table"):
-        lay.generate(np.random.default_rng(0))

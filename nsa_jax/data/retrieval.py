@@ -80,7 +80,7 @@ from nsa_jax.data.errors import DataError
 _TAG = 0x2E7A  # domain-separates the retrieval RNG streams from other uses of the seed
 PAIR, QUERY = 0, 1
 N_SPECIAL = 2
-_CHAIN = 64    # skip-bigram filler: chain length before a restart
+_CHAIN = 64    # copy filler with groups: skip-bigram chain length before a restart
 _TRIES = 8     # random draws before falling back to listing the free places
 
 
@@ -102,7 +102,7 @@ class RetrievalLayout:
     period_max: int = 0
     query_marker: str = "query"   # query | pair: the first token of each query
     copy_fraction: float = 0.5    # copy: probability that a segment is a copy
-    successors: int = 0           # copy: 0 = iid fresh filler; m = skip-bigram with m successors
+    groups: int = 0               # copy: 0 = iid fresh filler; G = skip-bigram over G groups
 
     @classmethod
     def from_config(cls, cfg) -> "RetrievalLayout":
@@ -114,7 +114,7 @@ class RetrievalLayout:
                   d.retrieval_values, filler, d.retrieval_min_distance, d.retrieval_max_distance,
                   d.retrieval_filler_mode, d.retrieval_distance, d.retrieval_filler_period_min,
                   d.retrieval_filler_period_max, d.retrieval_query_marker,
-                  d.retrieval_copy_fraction, d.retrieval_filler_successors)
+                  d.retrieval_copy_fraction, d.retrieval_filler_groups)
         lay.validate(vocab)
         return lay
 
@@ -215,9 +215,9 @@ class RetrievalLayout:
             if 2 * self.period_max > C:
                 fail("filler_period_max", f"{self.period_max} > {C // 2} (with filler_mode copy "
                                           f"a segment may be at most half the {C}-token context)")
-            if not 0 <= self.successors <= self.filler:
-                fail("filler_successors", f"must be in [0, {self.filler}] (the filler ids), got "
-                                          f"{self.successors}")
+            if not 0 <= self.groups <= self.filler // 2:
+                fail("filler_groups", f"must be in [0, {self.filler // 2}] (at least 2 of the "
+                                      f"{self.filler} filler ids per group), got {self.groups}")
             if not 0.0 < self.copy_fraction <= 1.0:
                 fail("copy_fraction", f"must be in (0, 1] with filler_mode copy, got "
                                       f"{self.copy_fraction}")
@@ -235,30 +235,22 @@ class RetrievalLayout:
         """The fixed cyclic order of the filler ids for ``filler_mode: cycle``."""
         return self.filler0 + np.random.default_rng([seed, _TAG, 0]).permutation(self.filler)
 
-    def successor_table(self, seed: int) -> np.ndarray | None:
-        """``int32 [F, m]``: the fixed successors of every filler id for ``filler_mode: copy``
-        with ``successors = m > 0`` (drawn from ``train.seed``), else None."""
-        if self.filler_mode != "copy" or not self.successors:
-            return None
-        rng = np.random.default_rng([seed, _TAG, 1])
-        return (self.filler0 + np.argsort(rng.random((self.filler, self.filler)), axis=1)
-                [:, :self.successors]).astype(np.int32)
-
-    def skip_bigram_filler(self, rng: np.random.Generator, table: np.ndarray) -> np.ndarray:
-        """``C`` filler ids where id ``t >= 2`` is drawn uniformly from the ``m`` successors of
-        id ``t - 2`` (:meth:`successor_table`): predicting it needs the token *before* the
-        current one (chains restart with two random ids every 64 tokens), so a previous-token attention head -- the first half of the induction
-        circuit that every copy and query needs -- pays off on every fresh filler token and forms
-        early, instead of only together with the second half (the plateau of random filler)."""
-        C, m = self.context_len, table.shape[1]
-        # chains restart every _CHAIN tokens (two random ids), so all rows of [n, _CHAIN] step
-        # at once: vectorised over the row instead of a loop over C tokens
-        out = np.empty((-(-C // _CHAIN), _CHAIN), np.int32)
-        out[:, :2] = self.filler0 + rng.integers(0, self.filler, size=(len(out), 2))
-        pick = rng.integers(0, m, size=(len(out), _CHAIN))
-        for j in range(2, _CHAIN):
-            out[:, j] = table[out[:, j - 2] - self.filler0, pick[:, j]]
-        return out.ravel()[:C]
+    def skip_bigram_filler(self, rng: np.random.Generator) -> np.ndarray:
+        """``C`` filler ids in which id ``t`` is drawn uniformly from the *group* (id mod ``G``,
+        ``G = groups``) of id ``t - 2``; chains restart with two random ids every 64 tokens.
+        Predicting a fresh id then needs the token *before* the current one: a previous-token
+        attention head -- the first half of the induction circuit that every copy and query
+        needs -- pays off on its own on every fresh filler token (ln F -> ln F/G nats), so it can
+        form early instead of only together with the second half (the plateau of iid filler).
+        The group of an id is one of G classes, a low-rank map any small model can represent."""
+        C, G, F = self.context_len, self.groups, self.filler
+        out = np.empty((-(-C // _CHAIN), _CHAIN), np.int64)
+        out[:, :2] = rng.integers(0, F, size=(len(out), 2))
+        for j in range(2, _CHAIN):           # vectorised over the row's chains
+            g = out[:, j - 2] % G
+            n = (F - 1 - g) // G + 1          # ids of group g in [0, F)
+            out[:, j] = g + G * (rng.random(len(out)) * n).astype(np.int64)
+        return (self.filler0 + out.ravel()[:C]).astype(np.int32)
 
     def copy_spans(self, rng: np.random.Generator) -> np.ndarray:
         """``int64 [n, 3]``: ``(s, L, D)`` of each copied segment of ``filler_mode: copy``, ``s``
@@ -278,16 +270,14 @@ class RetrievalLayout:
             D = L + np.minimum((u * n).astype(np.int64), n - 1)
         return np.stack([s, L, D], axis=1).astype(np.int64)
 
-    def generate(self, rng: np.random.Generator, cycle: np.ndarray | None = None,
-                 table: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def generate(self, rng: np.random.Generator, cycle: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
         """One row ``int32 [seq_len + 1]`` and its queries' distances ``int64 [Q]``.
-        ``cycle`` (from :meth:`filler_cycle`) is required for ``filler_mode: cycle``, ``table``
-        (from :meth:`successor_table`) for ``copy`` with ``successors > 0``."""
-        row, dist, _ = self.generate_with_spans(rng, cycle, table)
+        ``cycle`` (from :meth:`filler_cycle`) is required for ``filler_mode: cycle``."""
+        row, dist, _ = self.generate_with_spans(rng, cycle)
         return row, dist
 
-    def generate_with_spans(self, rng: np.random.Generator, cycle: np.ndarray | None = None,
-                            table: np.ndarray | None = None
+    def generate_with_spans(self, rng: np.random.Generator, cycle: np.ndarray | None = None
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`generate` plus the row's :meth:`copy_spans` (``[0, 3]`` unless
         ``filler_mode: copy``); pairs are written over the copies afterwards."""
@@ -309,10 +299,8 @@ class RetrievalLayout:
             p = int(rng.integers(self.period_min, self.period_max + 1))
             row[:C] = rng.choice(pool, size=p, replace=False)[np.arange(C) % p]
         elif self.filler_mode == "copy":
-            if self.successors:
-                if table is None:
-                    raise ValueError("filler_successors > 0 needs the successor table")
-                row[:C] = self.skip_bigram_filler(rng, table)
+            if self.groups:
+                row[:C] = self.skip_bigram_filler(rng)
             else:
                 row[:C] = pool[rng.integers(0, len(pool), size=C)]
             spans = self.copy_spans(rng)
@@ -392,7 +380,6 @@ class RetrievalSource:
         self.layout = layout
         self.seed = seed
         self.cycle = layout.filler_cycle(seed) if layout.filler_mode == "cycle" else None
-        self.table = layout.successor_table(seed)
         self.split_id = {"train": 1, "eval": 2}[split]
         self.p, self.P = process_index, process_count
         self.cursor = int((position or {}).get("seq", 0))
@@ -406,7 +393,7 @@ class RetrievalSource:
     def row(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """Global row ``g`` of this split and its distances (deterministic)."""
         return self.layout.generate(np.random.default_rng([self.seed, _TAG, self.split_id, g]),
-                                    self.cycle, self.table)
+                                    self.cycle)
 
     def next_rows(self, count: int) -> np.ndarray:
         rows = [self.row((self.cursor + j) * self.P + self.p)[0] for j in range(count)]
