@@ -85,6 +85,8 @@ class DataConfig:
     retrieval_queries: int = 16         # retrieval: (QUERY, key, value) triples ending each row
     retrieval_keys: int = 256           # retrieval: distinct key ids
     retrieval_values: int = 256         # retrieval: distinct value ids (chance = 1/this)
+    retrieval_values_per_key: int = 0  # retrieval: 0 = a pair's value is any of the values;
+    #   n = key i's values are value ids [i*n, (i+1)*n) (chance 1/n): one-hop retrieval
     retrieval_filler: int = 0           # retrieval: filler ids; 0 = all ids left below vocab
     retrieval_filler_mode: Literal["random", "cycle", "repeat", "copy"] = "random"  # filler kind
     retrieval_filler_period_min: int = 0  # retrieval, repeat/copy filler: segment length range

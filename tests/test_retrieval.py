@@ -651,3 +651,29 @@ def test_copy_filler_skip_bigram_groups():
     with pytest.raises(DataError, match=r"^data.retrieval_filler_groups: must be in \[0, "):
         build_loader(make_cfg(vocab=512, **{**COPY, "retrieval_filler_groups": -1}),
                      batch_size=1)
+
+
+def test_values_per_key_one_hop_layout():
+    """values_per_key n: the value of key i is one of value ids [i*n, (i+1)*n) (chance 1/n), in
+    pairs and answers; with copy filler no value of this row's keys appears as filler."""
+    for mode in ("random", "copy"):
+        extra = COPY if mode == "copy" else {}
+        cfg = make_cfg(vocab=512, **{**extra, "retrieval_keys": 32, "retrieval_values": 256,
+                                     "retrieval_values_per_key": 8})
+        lay = RetrievalLayout.from_config(cfg)
+        assert lay.chance == 1 / 8
+        rows = np.concatenate(batches(cfg, 2, batch_size=4))
+        info = answer_info(rows, lay)                 # answers are the stored values
+        C = lay.context_len
+        for row, ans in zip(rows, info.answers):
+            keys = row[C + 1::3] - lay.key0
+            np.testing.assert_array_equal((ans - lay.value0) // 8, keys)
+            own = lay.value0 + keys[:, None] * 8 + np.arange(8)
+            starts = np.flatnonzero(row[:C] == PAIR)
+            ctx = row[:C].copy()
+            ctx[starts + 2] = -1                      # the stored values themselves
+            assert not np.isin(ctx, own).any()
+    with pytest.raises(DataError, match=r"^data.retrieval_values_per_key: must be 0 or n >= 1 "
+                                        r"with retrieval_values >= retrieval_keys \* n"):
+        build_loader(make_cfg(vocab=512, retrieval_keys=32, retrieval_values=64,
+                              retrieval_values_per_key=8), batch_size=1)

@@ -103,6 +103,7 @@ class RetrievalLayout:
     query_marker: str = "query"   # query | pair: the first token of each query
     copy_fraction: float = 0.5    # copy: probability that a segment is a copy
     groups: int = 0               # copy: 0 = iid fresh filler; G = skip-bigram over G groups
+    per_key: int = 0              # 0: values drawn from all V; n: key i owns values [i*n, i*n+n)
 
     @classmethod
     def from_config(cls, cfg) -> "RetrievalLayout":
@@ -114,7 +115,8 @@ class RetrievalLayout:
                   d.retrieval_values, filler, d.retrieval_min_distance, d.retrieval_max_distance,
                   d.retrieval_filler_mode, d.retrieval_distance, d.retrieval_filler_period_min,
                   d.retrieval_filler_period_max, d.retrieval_query_marker,
-                  d.retrieval_copy_fraction, d.retrieval_filler_groups)
+                  d.retrieval_copy_fraction, d.retrieval_filler_groups,
+                  d.retrieval_values_per_key)
         lay.validate(vocab)
         return lay
 
@@ -164,7 +166,9 @@ class RetrievalLayout:
 
     @property
     def chance(self) -> float:
-        return 1.0 / self.values
+        """Accuracy of a model that knows the layout but retrieves nothing: 1 / (the values a
+        queried key can have)."""
+        return 1.0 / (self.per_key or self.values)
 
     def validate(self, vocab: int) -> None:
         def fail(key, msg):
@@ -173,6 +177,10 @@ class RetrievalLayout:
         for k in ("queries", "pairs", "keys", "values", "min_distance"):
             if getattr(self, k) < 1:
                 fail(k, f"must be >= 1, got {getattr(self, k)}")
+        if self.per_key < 0 or (self.per_key and self.values < self.keys * self.per_key):
+            fail("values_per_key", f"must be 0 or n >= 1 with retrieval_values >= retrieval_keys"
+                                   f" * n = {self.keys} * {self.per_key}, got n = {self.per_key}"
+                                   f" and retrieval_values = {self.values}")
         if self.filler_mode not in ("random", "cycle", "repeat", "copy"):
             fail("filler_mode", f"must be random, cycle, repeat or copy, got "
                                 f"{self.filler_mode!r}")
@@ -289,11 +297,18 @@ class RetrievalLayout:
         elif self.filler_mode == "random":
             row[:C] = self.filler0 + rng.integers(0, self.filler, size=C)
         keys = self.key0 + rng.choice(self.keys, size=P, replace=False)
-        vals = self.value0 + rng.integers(0, self.values, size=P)
+        if self.per_key:     # key i's own values: the value token itself says which key it has
+            vals = self.value0 + (keys - self.key0) * self.per_key + \
+                rng.integers(0, self.per_key, size=P)
+        else:
+            vals = self.value0 + rng.integers(0, self.values, size=P)
         if self.filler_mode in ("repeat", "copy"):
             pool = np.ones(self.vocab_needed, bool)
             pool[:N_SPECIAL] = False
             pool[keys] = pool[vals] = False            # this row's keys and values occur once
+            if self.per_key:                           # nor any value its keys could have
+                own = self.value0 + (keys - self.key0)[:, None] * self.per_key
+                pool[(own + np.arange(self.per_key)).ravel()] = False
             pool = np.flatnonzero(pool)
         if self.filler_mode == "repeat":
             p = int(rng.integers(self.period_min, self.period_max + 1))
