@@ -32,28 +32,32 @@ still going with SIGTERM -- the trainer checkpoints and exits 0 -- then evaluate
     python3 bench/quality.py prepare-parity --texts DATA/fineweb_edu/fineweb_sample.txt \
         DATA/text/nltk_gutenberg                 # 1,805,591 tokens (measured: 11 s on 2 CPU cores)
     OUT=$OUT bench/quality_gpu.sh    # = python3 bench/quality.py all --parallel \
-                                     #     --time-budget-s 380 --runs runs/quality --results $OUT
-    # expected < 9.5 min (380 s of training, then the reports; not yet run on a GPU)
+                                     #     --time-budget-s 450 --runs runs/quality --results $OUT
+    # measured 304 s on an H200 (parity + an earlier 1500-step retrieval layout)
     bench/quality_gpu.sh --smoke     # the same on CPU at tiny sizes: 66 s measured on 2 cores
 
-Retrieval recipe (what made small models learn; measured on 2 CPU cores, every run <= 5 min):
-the plain full-row loss, random or cycle filler and QUERY-marked queries stayed at chance at seq
-256-1024 (dense and NSA, 600-2000 steps); training on the answers only
-(``data.retrieval_loss: answers``) reached only the "some value from this row" plateau (~1/P).
-What works is ``data.retrieval_filler_mode: repeat`` -- each row repeats its own random segment,
-so the full-row loss teaches induction on thousands of targets per row -- plus
-``data.retrieval_query_marker: pair``: a query must repeat its pair's (PAIR, key) context, or
-the induction learned on the filler does not fire on it (seq 64: 2% with QUERY, 99% with PAIR).
-``--cpu-scale`` runs that recipe at seq 64 (w = 8, so > 4w is (32, 64])::
+Retrieval recipe, and what was measured (H200 runs: JSONs in ``bench/results/quality_attempts``;
+CPU runs on 2 cores; seq 8192, w = 512, 4 layers, dim 256 unless said):
+
+* values from one shared pool (a query needs an *induction* circuit: find the stored key, copy
+  the token after it). Random filler, answers-only loss: chance (earlier probe). ``copy`` filler
+  (half of the context copies of earlier stretches, long-range induction on every copied token),
+  log or uniform distances, lr 1.5e-3 or 3e-3: chance after 1000-1500 steps (loss stayed at the
+  unigram floor 7.30). ``copy`` + ``retrieval_filler_groups: 16`` (a skip-bigram that pays a
+  previous-token head on its own): that head formed within ~500 steps (fresh-filler loss 7.3 ->
+  4.9), the copying did not (copied tokens 5.1 nats after 1500 steps), dense as NSA. On CPU the
+  same at seq 256 (dim 64, 1500 steps); ``repeat`` filler learned only at seq 64.
+* key-owned values (``retrieval_values_per_key``): a query is one hop (attend to this key's value
+  token, copy it). CPU, seq 256, dense: 100% of 2048 held-out answers after 1500 steps. At 8k,
+  16 values per key, 1500 steps: all at chance (loss 2.81 vs ln 16 = 2.77: the key -> values map
+  was not yet learned); 8 values per key (this config), 3000 steps: NSA 11.2%, window 11.3%,
+  dense 12.9% beyond 4w (chance 12.5%); 128 pairs, NSA 3288 / dense 8598 steps: chance.
+
+So at 8k the study needs a longer budget or a length curriculum than one 10-minute GPU command;
+``--cpu-scale`` runs the one-hop recipe at seq 256 (w = 16, so > 4w is (64, 256]) on a CPU::
 
     python bench/quality.py retrieval --cpu-scale --runs runs/quality_cpu \
-        --device-tag cpu_scale --eval-rows 512 --eval-batch-size 64
-    # measured (1500 steps each): dense 100%, NSA 95%, window-only 3% (chance 3.1%) beyond 4w
-
-Caveat: the larger the row, the later the queries learn (seq 128: 38% after 2000 steps, seq 256:
-chance within 2000 steps on CPU), so whether seq 8192 learns within one GPU command is not
-known until it runs; if it does not, the eval curves and per-distance accuracy say how far it
-got, and ``--set`` changes the recipe for a second command (e.g. longer periods or more steps).
+        --device-tag cpu_scale --eval-rows 256 --eval-batch-size 64
 
 Run directories default to ``runs/quality/<study>_<variant>``; a run whose directory already has
 checkpoints is resumed (a finished one is a no-op), so an interrupted command can simply be

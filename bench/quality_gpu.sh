@@ -9,7 +9,7 @@
 #
 # Writes to $OUT (default /tmp/quality_out), 5 files: quality_{retrieval,parity}_<device>.{json,png}
 # and quality_logs.tgz (each run's log, metrics.jsonl, config.yaml, bench_train.json); prints a
-# short table last. Environment: PYTHON (default python3), TRAIN_BUDGET_S (default 380 on GPU),
+# short table last. Environment: PYTHON (default python3), TRAIN_BUDGET_S (default 450 on GPU),
 # RUNS (default runs/quality, or runs/quality_smoke with --smoke).
 set -u
 smoke=()
@@ -22,7 +22,7 @@ mkdir -p "$OUT"
 if [[ ${#smoke[@]} -gt 0 ]]; then
   RUNS=${RUNS:-runs/quality_smoke}; budget=${TRAIN_BUDGET_S:-240}; tag=(--device-tag cpu_smoke)
 else
-  RUNS=${RUNS:-runs/quality}; budget=${TRAIN_BUDGET_S:-380}; tag=()
+  RUNS=${RUNS:-runs/quality}; budget=${TRAIN_BUDGET_S:-450}; tag=()
 fi
 t0=$SECONDS
 $PY bench/quality.py all --parallel --time-budget-s "$budget" --runs "$RUNS" --results "$OUT" \

@@ -15,7 +15,11 @@ A row has ``n = seq_len + 1`` tokens: a context of ``C = n - 3Q`` tokens, then `
       0 .. C-1                                                 C .. n-1
 
 * ``P = data.retrieval_pairs`` pairs sit at non-overlapping places in the context; their keys are
-  distinct within the row, their values uniform (repeats allowed).
+  distinct within the row, their values uniform (repeats allowed) -- over all ``V`` values, or,
+  with ``data.retrieval_values_per_key: n``, over the ``n`` values key ``i`` owns (value ids
+  ``[i*n, (i+1)*n)``; chance ``1/n``). Then the value token itself says which key it belongs to,
+  and a query is *one hop* (attend to this key's value token, copy it) instead of the two-head
+  induction circuit a shared pool needs (find the key, copy the token after it).
 * Filler (``data.retrieval_filler_mode``): ``random`` -- uniform iid ids; ``cycle`` -- the ids in
   a fixed random cyclic order (drawn from ``train.seed``), row ``r`` showing at context position
   ``i`` element ``(o_r + i) mod F`` of the cycle, so one filler token predicts all the others, also
@@ -40,6 +44,8 @@ A row has ``n = seq_len + 1`` tokens: a context of ``C = n - 3Q`` tokens, then `
   token of a copy is unpredictable, the other ``L - 1`` follow by finding its source (up to the
   whole context back) and copying on -- so about ``copy_fraction`` of the context trains the
   retrieval a query needs, at every distance, with the full-row loss (:meth:`copy_spans`).
+  ``data.retrieval_filler_groups: G`` makes the fresh (non-copied) ids a skip-bigram over ``G``
+  groups (:meth:`skip_bigram_filler`), which rewards a previous-token head on its own.
 * Query ``j`` occupies ``[C+3j, C+3j+3)`` -- ``(QUERY, key, value)``, or with
   ``data.retrieval_query_marker: pair`` ``(PAIR, key, value)``, an exact repeat of the stored
   triple, so the answer follows the same two tokens as the stored value (models that learn
@@ -62,7 +68,7 @@ need retrieval. With ``all``, pair places, keys, values and the choice of querie
 unpredictable, and so is ``random`` filler: their loss is a constant floor whose gradient noise
 drowns the Q answers among thousands of targets per row (``cycle`` filler, a bigram, costs
 nothing once learned). Accuracy is measured only at the answers (:func:`answer_info`,
-:func:`evaluate_retrieval`); chance is ``1 / V``.
+:func:`evaluate_retrieval`); chance is ``1 / V`` (``1 / n`` with values per key).
 
 Row ``g`` of a split comes from its own RNG keyed by (``train.seed``, split, ``g``): the stream is
 infinite, deterministic and random-access; the position is one integer like the synthetic source
