@@ -141,6 +141,8 @@ class TrainConfig:
     profile_steps: Optional[list[int]] = None   # [first, last] steps to trace
     max_bad_steps: int = 5              # stop after this many non-finite steps in a row
     data_timeout_s: float = 0.0         # a batch that takes longer is a stalled read; 0 = wait
+    init_from: Optional[str] = None     # run dir whose newest checkpoint's weights start a fresh
+    #   run (fresh optimizer, step 0; e.g. continue a short-context run at a longer seq_len)
 
     def validate(self) -> None:
         for f in ("steps", "batch_size", "grad_accum", "log_every", "ckpt_keep", "eval_batches",
@@ -152,6 +154,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{f}: must be >= 0, got {getattr(self, f)}")
         if self.lr <= 0:
             raise ConfigError(f"train.lr: must be > 0, got {self.lr}")
+        if self.init_from is not None and not str(self.init_from).strip():
+            raise ConfigError("train.init_from: empty; give a run directory or leave it unset")
         if self.data_timeout_s < 0:
             raise ConfigError(f"train.data_timeout_s: must be >= 0, got {self.data_timeout_s}")
         if self.batch_size % self.grad_accum:

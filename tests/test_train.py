@@ -554,3 +554,41 @@ def test_text_source_gpt2(tmp_path):
     assert losses[-1] < losses[0]
     assert math.isfinite(summary["eval_loss"])
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["4"]
+
+
+def test_init_from_starts_a_fresh_run_from_another_runs_weights(tmp_path, capsys, tiny_run):
+    """train.init_from: step 0 of the new run holds the source run's final weights (a
+    negligible lr keeps them), with its own data config (here a longer seq_len) and a fresh
+    optimizer; a missing run or other parameter shapes is one error naming the key."""
+    from nsa_jax.train.checkpoint import load_for_inference
+    from nsa_jax.train.loop import train
+
+    src_dir, src_cfg, _ = tiny_run
+    _, src_model = load_for_inference(src_dir)
+    out = tmp_path / "cont"
+    train(small_cfg("train.steps=1", "train.lr=1e-12", "train.warmup_steps=0",
+                    "data.seq_len=128", f"train.init_from={src_dir}", f"run.dir={out}"))
+    assert f"fresh start from the weights of {src_dir} (step 24)" in capsys.readouterr().out
+    cfg, model = load_for_inference(out)
+    assert cfg.data.seq_len == 128 and cfg.train.init_from == str(src_dir)
+    a = jax.tree.leaves(nnx_params(src_model))
+    b = jax.tree.leaves(nnx_params(model))
+    assert len(a) == len(b) and all(np.allclose(x, y, atol=1e-6) for x, y in zip(a, b))
+    fresh = tmp_path / "fresh"            # without init_from the weights differ
+    train(small_cfg("train.steps=1", "train.lr=1e-12", "train.warmup_steps=0",
+                    f"run.dir={fresh}"))
+    c = jax.tree.leaves(nnx_params(load_for_inference(fresh)[1]))
+    assert not all(np.allclose(x, y, atol=1e-3) for x, y in zip(a, c))
+
+    base = ["--config", TINY, *SMALL, "train.steps=1"]
+    assert_one_error(*run_main(capsys, base + [f"run.dir={tmp_path / 'x'}",
+                                               f"train.init_from={tmp_path / 'nowhere'}"]),
+                     "train.init_from: ", "not found")
+    assert_one_error(*run_main(capsys, base + [f"run.dir={tmp_path / 'y'}", "model.dim=96",
+                                               f"train.init_from={src_dir}"]),
+                     "train.init_from: ", "same parameter shapes")
+
+
+def nnx_params(model):
+    from flax import nnx
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))

@@ -53,7 +53,8 @@ from nsa_jax.train import mesh as meshlib
 from nsa_jax.train.checkpoint import (Checkpointer, check_compatible, checkpoint_dir,
                                       newest_usable, quarantine, warn)
 from nsa_jax.train.env import collect_env
-from nsa_jax.train.errors import DataFailed, TrainError, TrainingFailed, WriteFailed
+from nsa_jax.train.errors import (CheckpointError, DataFailed, TrainError, TrainingFailed,
+                                  WriteFailed)
 from nsa_jax.train.feed import BatchFeed, open_loader
 from nsa_jax.train.files import atomic_write_text, os_reason
 from nsa_jax.train.metrics import MetricsLog, Progress, TensorBoardWriter, fmt_duration
@@ -123,7 +124,8 @@ class _Preflight:
             raise TrainError(f"run.dir: {self.run_dir} exists and is not a directory")
         self.ck_dir = checkpoint_dir(self.run_dir)
         self.loader = None
-        self.meta = self.state = None
+        self.meta = self.state = self.init_params = None
+        self.init_note = ""
         self.bad_steps: list[int] = []       # corrupt checkpoints newer than the one restored
         reader = Checkpointer(self.ck_dir, read_only=True) if self.ck_dir.is_dir() else None
         try:
@@ -150,6 +152,8 @@ class _Preflight:
                 say = warn if self.pidx == 0 else (lambda msg: None)
                 _, (self.meta, self.state), self.bad_steps = newest_usable(
                     reader, lambda step: self._load(reader, step), say=say)
+            elif t.init_from is not None:          # a resume keeps its own weights instead
+                self._load_init_from(Path(t.init_from))
             self.start = int(self.meta["step"]) if self.meta else 0
             self.done = self.start >= t.steps
             self.window = profile_window(cfg, profile, self.start)
@@ -169,6 +173,28 @@ class _Preflight:
         finally:
             if reader is not None:
                 reader.close()
+
+    def _load_init_from(self, src: Path) -> None:
+        """``train.init_from``: the newest usable checkpoint's parameters of run ``src``, placed
+        like this run's; every problem is one error naming the key."""
+        ck = checkpoint_dir(src)
+        if not ck.is_dir():
+            raise TrainError(f"train.init_from: {ck} not found (give the run directory of a run "
+                             f"with checkpoints)")
+        reader = Checkpointer(ck, read_only=True)
+        try:
+            if reader.latest_step() is None:
+                raise TrainError(f"train.init_from: {ck} holds no checkpoint")
+            say = warn if self.pidx == 0 else (lambda msg: None)
+            step, self.init_params, _ = newest_usable(
+                reader, lambda s: reader.restore_params(s, self.abstract.params,
+                                                        reader.read_meta(s)), say=say)
+        except CheckpointError as e:
+            raise TrainError(f"train.init_from: {e} (model and nsa sections must give the same "
+                             f"parameter shapes)") from None
+        finally:
+            reader.close()
+        self.init_note = f" from the weights of {src} (step {step})"
 
     def _load(self, reader: Checkpointer, step: int):
         """``(meta, state)`` of checkpoint ``step``, read back in full (also when the run is
@@ -364,14 +390,14 @@ class _Trainer:
             self.watchdog.beat("compiling", step=pre.start)
             state = pre.state
             if state is None:
-                state = jax.jit(lambda: init_state(pre.spec, pre.tx, t.seed),
-                                out_shardings=pre.shardings)()
+                state = jax.jit(lambda p: init_state(pre.spec, pre.tx, t.seed, p),
+                                out_shardings=pre.shardings)(pre.init_params)
             n_params = sum(int(x.size) for x in jax.tree.leaves(state.params))
             self.progress.line(
                 f"run dir {pre.run_dir} | {n_params:,} params | {jax.device_count()} x "
                 f"{jax.devices()[0].platform} | mesh data={pre.mesh.shape['data']} "
                 f"fsdp={pre.mesh.shape['fsdp']} | batch {t.batch_size} x {cfg.data.seq_len} | "
-                + (f"resumed at step {pre.start}" if pre.meta else "fresh start"))
+                + (f"resumed at step {pre.start}" if pre.meta else "fresh start" + pre.init_note))
             self.progress.line(f"pid {os.getpid()} | heartbeat {self.watchdog.heartbeat_path} | "
                                f"kill -USR1 {os.getpid()} writes all stacks to "
                                f"{self.watchdog.stacks_path}")

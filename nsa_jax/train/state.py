@@ -55,9 +55,10 @@ def new_rng(seed: int) -> jax.Array:
     return jax.random.key_data(jax.random.key(seed))
 
 
-def init_state(spec: ModelSpec, tx, seed: int) -> TrainState:
-    """Pure function (jit it with out_shardings): step 0 state."""
-    params = spec.init_params()
+def init_state(spec: ModelSpec, tx, seed: int, params=None) -> TrainState:
+    """Pure function (jit it with out_shardings): step 0 state, from fresh parameters or from
+    ``params`` (``train.init_from``: the weights of another run, a fresh optimizer)."""
+    params = spec.init_params() if params is None else params
     zero = jnp.zeros((), jnp.int32)
     return TrainState(step=zero, params=params, opt_state=tx.init(params), rng=new_rng(seed),
                       bad_steps=zero, skipped=zero)
