@@ -677,3 +677,31 @@ def test_values_per_key_one_hop_layout():
                                         r"with retrieval_values >= retrieval_keys \* n"):
         build_loader(make_cfg(vocab=512, retrieval_keys=32, retrieval_values=64,
                               retrieval_values_per_key=8), batch_size=1)
+
+
+# ---- bench/quality.py parity report: two seeds, the spread as noise floor -------------------------
+def parity_curve(*losses):
+    return {"eval_curve": [{"step": 10 * (i + 1), "eval_loss": l} for i, l in enumerate(losses)]}
+
+
+def test_parity_checks_with_two_seeds_report_each_seed_and_the_spread():
+    bench = load_bench()
+    v = {"nsa": parity_curve(5.0, 4.0, 4.2), "dense": parity_curve(5.0, 3.9, 4.1),
+         "nsa_s1": parity_curve(5.0, 3.95, 4.0), "dense_s1": parity_curve(5.0, 3.97, 4.05)}
+    c = bench.parity_checks(v)
+    assert c["step"] == 30 and c["nsa_minus_dense"] == pytest.approx(0.1)
+    assert c["best_nsa_minus_best_dense"] == pytest.approx(0.1)          # 4.0 - 3.9
+    assert c["seed1"]["best_nsa_minus_best_dense"] == pytest.approx(-0.02)   # 3.95 - 3.97
+    assert c["best_nsa_minus_best_dense_mean"] == pytest.approx(0.04)
+    assert c["seed_spread"] == pytest.approx({"nsa": 0.05, "dense": 0.07})
+    del v["dense_s1"]                     # one seed only: no spread, no seed1 entry
+    c = bench.parity_checks(v)
+    assert "seed1" not in c and "seed_spread" not in c
+
+
+def test_parity_variants_pair_each_seed_with_the_same_overrides():
+    bench = load_bench()
+    par = bench.VARIANTS["parity"]
+    assert set(par) == {"nsa", "dense", "nsa_s1", "dense_s1"}
+    for att in ("nsa", "dense"):
+        assert par[att + "_s1"] == par[att] + ["train.seed=1"]
