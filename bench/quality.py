@@ -23,8 +23,8 @@ everything at tiny sizes on any machine (about a minute on 2 CPU cores); its out
 ``runs/quality_smoke/`` (replaced each time) and its numbers mean nothing beyond "the pipeline
 works". ``table`` prints a short table of the JSONs in ``--results``.
 
-Reproduce on ONE GPU, one command (``bench/quality_gpu.sh``: 3 retrieval + 2 parity runs at the
-same time, ``--parallel`` giving each 0.9/5 of the GPU memory; ``--time-budget-s`` stops runs
+Reproduce on ONE GPU, one command (``bench/quality_gpu.sh``: 3 retrieval + 4 parity runs at the
+same time, ``--parallel`` giving each 0.9/7 of the GPU memory; ``--time-budget-s`` stops runs
 still going with SIGTERM -- the trainer checkpoints and exits 0 -- then evaluates them)::
 
     # once, on a machine with the texts (the 1 MB FineWeb-Edu sample text and the NLTK Gutenberg
@@ -34,7 +34,7 @@ still going with SIGTERM -- the trainer checkpoints and exits 0 -- then evaluate
     OUT=$OUT bench/quality_gpu.sh    # = python3 bench/quality.py all --parallel \
                                      #     --time-budget-s 450 --runs runs/quality --results $OUT
     # measured 304 s on an H200 (parity + an earlier 1500-step retrieval layout)
-    bench/quality_gpu.sh --smoke     # the same on CPU at tiny sizes: 66 s measured on 2 cores
+    bench/quality_gpu.sh --smoke     # the same on CPU at tiny sizes (7 runs): 70 s measured on 2 cores
 
 Retrieval recipe, and what was measured (H200 runs: JSONs in ``bench/results/quality_attempts``;
 CPU runs on 2 cores; seq 8192, w = 512, 4 layers, dim 256 unless said):
