@@ -49,12 +49,19 @@ CPU runs on 2 cores; seq 8192, w = 512, 4 layers, dim 256 unless said):
   same at seq 256 (dim 64, 1500 steps); ``repeat`` filler learned only at seq 64.
 * key-owned values (``retrieval_values_per_key``): a query is one hop (attend to this key's value
   token, copy it). CPU, seq 256, dense: 100% of 2048 held-out answers after 1500 steps. At 8k,
-  16 values per key, 1500 steps: all at chance (loss 2.81 vs ln 16 = 2.77: the key -> values map
-  was not yet learned); 8 values per key (this config), 3000 steps: NSA 11.2%, window 11.3%,
-  dense 12.9% beyond 4w (chance 12.5%); 128 pairs, NSA 3288 / dense 8598 steps: chance.
+  8 values per key, 3-token pairs, 3000 steps: NSA 11.2%, window 11.3%, dense 12.9% beyond 4w
+  (chance 12.5%). A single value token in a compressed block of filler never taught the
+  compressed scores to select its block (any gate init, any block size l >= 4, 6000 steps).
+* the committed config: each pair a 34-token needle (``retrieval_value_repeat: 32``, the value
+  fills a compressed block), gates initialised (cmp, slc, win) = (0.5, 0.95, 0.05)
+  (``model.gate_bias``), lr 5e-4 (1.5e-3 left NSA at chance at 8k): NSA 97.3% beyond 4w,
+  window 11.4%, dense 100%; 3000 steps each, 308 s for the three side by side on an H200::
 
-So at 8k the study needs a longer budget or a length curriculum than one 10-minute GPU command;
-``--cpu-scale`` runs the one-hop recipe at seq 256 (w = 16, so > 4w is (64, 256]) on a CPU::
+    python3 bench/quality.py retrieval --parallel --time-budget-s 445
+
+Sweeps and every attempt: bench/NOTES.md, "Retrieval study". ``--cpu-scale`` runs the one-hop
+recipe at seq 256 (w = 16, so > 4w is (64, 256]) on a CPU (add ``--set
+data.retrieval_value_repeat=8`` for needles that fill its l = 8 blocks)::
 
     python bench/quality.py retrieval --cpu-scale --runs runs/quality_cpu \
         --device-tag cpu_scale --eval-rows 256 --eval-batch-size 64
@@ -87,7 +94,8 @@ CONFIGS = {"retrieval": "configs/quality_retrieval.yaml", "parity": "configs/qua
 PREPARE_CONFIG = "configs/quality_prepare.yaml"
 VARIANTS = {
     "retrieval": {"nsa": ["model.attention=nsa", "nsa.branches=[cmp,slc,win]"],
-                  "win": ["model.attention=nsa", "nsa.branches=[win]"],
+                  # the window branch's gate starts open (the config's gate_bias favours slc)
+                  "win": ["model.attention=nsa", "nsa.branches=[win]", "model.gate_bias=[0,0,3]"],
                   "dense": ["model.attention=dense"]},
     # two seeds each (init and data order): the seed-to-seed spread is the noise floor that
     # an NSA - dense difference is read against

@@ -42,6 +42,9 @@ class ModelConfig:
     remat: Literal["none", "block"] = "none"
     loss_chunk: int = 2048          # tokens per cross-entropy chunk (logits never materialised whole)
     init_std: float = 0.02
+    # initial bias of the NSA gate logits, per branch (cmp, slc, win): gate = sigmoid(W x + b),
+    # W ~ N(0, init_std); 0 gives every gate ~0.5 at the start (the paper does not say)
+    gate_bias: tuple[float, ...] = (0.0, 0.0, 0.0)
 
     def validate(self) -> None:
         for f in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_groups", "head_dim",
@@ -59,6 +62,9 @@ class ModelConfig:
             raise ConfigError(f"model.phi_hidden: must be >= 0, got {self.phi_hidden}")
         if self.rope_theta <= 0:
             raise ConfigError(f"model.rope_theta: must be > 0, got {self.rope_theta}")
+        if len(self.gate_bias) != 3:
+            raise ConfigError(f"model.gate_bias: must be 3 numbers (cmp, slc, win), got "
+                              f"{list(self.gate_bias)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +98,8 @@ class DataConfig:
     retrieval_filler_period_min: int = 0  # retrieval, repeat/copy filler: segment length range
     retrieval_filler_period_max: int = 0  # (repeat: the period; copy: the copied segments)
     retrieval_copy_fraction: float = 0.5  # retrieval, copy filler: share of segments copied
+    retrieval_value_repeat: int = 1  # retrieval: a stored pair is PAIR, key, then its value r
+    #   times (a longer needle, filling a compressed block); queries stay (marker, key, value)
     retrieval_filler_groups: int = 0  # retrieval, copy filler: 0 = iid ids; G = each fresh
     #   filler id drawn from the group (id mod G) of the id two places back (skip-bigram)
     retrieval_min_distance: int = 1     # retrieval: query-to-key distance range (tokens)

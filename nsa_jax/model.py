@@ -83,8 +83,10 @@ class NSAAttention(nnx.Module):
         # k and v for each branch (cmp, slc, win): 6 * G * D outputs in one matmul
         self.wkv = nnx.Linear(mcfg.dim, 6 * G * D, use_bias=False, dtype=dt,
                               kernel_init=_normal(std), rngs=rngs)
+        # gate logits [H, 3] flattened head-major; bias (cmp, slc, win) = model.gate_bias per head
+        gate_b = jnp.tile(jnp.asarray(mcfg.gate_bias, jnp.float32), H)
         self.wg = nnx.Linear(mcfg.dim, H * 3, use_bias=True, dtype=dt, kernel_init=_normal(std),
-                             rngs=rngs)
+                             bias_init=lambda *_: gate_b, rngs=rngs)
         hidden = mcfg.phi_hidden or 4 * D
         self.phi_k = Compressor(ncfg, D, D, hidden, dt, rngs=rngs)
         self.phi_v = Compressor(ncfg, D, D, hidden, dt, rngs=rngs)

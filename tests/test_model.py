@@ -119,6 +119,34 @@ def test_branch_ablation_in_model():
     assert np.all(np.asarray(gates[..., :2]) == 0) and np.all(np.asarray(gates[..., 2]) > 0)
 
 
+def test_gate_bias_sets_each_heads_initial_gates():
+    """model.gate_bias (cmp, slc, win) is every head's initial gate-logit bias: with zero gate
+    weights the gates are exactly sigmoid(bias) for each head and branch, in that order."""
+    m = dataclasses.replace(MCFG, gate_bias=(-3.0, 3.0, 0.5))
+    model = build_model(m, NCFG)
+    attn = model.blocks[0].attn
+    np.testing.assert_array_equal(np.asarray(attn.wg.bias[...]),
+                                  np.tile([-3.0, 3.0, 0.5], MCFG.n_heads).astype(np.float32))
+    attn.wg.kernel[...] = jnp.zeros_like(attn.wg.kernel[...])
+    x = jax.random.normal(jax.random.PRNGKey(0), (1, 20, 32))
+    gates = np.asarray(attn.project(x, jnp.arange(20))[-1], np.float32)      # [B,T,H,3]
+    want = 1.0 / (1.0 + np.exp(-np.array([-3.0, 3.0, 0.5])))
+    np.testing.assert_allclose(gates, np.broadcast_to(want, gates.shape), rtol=1e-6)
+    default = build_model(MCFG, NCFG).blocks[0].attn.wg.bias[...]
+    assert np.all(np.asarray(default) == 0.0)
+
+
+def test_gate_bias_must_be_three_numbers():
+    from nsa_jax.config import ConfigError, config_from_dict
+    with pytest.raises(ConfigError, match=r"^model.gate_bias: must be 3 numbers \(cmp, slc, "
+                                          r"win\), got \[1.0, 2.0\]"):
+        config_from_dict({"model": {"gate_bias": [1, 2]}})
+    with pytest.raises(ConfigError, match=r"^model.gate_bias\[1\]: must be a number"):
+        config_from_dict({"model": {"gate_bias": [1, "x", 2]}})
+    assert config_from_dict({"model": {"gate_bias": [0, 3, -3]}}).model.gate_bias == (0.0, 3.0,
+                                                                                        -3.0)
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 16, 64])
 def test_chunked_loss_equals_full_logits(chunk):
     """lm_loss (chunked, rematerialised) == mean CE over full logits; same gradients."""

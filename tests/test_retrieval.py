@@ -679,6 +679,43 @@ def test_values_per_key_one_hop_layout():
                               retrieval_values_per_key=8), batch_size=1)
 
 
+def test_value_repeat_writes_needles():
+    """value_repeat r: every stored pair is PAIR, key, value x r; pairs never overlap and end
+    inside the context; queries stay (marker, key, value); distances are to the pair's key."""
+    r = 5
+    cfg = make_cfg(vocab=512, retrieval_keys=32, retrieval_values=256, retrieval_values_per_key=8,
+                   retrieval_value_repeat=r)
+    lay = RetrievalLayout.from_config(cfg)
+    assert lay.pair_len == 2 + r
+    C, Q = lay.context_len, lay.queries
+    rows = np.concatenate(batches(cfg, 3, batch_size=4))
+    info = answer_info(rows, lay)
+    for row, ans, dist in zip(rows, info.answers, info.distances):
+        starts = np.flatnonzero(row[:C] == PAIR)
+        assert len(starts) == lay.pairs and np.all(np.diff(starts) >= 2 + r)
+        assert starts[-1] + 2 + r <= C
+        for s in starts:
+            assert lay.key0 <= row[s + 1] < lay.value0
+            np.testing.assert_array_equal(row[s + 2:s + 2 + r], row[s + 2])   # the needle
+            assert (row[s + 2] - lay.value0) // 8 == row[s + 1] - lay.key0
+        in_pair = np.zeros(C, bool)
+        for s in starts:
+            in_pair[s:s + 2 + r] = True
+        assert np.all(row[:C][~in_pair] >= lay.filler0)   # everything else is filler
+        qkey = C + 3 * np.arange(Q) + 1
+        np.testing.assert_array_equal(row[qkey - 1], PAIR if lay.query_marker == "pair" else QUERY)
+        where = {int(row[s + 1]): s for s in starts}
+        for j in range(Q):
+            s = where[int(row[qkey[j]])]
+            assert dist[j] == qkey[j] - (s + 1) and ans[j] == row[s + 2]
+            assert dist[j] >= 3 * j + 2 + r          # the needle ends before the queries
+    with pytest.raises(DataError, match=r"^data.retrieval_value_repeat: must be >= 1, got 0"):
+        build_loader(make_cfg(retrieval_value_repeat=0), batch_size=1)
+    with pytest.raises(DataError, match=r"^data.seq_len: 256 is too short for 6 queries and 10 "
+                                        r"pairs of 14 tokens"):
+        build_loader(make_cfg(retrieval_value_repeat=12), batch_size=1)
+
+
 # ---- bench/quality.py parity report: two seeds, the spread as noise floor -------------------------
 def parity_curve(*losses):
     return {"eval_curve": [{"step": 10 * (i + 1), "eval_loss": l} for i, l in enumerate(losses)]}

@@ -20,6 +20,11 @@ A row has ``n = seq_len + 1`` tokens: a context of ``C = n - 3Q`` tokens, then `
   ``[i*n, (i+1)*n)``; chance ``1/n``). Then the value token itself says which key it belongs to,
   and a query is *one hop* (attend to this key's value token, copy it) instead of the two-head
   induction circuit a shared pool needs (find the key, copy the token after it).
+* ``data.retrieval_value_repeat: r`` writes a stored pair as ``PAIR, key`` and then its value
+  ``r`` times (``2 + r`` tokens): a longer needle, which fills NSA's compressed blocks of ``l``
+  tokens when ``r >= l`` -- a lone value token is a faint mark on a block of filler, and the
+  selection scores are learned only through the compressed branch (bench/NOTES.md). Queries
+  stay three tokens; the distance below is still measured to the pair's key.
 * Filler (``data.retrieval_filler_mode``): ``random`` -- uniform iid ids; ``cycle`` -- the ids in
   a fixed random cyclic order (drawn from ``train.seed``), row ``r`` showing at context position
   ``i`` element ``(o_r + i) mod F`` of the cycle, so one filler token predicts all the others, also
@@ -110,6 +115,7 @@ class RetrievalLayout:
     copy_fraction: float = 0.5    # copy: probability that a segment is a copy
     groups: int = 0               # copy: 0 = iid fresh filler; G = skip-bigram over G groups
     per_key: int = 0              # 0: values drawn from all V; n: key i owns values [i*n, i*n+n)
+    value_repeat: int = 1         # a stored pair is PAIR, key, value x r (2 + r tokens)
 
     @classmethod
     def from_config(cls, cfg) -> "RetrievalLayout":
@@ -122,7 +128,7 @@ class RetrievalLayout:
                   d.retrieval_filler_mode, d.retrieval_distance, d.retrieval_filler_period_min,
                   d.retrieval_filler_period_max, d.retrieval_query_marker,
                   d.retrieval_copy_fraction, d.retrieval_filler_groups,
-                  d.retrieval_values_per_key)
+                  d.retrieval_values_per_key, d.retrieval_value_repeat)
         lay.validate(vocab)
         return lay
 
@@ -160,10 +166,16 @@ class RetrievalLayout:
         return answer_loss_mask(self.seq_len, self.queries)
 
     def distance_range(self, j: int) -> tuple[int, int]:
-        """Inclusive distances query ``j`` can have: config range within ``[3j+3, C+3j]``."""
+        """Inclusive distances query ``j`` can have: config range within ``[3j+2+r, C+3j]``
+        (``r = value_repeat``: the stored pair's ``2 + r`` tokens end before the queries)."""
         C = self.context_len
         hi = C + 3 * j if self.max_distance == 0 else min(self.max_distance, C + 3 * j)
-        return max(self.min_distance, 3 * j + 3), hi
+        return max(self.min_distance, 3 * j + 2 + self.value_repeat), hi
+
+    @property
+    def pair_len(self) -> int:
+        """Tokens of a stored pair: PAIR, key, then the value ``value_repeat`` times."""
+        return 2 + self.value_repeat
 
     @property
     def query_id(self) -> int:
@@ -180,7 +192,7 @@ class RetrievalLayout:
         def fail(key, msg):
             raise DataError(f"data.retrieval_{key}: {msg}")
 
-        for k in ("queries", "pairs", "keys", "values", "min_distance"):
+        for k in ("queries", "pairs", "keys", "values", "min_distance", "value_repeat"):
             if getattr(self, k) < 1:
                 fail(k, f"must be >= 1, got {getattr(self, k)}")
         if self.per_key < 0 or (self.per_key and self.values < self.keys * self.per_key):
@@ -208,10 +220,10 @@ class RetrievalLayout:
             fail("filler", f"2 markers + {self.keys} keys + {self.values} values + {self.filler} "
                            f"filler ids = {self.vocab_needed} > model.vocab_size={vocab}")
         C = self.context_len
-        if C < 1 or 6 * self.pairs > C:
+        if C < 1 or 2 * self.pair_len * self.pairs > C:
             raise DataError(f"data.seq_len: {self.seq_len} is too short for {self.queries} queries "
-                            f"and {self.pairs} pairs (pairs may fill at most half of the "
-                            f"{max(C, 0)}-token context)")
+                            f"and {self.pairs} pairs of {self.pair_len} tokens (pairs may fill at "
+                            f"most half of the {max(C, 0)}-token context)")
         if self.filler_mode in ("repeat", "copy"):
             if self.period_min < 2:
                 fail("filler_period_min", f"must be >= 2 with filler_mode {self.filler_mode}, "
@@ -242,7 +254,7 @@ class RetrievalLayout:
                     "min_distance"
                 fail(key, f"distance range [{self.min_distance}, {self.max_distance or 'max'}] "
                           f"leaves no place for query {j} (its distance must lie in "
-                          f"[{3 * j + 3}, {C + 3 * j}])")
+                          f"[{3 * j + 2 + self.value_repeat}, {C + 3 * j}])")
 
     # ---- generation ------------------------------------------------------------------------
     def filler_cycle(self, seed: int) -> np.ndarray:
@@ -327,7 +339,8 @@ class RetrievalLayout:
             spans = self.copy_spans(rng)
             for s, L, D in spans.tolist():             # in order: copies of copies
                 row[s:s + L] = row[s - D:s - D + L]
-        free = np.ones(C - 2, bool)        # free[s]: a pair may start at s
+        n = self.pair_len
+        free = np.ones(C - n + 1, bool)    # free[s]: a pair [s, s+n) may start at s
         starts = np.empty(P, np.int64)
         dist = np.empty(Q, np.int64)
         for j in range(P):
@@ -338,18 +351,19 @@ class RetrievalLayout:
                 cands = t - 1 - np.arange(lo, hi + 1)   # pair starts giving those distances
                 log_from = lo if self.distance == "log" else 0
             else:
-                cands = np.arange(C - 2)
+                cands = np.arange(C - n + 1)
             s = _draw_free(rng, cands, free, log_from)
             if s < 0:
                 raise DataError(f"data.retrieval_pairs: no free place left for pair {j} "
                                 f"(distance range too narrow for {P} pairs)")
             starts[j] = s
-            free[max(0, s - 2):s + 3] = False   # no other pair may overlap [s, s+3)
+            free[max(0, s - n + 1):s + n] = False   # no other pair may overlap [s, s+n)
             if j < Q:
                 dist[j] = t - (s + 1)
         row[starts] = PAIR
         row[starts + 1] = keys
-        row[starts + 2] = vals
+        for k in range(self.value_repeat):
+            row[starts + 2 + k] = vals
         qpos = C + 3 * np.arange(Q)
         row[qpos] = self.query_id
         row[qpos + 1] = keys[:Q]
