@@ -123,17 +123,18 @@ SMOKE = {
 }
 SMOKE_ROWS = 8                # held-out retrieval rows scored in --smoke
 
-# --cpu-scale: the retrieval recipe of configs/quality_retrieval.yaml shrunk until it learns on
-# 2 CPU cores (seq 256, w = 16 so 4w = 64 < seq; needles of 8 values fill the l = 8 blocks; lr
-# 2e-3 suits this dim-64 model; measured in bench/NOTES.md, "Retrieval study").
+# --cpu-scale: the retrieval recipe of configs/quality_retrieval.yaml shrunk to CPU sizes (seq
+# 256, w = 16 so 4w = 64 < seq; needles of 8 values fill the l = 8 blocks; lr 2e-3 suits this
+# dim-64 model; measured in bench/NOTES.md, "Retrieval study", set `needle`).
 CPU_SCALE = ["model.vocab_size=512", "model.dim=64", "model.n_layers=2", "model.n_heads=2",
              "model.n_kv_groups=1", "model.head_dim=32", "model.mlp_hidden=192",
              "model.compute_dtype=float32", "nsa.window=16", "nsa.block_l=8", "nsa.stride_d=4",
              "nsa.sel_block=16", "nsa.n_sel=4", "nsa.n_local=1", "data.seq_len=256",
              "data.retrieval_pairs=8", "data.retrieval_queries=8", "data.retrieval_keys=32",
              "data.retrieval_values=256", "data.retrieval_values_per_key=8",
-             "data.retrieval_value_repeat=8", "train.batch_size=32", "train.lr=2e-3", "train.warmup_steps=50", "train.steps=1500",
-             "train.log_every=50", "train.eval_every=250", "train.ckpt_every=500"]
+             "data.retrieval_value_repeat=8", "train.batch_size=32", "train.lr=2e-3",
+             "train.warmup_steps=50", "train.steps=1500", "train.log_every=50",
+             "train.eval_every=250", "train.ckpt_every=500"]
 
 
 class BenchError(Exception):
@@ -815,8 +816,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke", action="store_true",
                    help="tiny sizes, outputs under runs/quality_smoke (checks the pipeline)")
     p.add_argument("--cpu-scale", action="store_true",
-                   help="retrieval: the recipe shrunk to learn on 2 CPU cores (seq 64, w 8; "
-                        "~5 min per variant)")
+                   help="retrieval: the recipe shrunk to CPU sizes (seq 256, w 16, dim 64)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="extra overrides for every training run, e.g. train.steps=800")
     p.add_argument("--no-train", action="store_true", help="only evaluate and report")
