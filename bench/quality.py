@@ -34,7 +34,7 @@ still going with SIGTERM -- the trainer checkpoints and exits 0 -- then evaluate
     OUT=$OUT bench/quality_gpu.sh    # = python3 bench/quality.py all --parallel \
                                      #     --time-budget-s 450 --runs runs/quality --results $OUT
     # measured 304 s on an H200 (parity + an earlier 1500-step retrieval layout)
-    bench/quality_gpu.sh --smoke     # the same on CPU at tiny sizes (7 runs): 70 s measured on 2 cores
+    bench/quality_gpu.sh --smoke     # the same on CPU at tiny sizes (7 runs): 98 s measured on 2 cores
 
 Retrieval recipe, and what was measured (H200 runs: JSONs in ``bench/results/quality_attempts``;
 CPU runs on 2 cores; seq 8192, w = 512, 4 layers, dim 256 unless said):
@@ -118,7 +118,8 @@ _SMOKE_MODEL = ["model.dim=64", "model.n_layers=2", "model.n_heads=2", "model.n_
 SMOKE = {
     "retrieval": _SMOKE_MODEL + ["model.vocab_size=256", "data.seq_len=256",
                                  "data.retrieval_pairs=8", "data.retrieval_queries=8",
-                                 "data.retrieval_keys=8", "data.retrieval_values=64"],
+                                 "data.retrieval_keys=8", "data.retrieval_values=64",
+                                 "data.retrieval_value_repeat=8"],
     "parity": _SMOKE_MODEL + ["data.seq_len=128", "data.eval_fraction=0.1"],
 }
 SMOKE_ROWS = 8                # held-out retrieval rows scored in --smoke

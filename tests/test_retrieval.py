@@ -716,6 +716,20 @@ def test_value_repeat_writes_needles():
         build_loader(make_cfg(retrieval_value_repeat=12), batch_size=1)
 
 
+def test_bench_override_sets_give_valid_retrieval_layouts():
+    """The committed retrieval config and bench/quality.py's --smoke and --cpu-scale override sets
+    (each with every variant's overrides) build a config and a layout -- checked here, not by
+    a training run failing on a GPU."""
+    from nsa_jax.config import load_config
+    bench = load_bench()
+    path = ROOT / bench.CONFIGS["retrieval"]
+    for extra in ([], bench.SMOKE["retrieval"], bench.CPU_SCALE):
+        for variant in bench.VARIANTS["retrieval"].values():
+            cfg = load_config(path, [*variant, *extra])
+            lay = RetrievalLayout.from_config(cfg)
+            assert lay.value_repeat == cfg.data.retrieval_value_repeat >= 1
+
+
 # ---- bench/quality.py parity report: two seeds, the spread as noise floor -------------------------
 def parity_curve(*losses):
     return {"eval_curve": [{"step": 10 * (i + 1), "eval_loss": l} for i, l in enumerate(losses)]}
