@@ -8,7 +8,8 @@ loop, and every ``--eval-every`` steps one JSON line with
   (4 batches of 64 held-out rows);
 * ``gates``: per layer, the mean gate of each branch (cmp, slc, win) at the answer positions;
 * ``recall_far``: per layer, the share of queries beyond 4w whose stored value's selection block is
-  among the blocks NSA selects at the answer position (shared by the heads of a KV group).
+  among the blocks NSA selects at the answer position (shared by the heads of a KV group); with
+  ``retrieval_value_repeat`` > 1 the block of the needle's *first* value token.
 
 Runs on any backend; at seq 256 the whole probe takes minutes on a GPU (a few runs side by side:
 ``bench/retrieval_sweeps.sh``) and ~0.75 s/step on 2 CPU cores::
