@@ -1,0 +1,46 @@
+"""Algorithm choices of the NSA kernels: *how* to compute, never *what* (no effect on results
+beyond float rounding). Tile sizes live with the kernels (``nsa_jax.pallas.common.BlockSizes``).
+
+This module imports nothing heavy so the config layer can validate ``exec.kernel`` before any
+compute.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+SEL_IMPLS = ("auto", "gather", "tiled")
+SEL_BWDS = ("inverted", "atomic")
+SCORE_DOTS = ("ieee", "tf32x3")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelChoices:
+    """sel_impl:        selection-attention kernels: "gather" (one program per query gathers its
+                        n blocks), "tiled" (block-sparse flash attention over query tiles) or
+                        "auto" (tiled when T <= sel_tiled_max_t).
+    sel_tiled_max_t:    longest T for which "auto" picks the tiled kernels.
+    sel_bwd:            gather backward: "inverted" (block -> query index) or "atomic".
+    cmp_bwd_split:      parts the query range of one compressed dK/dV tile is split into
+                        (float32 atomic adds; 1 = plain stores).
+    score_dot:          GPU precision of the general scoring path's float32 dots.
+    """
+    sel_impl: str = "auto"
+    sel_tiled_max_t: int = 4096
+    sel_bwd: str = "inverted"
+    cmp_bwd_split: int = 8
+    score_dot: str = "ieee"
+
+    def __post_init__(self):
+        def fail(field, msg):
+            raise ValueError(f"kernel.{field}: {msg}")
+
+        if self.sel_impl not in SEL_IMPLS:
+            fail("sel_impl", f"one of {list(SEL_IMPLS)}, got {self.sel_impl!r}")
+        if self.sel_bwd not in SEL_BWDS:
+            fail("sel_bwd", f"one of {list(SEL_BWDS)}, got {self.sel_bwd!r}")
+        if self.score_dot not in SCORE_DOTS:
+            fail("score_dot", f"one of {list(SCORE_DOTS)}, got {self.score_dot!r}")
+        if not isinstance(self.sel_tiled_max_t, int) or self.sel_tiled_max_t < 0:
+            fail("sel_tiled_max_t", f"must be an integer >= 0, got {self.sel_tiled_max_t!r}")
+        if not isinstance(self.cmp_bwd_split, int) or self.cmp_bwd_split < 1:
+            fail("cmp_bwd_split", f"must be an integer >= 1, got {self.cmp_bwd_split!r}")
