@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Any
 
 import jax
@@ -223,12 +224,37 @@ def step_jit(graphdef, state, cache, tokens):
     return model.head_logits(h[:, 0]).astype(jnp.float32), cache
 
 
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def put_rows_jit(cache: Cache, part: Cache, rows):
+    """``cache`` with rows ``rows`` [g] (distinct) replaced by ``part``, a g-row cache of the same
+    max_len (in place: ``cache`` is donated)."""
+    return jax.tree.map(lambda a, p: a.at[rows].set(p), cache, part)
+
+
+_PREFILL_EXECS: dict = {}      # AOT-compiled prefills, shared by Decoders of the same model
+_PREFILL_EXECS_MAX = 32
+
+
+def _tree_bytes(tree) -> int:
+    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
 class Decoder:
     """Jitted prefill + decode for one model and fixed (batch, max_len).
 
     >>> dec = Decoder(model, batch=2, max_len=512)
     >>> logits = dec.prefill(prompt_ids, lengths=[7, 3])   # [B,V] at each row's last token
     >>> logits = dec.step(next_ids)                         # one token per row, repeat
+
+    A batch whose prefill does not fit at once is prefilled in row groups, each from an empty
+    g-row cache written into its rows of the batch cache:
+
+    >>> dec.prefill_rows([0, 1], ids[:2], lengths=[7, 3])  # any order, any group sizes
+    >>> dec.prefill_rows([2, 3], ids[2:], lengths=[5, 9])  # step() once every row is filled
+
+    Prefill calls are compiled ahead of time, once per (rows, width, all_logits): their compile
+    seconds accumulate in ``compile_s`` (so throughput can exclude them) and
+    :meth:`prefill_bytes` reads their memory needs from XLA before anything runs.
     """
 
     def __init__(self, model, batch: int, max_len: int):
@@ -238,6 +264,8 @@ class Decoder:
         self.cache = init_cache(model, batch, max_len)
         self.lengths = None
         self.steps = 0
+        self.compile_s = 0.0
+        self._filled: list[int | None] = [None] * batch
 
     @property
     def pos(self) -> int:
@@ -247,6 +275,47 @@ class Decoder:
     def reset(self) -> None:
         self.cache = init_cache(self.model, self.batch, self.max_len)
         self.lengths, self.steps = None, 0
+        self._filled = [None] * self.batch
+
+    # ---- prefill ---------------------------------------------------------------------------
+    def _exec(self, rows: int, width: int, all_logits: bool):
+        """The AOT-compiled prefill of ``rows`` rows right-padded to ``width`` tokens, cached
+        per model and shape across Decoders (a new Decoder of a seen shape does not compile)."""
+        sig = tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(self.state))
+        key = (self.graphdef, sig, rows, width, self.max_len, bool(all_logits))
+        if key not in _PREFILL_EXECS:
+            t0 = time.perf_counter()
+            cache = jax.eval_shape(lambda: init_cache(self.model, rows, self.max_len))
+            run = prefill_jit.lower(
+                self.graphdef, self.state, jax.ShapeDtypeStruct((rows, width), jnp.int32),
+                jax.ShapeDtypeStruct((rows,), jnp.int32), cache, bool(all_logits)).compile()
+            self.compile_s += time.perf_counter() - t0
+            if len(_PREFILL_EXECS) >= _PREFILL_EXECS_MAX:
+                _PREFILL_EXECS.pop(next(iter(_PREFILL_EXECS)))
+            _PREFILL_EXECS[key] = run
+        return _PREFILL_EXECS[key]
+
+    def prefill_bytes(self, rows: int, width: int, all_logits: bool = False) -> int | None:
+        """Device bytes one prefill call of ``rows`` x ``width`` tokens needs beyond the weights
+        and the batch cache (its g-row cache, inputs, logits and XLA temporaries), from the
+        compiled call's memory analysis; None where the backend gives none. Compiles the call
+        (once; counted in ``compile_s``)."""
+        self._check_shape(rows, width)
+        m = self._exec(rows, width, all_logits).memory_analysis()
+        if m is None:
+            return None
+        args = m.argument_size_in_bytes - _tree_bytes(self.state)
+        if rows == self.batch:          # the batch cache itself is the argument, donated
+            args -= cache_bytes(self.cache)
+        return int(args + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes)
+
+    def _check_shape(self, rows: int, width: int) -> None:
+        if not 1 <= rows <= self.batch:
+            raise DecodeError(f"a prefill covers 1..{self.batch} rows, got {rows}")
+        if width < 1:
+            raise DecodeError("prompt must hold at least one token")
+        if width > self.max_len:
+            raise DecodeError(f"prompt of {width} tokens exceeds max_len={self.max_len}")
 
     def prefill(self, tokens, lengths=None, all_logits: bool = False):
         """tokens [B,P] (rows right-padded to P), lengths [B] (default P for every row)."""
@@ -254,29 +323,56 @@ class Decoder:
         if tokens.ndim != 2 or tokens.shape[0] != self.batch:
             raise DecodeError(f"prompt must have shape [batch={self.batch}, P], got "
                               f"{tuple(tokens.shape)}")
+        return self.prefill_rows(range(self.batch), tokens, lengths, all_logits)
+
+    def prefill_rows(self, rows, tokens, lengths=None, all_logits: bool = False):
+        """Prefill rows ``rows`` (g distinct indices) with tokens [g,P] (right-padded to P),
+        lengths [g] (default P each), from empty: each row's earlier contents are replaced.
+        After a decode step, the next prefill starts the whole batch afresh. Returns the rows'
+        logits like :meth:`prefill` ([g,V], or [g,P,V] with ``all_logits``)."""
+        rows = [int(r) for r in rows]
+        tokens = jnp.asarray(tokens, jnp.int32)
+        g = len(rows)
+        if tokens.ndim != 2 or tokens.shape[0] != g:
+            raise DecodeError(f"prompt must have shape [rows={g}, P], got {tuple(tokens.shape)}")
+        if len(set(rows)) != g or any(not 0 <= r < self.batch for r in rows):
+            raise DecodeError(f"rows must be distinct indices in [0, {self.batch}), got {rows}")
         P = tokens.shape[1]
-        lengths = [P] * self.batch if lengths is None else [int(n) for n in lengths]
-        if len(lengths) != self.batch:
-            raise DecodeError(f"lengths must hold {self.batch} values, got {len(lengths)}")
-        if P < 1 or min(lengths) < 1:
+        lengths = [P] * g if lengths is None else [int(n) for n in lengths]
+        if len(lengths) != g:
+            raise DecodeError(f"lengths must hold {g} values, got {len(lengths)}")
+        if P < 1 or min(lengths, default=1) < 1:
             raise DecodeError("prompt must hold at least one token")
         if max(lengths) > P:
             raise DecodeError(f"lengths {lengths} exceed the prompt width P={P}")
-        if P > self.max_len:
-            raise DecodeError(f"prompt of {P} tokens exceeds max_len={self.max_len}")
-        if self.lengths is not None:
+        self._check_shape(g, P)
+        whole = rows == list(range(self.batch))
+        if self.steps or (whole and any(n is not None for n in self._filled)):
             self.reset()
-        logits, self.cache = prefill_jit(self.graphdef, self.state, tokens,
-                                         jnp.asarray(lengths, jnp.int32), self.cache, all_logits)
-        self.lengths, self.steps = lengths, 0
+        run = self._exec(g, P, all_logits)
+        lens = jnp.asarray(lengths, jnp.int32)
+        if whole:
+            logits, self.cache = run(self.state, tokens, lens, self.cache)
+        else:
+            logits, part = run(self.state, tokens, lens,
+                               init_cache(self.model, g, self.max_len))
+            self.cache = put_rows_jit(self.cache, part, jnp.asarray(rows, jnp.int32))
+        for r, n in zip(rows, lengths):
+            self._filled[r] = n
+        if all(n is not None for n in self._filled):
+            self.lengths = list(self._filled)
         return logits
 
+    # ---- decode ----------------------------------------------------------------------------
     def step(self, tokens):
         tokens = jnp.asarray(tokens, jnp.int32).reshape(-1)
         if tokens.shape[0] != self.batch:
             raise DecodeError(f"step needs one token per sequence ({self.batch}), got "
                               f"{tokens.shape[0]}")
         if self.lengths is None:
+            missing = [r for r, n in enumerate(self._filled) if n is None]
+            if len(missing) < self.batch:
+                raise DecodeError(f"call prefill_rows for rows {missing} before step")
             raise DecodeError("call prefill with a prompt before step")
         if self.pos >= self.max_len:
             raise DecodeError(f"cache full: max_len={self.max_len} tokens")

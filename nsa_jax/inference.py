@@ -1,0 +1,123 @@
+"""A trained run, from Python: load its newest (or a given) checkpoint and generate text.
+
+    >>> import nsa_jax
+    >>> run = nsa_jax.load_run("runs/tiny-20250101-120000")
+    >>> run.step                     # the checkpoint step actually loaded
+    >>> run.generate(["The history of", "Water is"], max_new_tokens=50, temperature=0)
+
+Built on :func:`nsa_jax.train.checkpoint.load_for_inference` (config + parameters) and
+:func:`nsa_jax.generate.generate_batch` (batched prefill + KV-cache decoding); the CLI
+``python -m nsa_jax.generate`` is a thin layer over the same calls.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+
+@dataclasses.dataclass
+class Run:
+    """A loaded run: ``cfg`` (its resolved :class:`nsa_jax.config.Config`), ``model`` (an
+    ``NSALM`` with the checkpoint's float32 parameters), ``tokenizer`` (``data.tokenizer``),
+    ``step`` (the checkpoint step loaded) and ``run_dir``."""
+    run_dir: Path
+    cfg: Any
+    model: Any
+    tokenizer: Any
+    step: int
+
+    @property
+    def context(self) -> int:
+        """Default context (prompt + new tokens per row): the run's ``data.seq_len``, the length
+        it was trained at. Longer contexts may be asked for (``max_len``); RoPE has no table to
+        outgrow, but quality past the trained length is not guaranteed."""
+        return int(self.cfg.data.seq_len)
+
+    def encode(self, prompt: str) -> list[int]:
+        """Prompt ids; an empty prompt starts from the tokenizer's EOS token."""
+        return self.tokenizer.encode(prompt) if prompt else [self.tokenizer.eos_id]
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of generated ids, without EOS."""
+        return self.tokenizer.decode([i for i in ids if i != self.tokenizer.eos_id])
+
+    def generate_ids(self, prompt_ids: list[list[int]], max_new_tokens: int = 100, *,
+                     temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                     seed: int = 0, max_len: int | None = None,
+                     memory_limit: int | None = None, **kw) -> list[list[int]]:
+        """:func:`nsa_jax.generate.generate_batch` with this run's vocabulary, EOS and context
+        (``max_len`` default :attr:`context`); ``kw``: ``rows_per_group``, ``on_token``,
+        ``on_done``, ``timing``."""
+        from nsa_jax.generate import generate_batch
+
+        return generate_batch(self.model, prompt_ids, max_new_tokens, temperature=temperature,
+                              top_k=top_k, top_p=top_p, seed=seed,
+                              vocab_limit=self.tokenizer.vocab_size,
+                              eos_id=self.tokenizer.eos_id,
+                              max_len=self.context if max_len is None else max_len,
+                              memory_limit=memory_limit, **kw)
+
+    def generate(self, prompts: list[str], max_new_tokens: int = 100, *,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 max_len: int | None = None, memory_limit: int | None = None) -> list[str]:
+        """Completions (without the prompts) of every prompt, generated in one batch.
+
+        Temperature 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are off. Each row stops at EOS or
+        after ``max_new_tokens``. A request that cannot run (a prompt longer than the context,
+        prompt + new tokens past it, caches too large for memory) raises
+        :class:`nsa_jax.generate.RequestError` naming the argument, before any work."""
+        if isinstance(prompts, str):
+            raise TypeError("prompts must be a list of strings, got one string")
+        ids = self.generate_ids([self.encode(p) for p in prompts], max_new_tokens,
+                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                max_len=max_len, memory_limit=memory_limit)
+        return [self.decode(x) for x in ids]
+
+
+def checkpoint_step(run_dir, params) -> int:
+    """The step of the checkpoint under ``run_dir/checkpoints`` holding ``params`` (a pure
+    parameter dict): the newest whose ``meta`` records exactly these parameter checksums.
+
+    :func:`~nsa_jax.train.checkpoint.load_for_inference` falls back past corrupt checkpoints
+    without saying which step it loaded; this finds it from the checksums every checkpoint
+    stores. A checkpoint written before checksums existed matches when it is the newest
+    readable one. Raises :class:`~nsa_jax.train.errors.CheckpointError` when none matches."""
+    from nsa_jax.train.checkpoint import Checkpointer, checkpoint_dir
+    from nsa_jax.train.checksum import checksums
+    from nsa_jax.train.errors import CheckpointError, CorruptCheckpoint
+
+    ck = Checkpointer(checkpoint_dir(run_dir), read_only=True)
+    try:
+        have = checksums(params)
+        for step in reversed(ck.steps()):
+            try:
+                meta = ck.read_meta(step)
+            except CorruptCheckpoint:
+                continue
+            stored = (meta.get("checksums") or {}).get("params")
+            if stored is None or stored == have:
+                return step
+    finally:
+        ck.close()
+    raise CheckpointError(f"{checkpoint_dir(run_dir)}: no checkpoint holds the loaded parameters")
+
+
+def load_run(run_dir, step: int | None = None) -> Run:
+    """Load a training run directory: ``config.yaml``, the newest usable checkpoint (or exactly
+    ``step``) and the tokenizer. Raises ``CheckpointError``/``ConfigError``/``DataError`` with
+    one-line messages naming the path or key at fault."""
+    from flax import nnx
+
+    from nsa_jax.config import ConfigError
+    from nsa_jax.data import get_tokenizer
+    from nsa_jax.train.checkpoint import load_for_inference
+
+    cfg, model = load_for_inference(run_dir, step=step)
+    tok = get_tokenizer(cfg.data.tokenizer)
+    if tok.vocab_size > cfg.model.vocab_size:
+        raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} has {tok.vocab_size} "
+                          f"tokens but the model's vocab_size is {cfg.model.vocab_size}")
+    if step is None:
+        step = checkpoint_step(run_dir, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    return Run(run_dir=Path(run_dir), cfg=cfg, model=model, tokenizer=tok, step=int(step))
