@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from nsa_jax.data import get_tokenizer
-from nsa_jax.generate import TextStream, generate_ids, main, sample
+from nsa_jax.generate import RequestError, TextStream, generate_batch, generate_ids, main, sample
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -92,11 +92,18 @@ def _train_tiny(run_dir: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-def test_cli_generates_from_trained_run(tmp_path, capsys):
-    """One test (the tiny training runs once): greedy CLI output equals argmax of the full
-    forward, seeded sampling is reproducible, an incompatible checkpoint is a one-line exit 2."""
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The tiny training run (2 steps, checkpoint at step 2), trained once for this module."""
+    run = tmp_path_factory.mktemp("gen") / "run"
     _train_tiny(run)
+    return run
+
+
+def test_cli_generates_from_trained_run(tiny_run, tmp_path, capsys):
+    """Greedy CLI output equals argmax of the full forward, seeded sampling is reproducible,
+    an incompatible checkpoint is a one-line exit 2."""
+    run = tiny_run
     prompt = "The history of science"
 
     # greedy through the CLI
@@ -138,3 +145,110 @@ def test_cli_generates_from_trained_run(tmp_path, capsys):
     assert main(["--checkpoint", str(bad), "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and str(bad) in err[0], err
+
+
+# ---- batches, row groups, the Python API, bad requests -------------------------------------
+def _small_model():
+    from nsa_jax.config import ModelConfig
+    from nsa_jax.model import build_model
+    from nsa_jax.nsa import NSAConfig
+
+    mcfg = ModelConfig(vocab_size=97, dim=32, n_layers=1, n_heads=4, n_kv_groups=2, head_dim=8,
+                       mlp_hidden=64, init_std=0.3)
+    return build_model(mcfg, NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16))
+
+
+def test_prefill_in_row_groups_equals_prefill_at_once():
+    """Rows prefilled in groups (out of order, different lengths) give the logits, caches and
+    later decode steps of one whole-batch prefill; step waits for every row."""
+    from nsa_jax.decode import DecodeError, Decoder
+
+    model = _small_model()
+    toks = jax.random.randint(jax.random.PRNGKey(0), (4, 26), 0, 97)   # > l, l', w: all caches
+    lengths = [26, 7, 19, 1]
+    whole = Decoder(model, 4, 32)
+    want = np.asarray(whole.prefill(toks, lengths))
+    parts = Decoder(model, 4, 32)
+    got = np.zeros_like(want)
+    got[[3, 1]] = parts.prefill_rows([3, 1], toks[jnp.array([3, 1])], [1, 7])
+    with pytest.raises(DecodeError, match=r"rows \[0, 2\]"):
+        parts.step(jnp.zeros(4, jnp.int32))
+    got[[0, 2]] = parts.prefill_rows([0, 2], toks[jnp.array([0, 2])], [26, 19])
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    assert parts.lengths == whole.lengths == lengths
+    for a, b in zip(jax.tree.leaves(whole.cache), jax.tree.leaves(parts.cache)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-4, rtol=1e-4)
+    for i in range(3):
+        t = (jnp.arange(4) * 5 + i) % 97
+        np.testing.assert_allclose(np.asarray(parts.step(t)), np.asarray(whole.step(t)),
+                                   atol=1e-4, rtol=1e-4)
+    assert whole.prefill_bytes(4, 26) > 0
+    again = Decoder(model, 4, 32)              # prefill executables are shared per shape
+    again.prefill(toks, lengths)
+    assert again.compile_s == 0 < parts.compile_s
+
+
+def test_batch_of_prompts_equals_each_alone(tiny_run):
+    """Greedy: a batch of prompts of different lengths gives, row by row, what each prompt gives
+    alone, whether prefilled at once or one row at a time; a row stops at its own EOS; the
+    Python API (load_run) returns the decoded completions and the step it loaded."""
+    import nsa_jax
+
+    run = nsa_jax.load_run(tiny_run)
+    assert run.step == 2 and run.context == 64 and run.cfg.name == "tiny"
+    prompts = ["The history of science", "", "Water is",
+               "Once upon a time there was a very long sentence about many things"]
+    ids = [run.encode(p) for p in prompts]
+    assert len({len(i) for i in ids}) == 4 and ids[1] == [run.tokenizer.eos_id]
+    alone = [run.generate_ids([i], 10, temperature=0)[0] for i in ids]
+    assert run.generate_ids(ids, 10, temperature=0) == alone
+    assert run.generate_ids(ids, 10, temperature=0, rows_per_group=1) == alone
+    # per-row EOS: with a token some row first samples late as EOS, every row ends at its
+    # first occurrence of it and the others run on
+    k, r, eos = max((a.index(t), r, t) for r, a in enumerate(alone) for t in a)
+    assert 1 <= k < 9, alone
+    got = generate_batch(run.model, ids, 10, temperature=0, eos_id=eos,
+                         vocab_limit=run.tokenizer.vocab_size)
+    assert got == [a[:a.index(eos) + 1] if eos in a else a for a in alone]
+    assert len(got[r]) == k + 1
+    texts = run.generate(prompts, 10, temperature=0)
+    assert texts == [run.decode(a) for a in alone]
+    with pytest.raises(RequestError, match="^max_new_tokens: .*max_len=64"):
+        run.generate(prompts, 60)
+
+
+def _cache_row_bytes(run_dir, max_len):
+    from nsa_jax.decode import cache_bytes, init_cache
+    from nsa_jax.train.checkpoint import load_for_inference
+
+    _, model = load_for_inference(run_dir)
+    weights = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model)))
+    return weights, cache_bytes(jax.eval_shape(lambda: init_cache(model, 1, max_len)))
+
+
+@pytest.mark.parametrize("case", ["empty file", "prompt past context", "new tokens past cache",
+                                  "batch too large"])
+def test_bad_requests_exit_2_without_output(case, tiny_run, tmp_path, capsys):
+    long_text = " ".join(["word"] * 80)                 # > 64 tokens, the run's data.seq_len
+    lines = ["The history of science", "Water is", "Once upon a time"]
+    argv, needle = {
+        "empty file": ([], ["--prompts-file", "no prompts"]),
+        "prompt past context": (["--prompt", "short", "--prompt", long_text],
+                                ["--prompt:", "prompt 1 has", "--max-len=64"]),
+        "new tokens past cache": (["--prompt", "hi", "--max-new-tokens", "64"],
+                                  ["--max-new-tokens:", "--max-len=64", "at most 63"]),
+        "batch too large": (["--max-new-tokens", "8"], ["--prompts-file:", "3 prompts need",
+                                                        "at most 2 prompts fit"]),
+    }[case]
+    if case in ("empty file", "batch too large"):
+        f = tmp_path / "prompts.txt"
+        f.write_text("\n  \n" if case == "empty file" else "\n".join(lines) + "\n")
+        argv = ["--prompts-file", str(f), *argv]
+    if case == "batch too large":       # room for the weights and 2.5 rows of KV cache
+        weights, row = _cache_row_bytes(tiny_run, 64)
+        argv += ["--memory-limit", repr((weights + 2.5 * row) / 2**30)]
+    assert main(["--checkpoint", str(tiny_run), *argv]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert cap.out == "" and len(err) == 1 and err[0].startswith("error: "), cap
+    assert all(n in err[0] for n in needle), err[0]
