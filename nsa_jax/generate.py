@@ -253,11 +253,11 @@ def _check_memory(model, prompts, cache_len: int, free: int | None) -> None:
         return cache_bytes(jax.eval_shape(lambda: init_cache(model, rows, length)))
 
     B, longest = len(prompts), max(len(p) for p in prompts)
-    row = cache_for(1, cache_len)
-    if cache_for(1, min(bucket(longest), cache_len)) > free:
+    row, prompt_only = cache_for(1, cache_len), cache_for(1, min(bucket(longest), cache_len))
+    if prompt_only > free:
         raise RequestError("prompts", f"a prompt of {longest} tokens needs a "
-                                      f"{_gib(cache_for(1, bucket(longest)))} KV cache, more "
-                                      f"than the {_gib(max(free, 0))} free")
+                                      f"{_gib(prompt_only)} KV cache, more than the "
+                                      f"{_gib(max(free, 0))} free")
     if row > free:
         raise RequestError("max_new_tokens", f"one row of {cache_len} tokens (prompt + new) "
                                              f"needs a {_gib(row)} KV cache, more than the "
