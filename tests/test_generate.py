@@ -252,3 +252,25 @@ def test_bad_requests_exit_2_without_output(case, tiny_run, tmp_path, capsys):
     err = cap.err.strip().splitlines()
     assert cap.out == "" and len(err) == 1 and err[0].startswith("error: "), cap
     assert all(n in err[0] for n in needle), err[0]
+
+
+def test_load_run_reports_the_step_it_fell_back_to(tiny_run, tmp_path, capsys):
+    """A newer checkpoint whose parameters fail their checksum: load_run warns, loads step 2,
+    and says so in ``run.step``."""
+    import json
+
+    import nsa_jax
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    shutil.copytree(run / "checkpoints" / "2", run / "checkpoints" / "3")
+    meta_file = run / "checkpoints" / "3" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    first = sorted(meta["checksums"]["params"])[0]
+    meta["step"] = 3
+    meta["checksums"]["params"][first] ^= 1            # step 3's params no longer match
+    meta_file.write_text(json.dumps(meta))
+    loaded = nsa_jax.load_run(run)
+    assert loaded.step == 2 and nsa_jax.load_run(tiny_run).step == 2
+    err = capsys.readouterr().err
+    assert "falling back to step 2" in err and first in err
