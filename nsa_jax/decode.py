@@ -231,7 +231,7 @@ def put_rows_jit(cache: Cache, part: Cache, rows):
     return jax.tree.map(lambda a, p: a.at[rows].set(p), cache, part)
 
 
-_PREFILL_EXECS: dict = {}      # AOT-compiled prefills, shared by Decoders of the same model
+_PREFILL_EXECS: dict = {}      # AOT-compiled prefill calls, shared by Decoders of one model
 _PREFILL_EXECS_MAX = 32
 
 
@@ -278,22 +278,34 @@ class Decoder:
         self._filled = [None] * self.batch
 
     # ---- prefill ---------------------------------------------------------------------------
-    def _exec(self, rows: int, width: int, all_logits: bool):
-        """The AOT-compiled prefill of ``rows`` rows right-padded to ``width`` tokens, cached
-        per model and shape across Decoders (a new Decoder of a seen shape does not compile)."""
+    def _compiled(self, key: tuple, lower):
+        """``lower().compile()``, cached per model and ``key`` across Decoders (a new Decoder of
+        a seen shape does not compile); compile seconds go to ``compile_s``."""
         sig = tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(self.state))
-        key = (self.graphdef, sig, rows, width, self.max_len, bool(all_logits))
+        key = (self.graphdef, sig, self.max_len) + key
         if key not in _PREFILL_EXECS:
             t0 = time.perf_counter()
-            cache = jax.eval_shape(lambda: init_cache(self.model, rows, self.max_len))
-            run = prefill_jit.lower(
-                self.graphdef, self.state, jax.ShapeDtypeStruct((rows, width), jnp.int32),
-                jax.ShapeDtypeStruct((rows,), jnp.int32), cache, bool(all_logits)).compile()
+            run = lower().compile()
             self.compile_s += time.perf_counter() - t0
             if len(_PREFILL_EXECS) >= _PREFILL_EXECS_MAX:
                 _PREFILL_EXECS.pop(next(iter(_PREFILL_EXECS)))
             _PREFILL_EXECS[key] = run
         return _PREFILL_EXECS[key]
+
+    def _exec(self, rows: int, width: int, all_logits: bool):
+        """The prefill of ``rows`` rows right-padded to ``width`` tokens."""
+        cache = jax.eval_shape(lambda: init_cache(self.model, rows, self.max_len))
+        return self._compiled(("prefill", rows, width, bool(all_logits)), lambda: prefill_jit.lower(
+            self.graphdef, self.state, jax.ShapeDtypeStruct((rows, width), jnp.int32),
+            jax.ShapeDtypeStruct((rows,), jnp.int32), cache, bool(all_logits)))
+
+    def _put_exec(self, part: Cache, rows):
+        """Writing the g-row cache ``part`` into rows ``rows`` [g] of the batch cache, lowered
+        for the actual arrays: its outputs are placed (committed) as a jitted call's would be,
+        so the next decode step does not compile again."""
+        g = rows.shape[0]
+        return self._compiled(("put", self.batch, g),
+                              lambda: put_rows_jit.lower(self.cache, part, rows))
 
     def prefill_bytes(self, rows: int, width: int, all_logits: bool = False) -> int | None:
         """Device bytes one prefill call of ``rows`` x ``width`` tokens needs beyond the weights
@@ -356,7 +368,8 @@ class Decoder:
         else:
             logits, part = run(self.state, tokens, lens,
                                init_cache(self.model, g, self.max_len))
-            self.cache = put_rows_jit(self.cache, part, jnp.asarray(rows, jnp.int32))
+            idx = jnp.asarray(rows, jnp.int32)
+            self.cache = self._put_exec(part, idx)(self.cache, part, idx)
         for r, n in zip(rows, lengths):
             self._filled[r] = n
         if all(n is not None for n in self._filled):
