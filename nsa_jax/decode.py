@@ -15,8 +15,8 @@ since selection scores come from it).
 Appending token t: its selection K/V go to index t, its window K/V to ring slot ``t % W``, its
 un-rotated cmp-branch K/V to ring slot ``t % l``; when t is the last token of compressed block
 ``i = (t - l + 1) / d`` (Eq. 7), φ runs on the ring (in token order) and the key is rotated at t.
-φ runs at every step and the write is dropped when no block ends at t: no branch, so one
-compiled step serves rows at any positions.
+φ runs at every step and the write keeps the old value when no block ends at t: no branch, so
+one compiled step serves rows at any positions.
 """
 from __future__ import annotations
 
@@ -176,10 +176,9 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, k_c, v_c, k_s, v_s, k_w, v
         kb = _gsd(gather_rows(kv["kc_raw"], slots))              # [B,l,G,D], un-rotated
         vb = _gsd(gather_rows(kv["vc_raw"], slots))
         kc, vc = compress(kb, vb, jnp.maximum(start, 0))          # [B,1,G,D]
-        Tc = kv["k_cmp"].shape[2]
-        i = jnp.where(emit, jnp.maximum(start, 0) // d, Tc)       # Tc: out of range, dropped
-        kv["k_cmp"] = write_rows(kv["k_cmp"], kc[:, 0], i)
-        kv["v_cmp"] = write_rows(kv["v_cmp"], vc[:, 0], i)
+        i = jnp.minimum(jnp.maximum(start, 0) // d, kv["k_cmp"].shape[2] - 1)
+        kv["k_cmp"] = write_rows(kv["k_cmp"], kc[:, 0], i, mask=emit)
+        kv["v_cmp"] = write_rows(kv["v_cmp"], vc[:, 0], i, mask=emit)
     return kv
 
 
