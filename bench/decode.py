@@ -94,10 +94,12 @@ def floor_bytes(cfg, model_bytes: int, N: int, B: int, itemsize: int) -> int:
     return model_bytes + m.n_layers * B * keys * kv_row
 
 
-def hlo_check(graphdef, state, cache, tok) -> dict:
+def hlo_check(graphdef, state, cache, tok, dump: str | None = None) -> dict:
     compiled = step_jit.lower(graphdef, state, cache, tok).compile()
     ma = compiled.memory_analysis()
     text = compiled.as_text()
+    if dump:
+        Path(dump).write_text(text)
     shapes = {f"{x.dtype.name if x.dtype != jnp.bfloat16 else 'bf16'}[{','.join(map(str, x.shape))}]"
               for x in jax.tree.leaves(cache["layers"])}
     shapes = {s.replace("float32", "f32") for s in shapes}
@@ -148,7 +150,7 @@ def profile(graphdef, state, cache, B, steps=5) -> dict:
             for _ in range(steps):
                 logits, cache = step_jit(graphdef, state, cache, tok)
             jax.block_until_ready(logits)
-        return summarise(load_trace(d), steps, top=20)
+        return summarise(load_trace(d), steps, top=60)
 
 
 def main(argv=None) -> int:
@@ -162,6 +164,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--profile", nargs="*", default=[], help="N:B points to trace")
     ap.add_argument("--hlo", action="store_true", help="check in-place cache updates in the HLO")
+    ap.add_argument("--hlo-dump", default=None, help="directory for the optimised HLO text")
     ap.add_argument("--max-dense-bytes", type=float, default=60e9,
                     help="skip dense points whose caches exceed this many bytes")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU-sized run (not a measurement)")
@@ -206,8 +209,10 @@ def main(argv=None) -> int:
                 try:
                     cache = random_cache(model, B, max_len, pos=N - 1, seed=N + B)
                     if a.hlo:
+                        dump = (os.path.join(a.hlo_dump, f"{name}_{N}_{B}.hlo.txt")
+                                if a.hlo_dump else None)
                         pt["hlo"] = hlo_check(graphdef, state, cache,
-                                              jnp.zeros((B,), jnp.int32))
+                                              jnp.zeros((B,), jnp.int32), dump)
                     ts, compile_s, cache = time_point(graphdef, state, cache, B,
                                                       cfg.model.vocab_size, reps, a.warmup)
                     stream_s, cache = stream_time(graphdef, state, cache, B)

@@ -1,36 +1,42 @@
 #!/usr/bin/env bash
 # Decode checks and benchmarks on the device machine, from the repo root:
-#   bench/decode_gpu.sh [profile|grid|all] [extra bench/decode.py args...]
-# profile: GPU decode tests; the decode step before this change (carried .old/before.tar, the
-#          tree of commit 3f3b251) and after it at 64k, B = 1 and 8, same call; HLO in-place
-#          check; jax.profiler summaries; command buffers off for comparison.
-# grid:    bench/decode.py over contexts 8k-128k x batches 1-64 for both models.
-# JSON and logs go to $OUT. Prints a short table last.
+#   bench/decode_gpu.sh STAGE... (stages run in the order given)
+# tests:    GPU decode tests (tests/test_decode.py -m gpu).
+# before:   the decode step of commit 3f3b251 (carried as .old/before.tar) at 64k, B = 1 and 8.
+# profile:  this tree at 64k, B = 1 and 8: HLO in-place check (HLO text in $OUT/hlo.tgz) and
+#           jax.profiler summaries.
+# nocmdbuf: 64k, B = 1 and 8 with XLA command buffers (CUDA graphs) off.
+# grid:     bench/decode.py over contexts 8k-128k x batches 1-64 for both models.
+# Everything is logged to $OUT/decode.log; JSON per stage under $OUT. Short tables last.
 set -u
-stage=${1:-all}; shift || true
 OUT=${OUT:-/tmp/nsa_decode_out}
 mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
+LOG="$OUT/decode.log"
 rc=0
-python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee "$OUT/env.txt"
-if [[ $stage == profile || $stage == all ]]; then
-  python3 -m pytest -q -m gpu tests/test_decode.py -rfE > "$OUT/pytest_decode.log" 2>&1 || rc=1
-  tail -n 3 "$OUT/pytest_decode.log"
-  if [[ -f .old/before.tar ]]; then
-    mkdir -p /tmp/before && tar -xf .old/before.tar -C /tmp/before
-    (cd /tmp/before && PYTHONPATH=. python3 bench/decode.py --contexts 65536 --batches 1 8 \
-      --reps 30 --out "$OUT/decode_before.json" > "$OUT/before.log" 2>&1) || rc=1
-    grep -E "N=" "$OUT/before.log"
-  fi
-  python3 bench/decode.py --contexts 65536 --batches 1 8 --hlo --profile 65536:1 65536:8 \
-    --out "$OUT/decode_after.json" "$@" > "$OUT/after.log" 2>&1 || rc=1
-  grep -E "N=|x$" "$OUT/after.log"
-  XLA_FLAGS="--xla_gpu_enable_command_buffer=" python3 bench/decode.py --contexts 65536 \
-    --batches 1 8 --out "$OUT/decode_nocmdbuf.json" "$@" > "$OUT/nocmdbuf.log" 2>&1 || rc=1
-  echo "command buffers off:"; grep -E "N=" "$OUT/nocmdbuf.log"
-fi
-if [[ $stage == grid || $stage == all ]]; then
-  python3 bench/decode.py --out "$OUT/decode_h200.json" "$@" > "$OUT/grid.log" 2>&1 || rc=1
-  sed -n '/^  N /,$p' "$OUT/grid.log"
-fi
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$LOG"
+for stage in "$@"; do
+  echo "== $stage" | tee -a "$LOG"
+  case $stage in
+    tests)
+      python3 -m pytest -q -m gpu tests/test_decode.py -rfE >> "$LOG" 2>&1 || rc=1
+      tail -n 2 "$LOG" ;;
+    before)
+      mkdir -p /tmp/before && tar -xf .old/before.tar -C /tmp/before
+      (cd /tmp/before && PYTHONPATH=. python3 bench/decode.py --contexts 65536 --batches 1 8 \
+        --reps 30 --out "$OUT/decode_before.json" >> "$LOG" 2>&1) || rc=1 ;;
+    profile)
+      mkdir -p /tmp/hlo
+      python3 bench/decode.py --contexts 65536 --batches 1 8 --hlo --hlo-dump /tmp/hlo \
+        --profile 65536:1 65536:8 --out "$OUT/decode_profile.json" >> "$LOG" 2>&1 || rc=1
+      tar -czf "$OUT/hlo.tgz" -C /tmp hlo ;;
+    nocmdbuf)
+      XLA_FLAGS="--xla_gpu_enable_command_buffer=" python3 bench/decode.py --contexts 65536 \
+        --batches 1 8 --out "$OUT/decode_nocmdbuf.json" >> "$LOG" 2>&1 || rc=1 ;;
+    grid)
+      python3 bench/decode.py --out "$OUT/decode_h200.json" >> "$LOG" 2>&1 || rc=1 ;;
+  esac
+  grep -E "N=.*(step|failed)|^ +[0-9]+ +[0-9]+ .*x$|passed|failed" "$LOG" | tail -n 40 > /tmp/tail.txt
+done
+cat /tmp/tail.txt
 exit $rc

@@ -60,10 +60,19 @@ def _nsa_needs(cfg: NSAConfig) -> tuple[bool, bool, bool]:
     return ("cmp" in br or "slc" in br), "slc" in br, "win" in br
 
 
+ALIGN = 64   # cache lengths are padded to a multiple of this (masked slots)
+
+
+def _align(n: int) -> int:
+    """Round up to a multiple of ALIGN: matmuls over an odd cache length make XLA pad (copy) the
+    whole cache every step; the extra slots are never visible."""
+    return -(-max(n, 1) // ALIGN) * ALIGN
+
+
 def cache_sizes(cfg: NSAConfig, max_len: int) -> dict[str, int]:
     """Sequence lengths of the NSA caches for ``max_len`` tokens."""
     return {
-        "cmp": max(1, cfg.num_cmp_blocks(max_len)),     # >= 1 keeps shapes non-empty (masked)
+        "cmp": _align(cfg.num_cmp_blocks(max_len)),
         "slc": cfg.num_sel_blocks(max_len) * cfg.sel_block,
         "win": min(cfg.window, max_len),
         "raw": cfg.block_l,
@@ -87,7 +96,7 @@ def init_cache(model, batch: int, max_len: int) -> Cache:
     layers = []
     for _ in range(m.n_layers):
         if m.attention == "dense":
-            layers.append({"k": z(max_len), "v": z(max_len)})
+            layers.append({"k": z(_align(max_len)), "v": z(_align(max_len))})
             continue
         need_cmp, need_slc, need_win = _nsa_needs(cfg)
         sz = cache_sizes(cfg, max_len)

@@ -11,9 +11,10 @@ partial softmax states (m, l, acc) that a small XLA epilogue merges:
 
 1. ``_cmp_kernel`` (grid B x G x splits): compressed attention (Eq. 8) over the *visible*
    compressed blocks only — the loop stops at the last visible tile, nothing past t is read. It
-   also writes the scaled logits of the visible blocks, from which the epilogue forms the
-   group-summed block scores (Eq. 9-10) and the top-n (Eq. 11) with the shared semantics
-   functions: [B, G, Ts] rows, a few thousand values.
+   also writes the scaled logits of the visible blocks.
+   ``_select_kernel`` (grid B x G) merges the splits' log-sum-exp, forms the group-summed block
+   scores (Eq. 9-10) from those logits and picks the top-n with the forced blocks (Eq. 11), the
+   rules of :mod:`nsa_jax.nsa.semantics` (ties to the lower index).
 2. ``_slc_win_kernel`` (grid B x G x (n_sel + window tiles)): one program per selected block (loaded
    by index; keys past t masked) or per tile of the window ring buffer.
 3. The epilogue merges the partial states per branch and mixes them with the gates (Eq. 5).
@@ -133,6 +134,74 @@ def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret):
     )(t, q, k_cmp, v_cmp)
 
 
+# ---- 1b. block scores and top-n ------------------------------------------------------------
+def _select_kernel(t_ref, s_ref, m_ref, l_ref, ids_ref, *, h, r, mm, tsp, mmp, nsp, n_sel, n_init,
+                   n_local, l_cmp, d_cmp, l_sel):
+    """Group-summed block scores (Eq. 9-10) of one (row, group) from the compressed logits and
+    the partial softmax states, then the top-n with forced blocks (Eq. 11) -> ids ascending."""
+    b, g = pl.program_id(0), pl.program_id(1)
+    Tc, S = s_ref.shape[-1], m_ref.shape[2]
+    t = t_ref[b]
+    nvis = jnp.minimum(jnp.where(t + 1 >= l_cmp, (t + 1 - l_cmp) // d_cmp + 1, 0), Tc)
+    hp = _rows(h)
+    rr, sp = jnp.arange(hp), jnp.arange(nsp)
+    ok = (rr < h)[:, None] & (sp < S)[None, :]
+    m = load(m_ref.at[b, g, jnp.where(rr < h, rr, 0)[:, None], jnp.minimum(sp, S - 1)[None, :]],
+             ok, NEG_INF)
+    l = load(l_ref.at[b, g, jnp.where(rr < h, rr, 0)[:, None], jnp.minimum(sp, S - 1)[None, :]],
+             ok, 0.0)
+    M = jnp.max(m, axis=1)
+    Ms = jnp.where(M == NEG_INF, 0.0, M)
+    L = jnp.sum(l * jnp.exp2(m - Ms[:, None]), axis=1)
+    lse = Ms + jnp.log2(jnp.where(L > 0, L, 1.0))                     # [hp], base 2
+    j = jnp.arange(tsp)
+    k = jnp.arange(mmp)
+    score = jnp.zeros((tsp,), jnp.float32)
+    for hh in range(h):
+        lse_h = jnp.sum(jnp.where(rr == hh, lse, 0.0))
+        for u in range(r):                       # chunk c collects p_{c-u}; block j sums chunks
+            i = j[:, None] * mm + k[None, :] - u
+            okp = (k < mm)[None, :] & (i >= 0) & (i < nvis)
+            sv = load(s_ref.at[b, g, hh, jnp.clip(i, 0, Tc - 1)], okp, NEG_INF)
+            p = jnp.where(okp, jnp.exp2(sv - lse_h), 0.0)
+            score = score + jnp.sum(p, axis=1)
+    cur = t // l_sel
+    cand = j <= cur
+    forced = cand & ((j < n_init) | (j > cur - n_local))
+    sc = jnp.where(forced, float("inf"), jnp.where(cand, score, NEG_INF))
+
+    def pick(_, carry):
+        sc, sel = carry
+        mx = jnp.max(sc)
+        jm = jnp.min(jnp.where(sc == mx, j, tsp))
+        hit = (j == jm) & (mx > NEG_INF)
+        return jnp.where(hit, NEG_INF, sc), sel | hit
+
+    _, sel = lax.fori_loop(0, n_sel, pick, (sc, jnp.zeros((tsp,), jnp.bool_)))
+    seli = sel.astype(jnp.int32)
+    rank = jnp.cumsum(seli) - 1
+    store(ids_ref.at[b, g, jnp.where(sel, rank, n_sel)], j, sel)
+    slot = jnp.arange(next_pow2(n_sel))
+    pad = (slot >= jnp.sum(seli)) & (slot < n_sel)
+    store(ids_ref.at[b, g, jnp.where(pad, slot, n_sel)], jnp.full(slot.shape, -1, jnp.int32), pad)
+
+
+def _select_call(t, s, m, l, cfg, Ts, interpret):
+    B, G, h, _ = s.shape
+    r, mm = cfg.block_l // cfg.stride_d, cfg.sel_block // cfg.stride_d
+    tsp = next_pow2(Ts)
+    kern = functools.partial(_select_kernel, h=h, r=r, mm=mm, tsp=tsp, mmp=next_pow2(mm),
+                             nsp=next_pow2(m.shape[2]), n_sel=cfg.n_sel, n_init=cfg.n_init,
+                             n_local=cfg.n_local, l_cmp=cfg.block_l, d_cmp=cfg.stride_d,
+                             l_sel=cfg.sel_block)
+    return pl.pallas_call(
+        kern, grid=(B, G),
+        out_shape=jax.ShapeDtypeStruct((B, G, cfg.n_sel), jnp.int32),
+        compiler_params=compiler_params(8 if tsp * next_pow2(mm) >= 8192 else 4, 1),
+        interpret=interpret, name="nsa_decode_select",
+    )(t, s, m.swapaxes(2, 3), l.swapaxes(2, 3))
+
+
 # ---- 2. selected blocks and window tiles ----------------------------------------------------
 def _slc_win_kernel(t_ref, ids_ref, q_ref, ks_ref, vs_ref, kw_ref, vw_ref, m_ref, l_ref, o_ref,
                     *, h, n_slc, has_win, l_sel, window, bw, scale, prec):
@@ -250,11 +319,7 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
         if "cmp" in br:
             o_cmp = o_c
         if "slc" in br:
-            vis = semantics.cmp_visible(t, Tc, cfg)[:, None, None, :]
-            p = jnp.where(vis, jnp.exp2(s - jnp.where(lse == NEG_INF, 0.0, lse)[..., None]), 0.0)
-            Ts = kv["k_slc"].shape[2] // cfg.sel_block
-            scores = semantics.block_scores(p, Ts, cfg).sum(axis=2)            # Eq. 9-10
-            ids = semantics.topn_from_scores(scores, t[:, None], cfg)            # Eq. 11
+            ids = _select_call(t, s, m, l, cfg, kv["k_slc"].shape[2] // cfg.sel_block, interpret)
     if "slc" in br or "win" in br:
         m, l, o = _slc_win_call(t, ids, qg, kv, cfg, win_keys, scale, interpret)
         n_slc = ids.shape[-1] if ids is not None else 0
