@@ -291,10 +291,11 @@ def test_pallas_decode_kernel_matches_jnp_decode(case):
     args = random_inputs(sum(case[:11]) + 1, B, T, G * h, G, 8, 6, cfg, scale=2.0)
     q, gates = np.asarray(args[0]), np.asarray(args[7])
     want_f = jax.jit(lambda q, lc, t, g: nsa_decode_attention(q, lc, t, g, cfg))
-    # small tiles so the compressed keys span several tiles and key splits (the default tiles
-    # cover these short contexts in one)
+    # small tiles so the compressed keys span several tiles and key splits and the selection
+    # blocks several scoring chunks (the default tiles cover these short contexts in one)
     got_f = jax.jit(lambda q, lc, t, g: nsa_decode_pallas(q, lc, t, g, cfg, cmp_keys=16,
-                                                          win_keys=16, splits=3))
+                                                          win_keys=16, splits=3,
+                                                          sel_chunk=4))
     for t in range(1, T, 3):
         ts = np.array([t, t - 1])
         lcs = [_caches_at(int(tt), T, args, cfg) for tt in ts]
@@ -332,3 +333,15 @@ def test_gpu_pallas_decode_bf16_matches_jnp_decode():
         want = np.asarray(f_ref(q, t), np.float32)
         got = np.asarray(f_pal(q, t), np.float32)
         assert rel_err(got, want) <= 5e-3, (ts, rel_err(got, want))
+
+
+def test_compress_block_equals_compress():
+    """The decoder's one-block φ (Eq. 7 as written) == the training path's chunked φ."""
+    from nsa_jax.nsa.compression import compress, compress_block
+    cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16)
+    ks = jax.random.split(jax.random.PRNGKey(0), 6)
+    x = jax.random.normal(ks[0], (3, 8, 2, 16))
+    p = (jax.random.normal(ks[1], (8, 16)) * 0.3, jax.random.normal(ks[2], (128, 32)) * 0.1,
+         jax.random.normal(ks[3], (32,)), jax.random.normal(ks[4], (32, 16)) * 0.2,
+         jax.random.normal(ks[5], (16,)))
+    np.testing.assert_allclose(compress_block(x, *p), compress(x, *p, cfg), rtol=1e-5, atol=1e-5)

@@ -135,71 +135,118 @@ def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret):
 
 
 # ---- 1b. block scores and top-n ------------------------------------------------------------
-def _select_kernel(t_ref, s_ref, m_ref, l_ref, ids_ref, *, h, r, mm, tsp, mmp, nsp, n_sel, n_init,
-                   n_local, l_cmp, d_cmp, l_sel):
-    """Group-summed block scores (Eq. 9-10) of one (row, group) from the compressed logits and
-    the partial softmax states, then the top-n with forced blocks (Eq. 11) -> ids ascending."""
-    b, g = pl.program_id(0), pl.program_id(1)
-    Tc, S = s_ref.shape[-1], m_ref.shape[2]
-    t = t_ref[b]
-    nvis = jnp.minimum(jnp.where(t + 1 >= l_cmp, (t + 1 - l_cmp) // d_cmp + 1, 0), Tc)
+SEL_CHUNK = 256        # selection blocks per scoring program
+
+
+def _lse(m_ref, l_ref, b, g, h, nsp):
+    """Merge the compressed kernel's partial states of (b, g) into a base-2 lse per head [hp]."""
+    S = m_ref.shape[2]
     hp = _rows(h)
     rr, sp = jnp.arange(hp), jnp.arange(nsp)
-    ok = (rr < h)[:, None] & (sp < S)[None, :]
-    m = load(m_ref.at[b, g, jnp.where(rr < h, rr, 0)[:, None], jnp.minimum(sp, S - 1)[None, :]],
-             ok, NEG_INF)
-    l = load(l_ref.at[b, g, jnp.where(rr < h, rr, 0)[:, None], jnp.minimum(sp, S - 1)[None, :]],
-             ok, 0.0)
-    M = jnp.max(m, axis=1)
+    ok = (rr < h)[None, :] & (sp < S)[:, None]
+    at = (jnp.minimum(sp, S - 1)[:, None], jnp.where(rr < h, rr, 0)[None, :])
+    m = load(m_ref.at[b, g, at[0], at[1]], ok, NEG_INF)           # [nsp, hp]
+    l = load(l_ref.at[b, g, at[0], at[1]], ok, 0.0)
+    M = jnp.max(m, axis=0)
     Ms = jnp.where(M == NEG_INF, 0.0, M)
-    L = jnp.sum(l * jnp.exp2(m - Ms[:, None]), axis=1)
-    lse = Ms + jnp.log2(jnp.where(L > 0, L, 1.0))                     # [hp], base 2
-    j = jnp.arange(tsp)
+    L = jnp.sum(l * jnp.exp2(m - Ms[None, :]), axis=0)
+    return Ms + jnp.log2(jnp.where(L > 0, L, 1.0))
+
+
+def _score_kernel(t_ref, s_ref, m_ref, l_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp, nsp, n_sel,
+                  n_init, n_local, l_cmp, d_cmp, l_sel, ts):
+    """Group-summed block scores (Eq. 9-10) of one chunk of selection blocks of one (row, group),
+    forced / non-candidate blocks at +-inf (Eq. 11), and the chunk's top-n (value, id) pairs."""
+    b, g, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    Tc, Ts = s_ref.shape[-1], ts
+    t = t_ref[b]
+    nvis = jnp.minimum(jnp.where(t + 1 >= l_cmp, (t + 1 - l_cmp) // d_cmp + 1, 0), Tc)
+    lse = _lse(m_ref, l_ref, b, g, h, nsp)
+    rr = jnp.arange(lse.shape[0])
+    j = c * cs + jnp.arange(cs)
     k = jnp.arange(mmp)
-    score = jnp.zeros((tsp,), jnp.float32)
+    score = jnp.zeros((cs,), jnp.float32)
     for hh in range(h):
         lse_h = jnp.sum(jnp.where(rr == hh, lse, 0.0))
         for u in range(r):                       # chunk c collects p_{c-u}; block j sums chunks
             i = j[:, None] * mm + k[None, :] - u
             okp = (k < mm)[None, :] & (i >= 0) & (i < nvis)
             sv = load(s_ref.at[b, g, hh, jnp.clip(i, 0, Tc - 1)], okp, NEG_INF)
-            p = jnp.where(okp, jnp.exp2(sv - lse_h), 0.0)
-            score = score + jnp.sum(p, axis=1)
+            score = score + jnp.sum(jnp.where(okp, jnp.exp2(sv - lse_h), 0.0), axis=1)
     cur = t // l_sel
     cand = j <= cur
     forced = cand & ((j < n_init) | (j > cur - n_local))
     sc = jnp.where(forced, float("inf"), jnp.where(cand, score, NEG_INF))
-
-    def pick(_, carry):
-        sc, sel = carry
-        mx = jnp.max(sc)
-        jm = jnp.min(jnp.where(sc == mx, j, tsp))
-        hit = (j == jm) & (mx > NEG_INF)
-        return jnp.where(hit, NEG_INF, sc), sel | hit
-
-    _, sel = lax.fori_loop(0, n_sel, pick, (sc, jnp.zeros((tsp,), jnp.bool_)))
-    seli = sel.astype(jnp.int32)
-    rank = jnp.cumsum(seli) - 1
-    store(ids_ref.at[b, g, jnp.where(sel, rank, n_sel)], j, sel)
     slot = jnp.arange(next_pow2(n_sel))
-    pad = (slot >= jnp.sum(seli)) & (slot < n_sel)
+
+    def pick(i, carry):
+        sc, vals, ids = carry
+        mx = jnp.max(sc)
+        jm = jnp.min(jnp.where(sc == mx, j, Ts))          # ties to the lower index
+        vals = jnp.where(slot == i, mx, vals)
+        ids = jnp.where(slot == i, jnp.where(mx > NEG_INF, jm, Ts), ids)
+        return jnp.where(j == jm, NEG_INF, sc), vals, ids
+
+    init = (sc, jnp.full(slot.shape, NEG_INF, jnp.float32), jnp.full(slot.shape, Ts, jnp.int32))
+    _, vals, ids = lax.fori_loop(0, n_sel, pick, init)
+    okw = slot < n_sel
+    at = jnp.where(okw, c * n_sel + slot, val_ref.shape[-1])
+    store(val_ref.at[b, g, at], vals, okw)
+    store(idx_ref.at[b, g, at], ids, okw)
+
+
+def _topn_merge_kernel(val_ref, idx_ref, ids_ref, *, n_sel, kp):
+    """Top-n over the chunks' candidates (value desc, id asc), written as ascending ids with -1
+    in unused slots."""
+    b, g = pl.program_id(0), pl.program_id(1)
+    K = val_ref.shape[-1]
+    e = jnp.arange(kp)
+    ok = e < K
+    vals = load(val_ref.at[b, g, jnp.minimum(e, K - 1)], ok, NEG_INF)
+    cid = load(idx_ref.at[b, g, jnp.minimum(e, K - 1)], ok, 0)
+    cid = jnp.where(ok & (vals > NEG_INF), cid, 2 ** 30)
+    slot = jnp.arange(next_pow2(n_sel))
+
+    def pick(i, carry):
+        vals, win = carry
+        mx = jnp.max(vals)
+        jm = jnp.min(jnp.where(vals == mx, cid, 2 ** 30))
+        win = jnp.where(slot == i, jnp.where(mx > NEG_INF, jm, 2 ** 30), win)
+        return jnp.where(cid == jm, NEG_INF, vals), win
+
+    _, win = lax.fori_loop(0, n_sel, pick, (vals, jnp.full(slot.shape, 2 ** 30, jnp.int32)))
+    rank = jnp.sum((win[None, :] < win[:, None]).astype(jnp.int32), axis=1)   # ascending order
+    valid = (win < 2 ** 30) & (slot < n_sel)
+    store(ids_ref.at[b, g, jnp.where(valid, rank, n_sel)], win, valid)
+    count = jnp.sum(valid.astype(jnp.int32))
+    pad = (slot >= count) & (slot < n_sel)
     store(ids_ref.at[b, g, jnp.where(pad, slot, n_sel)], jnp.full(slot.shape, -1, jnp.int32), pad)
 
 
-def _select_call(t, s, m, l, cfg, Ts, interpret):
+def _select_call(t, s, m, l, cfg, Ts, sel_chunk, interpret):
+    """Selected block ids [B,G,n_sel] from the compressed kernel's outputs (two launches: chunk
+    scores + chunk top-n over B x G x chunks programs, then the merge)."""
     B, G, h, _ = s.shape
     r, mm = cfg.block_l // cfg.stride_d, cfg.sel_block // cfg.stride_d
-    tsp = next_pow2(Ts)
-    kern = functools.partial(_select_kernel, h=h, r=r, mm=mm, tsp=tsp, mmp=next_pow2(mm),
+    cs = max(sel_chunk if Ts > sel_chunk else next_pow2(Ts), next_pow2(cfg.n_sel))
+    C = cdiv(Ts, cs)
+    K = C * cfg.n_sel
+    kern = functools.partial(_score_kernel, h=h, r=r, mm=mm, cs=cs, mmp=next_pow2(mm),
                              nsp=next_pow2(m.shape[2]), n_sel=cfg.n_sel, n_init=cfg.n_init,
                              n_local=cfg.n_local, l_cmp=cfg.block_l, d_cmp=cfg.stride_d,
-                             l_sel=cfg.sel_block)
+                             l_sel=cfg.sel_block, ts=Ts)
+    vals, idx = pl.pallas_call(
+        kern, grid=(B, G, C),
+        out_shape=[jax.ShapeDtypeStruct((B, G, K), jnp.float32),
+                   jax.ShapeDtypeStruct((B, G, K), jnp.int32)],
+        compiler_params=compiler_params(4, 1), interpret=interpret, name="nsa_decode_score",
+    )(t, s, m, l)
+    merge = functools.partial(_topn_merge_kernel, n_sel=cfg.n_sel, kp=next_pow2(K))
     return pl.pallas_call(
-        kern, grid=(B, G),
+        merge, grid=(B, G),
         out_shape=jax.ShapeDtypeStruct((B, G, cfg.n_sel), jnp.int32),
-        compiler_params=compiler_params(8 if tsp * next_pow2(mm) >= 8192 else 4, 1),
-        interpret=interpret, name="nsa_decode_select",
-    )(t, s, m.swapaxes(2, 3), l.swapaxes(2, 3))
+        compiler_params=compiler_params(2, 1), interpret=interpret, name="nsa_decode_topn",
+    )(vals, idx)
 
 
 # ---- 2. selected blocks and window tiles ----------------------------------------------------
@@ -288,13 +335,14 @@ def _pad_last(x, D):
 
 
 def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = CMP_KEYS,
-                      win_keys: int = WIN_KEYS, splits: int | None = None):
+                      win_keys: int = WIN_KEYS, splits: int | None = None,
+                      sel_chunk: int = SEL_CHUNK):
     """q [B,Hq,Dk] at positions t [B] over the caches ``kv`` (layout in
     :mod:`nsa_jax.nsa.decoding`, tokens 0..t[b] written); gates [B,Hq,3] -> [B,Hq,Dv] in q.dtype.
 
     ``cmp_keys`` compressed keys per tile, ``win_keys`` window slots per program (powers of two
     >= 16); ``splits`` programs per (row, group) over the compressed keys (default: enough to fill
-    the GPU). Head dims that are not a power of two >= 16 are zero-padded (a copy of the caches:
+    the GPU); ``sel_chunk`` selection blocks per scoring program (a power of two). Head dims that are not a power of two >= 16 are zero-padded (a copy of the caches:
     fine for tests, slow for real models, which use 64 or 128)."""
     B, Hq, Dk = q.shape
     t = jnp.broadcast_to(jnp.asarray(t, jnp.int32), (B,))
@@ -319,7 +367,8 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
         if "cmp" in br:
             o_cmp = o_c
         if "slc" in br:
-            ids = _select_call(t, s, m, l, cfg, kv["k_slc"].shape[2] // cfg.sel_block, interpret)
+            ids = _select_call(t, s, m, l, cfg, kv["k_slc"].shape[2] // cfg.sel_block, sel_chunk,
+                               interpret)
     if "slc" in br or "win" in br:
         m, l, o = _slc_win_call(t, ids, qg, kv, cfg, win_keys, scale, interpret)
         n_slc = ids.shape[-1] if ids is not None else 0
