@@ -302,7 +302,7 @@ def _append_nsa_layer(attn, lc: Cache, t, k_c, v_c, k_s, v_s, k_w, v_w) -> Cache
 
 def _resolve_impl(model):
     from nsa_jax.model import resolve_nsa_impl
-    return resolve_nsa_impl(model.mcfg.nsa_impl)
+    return resolve_nsa_impl(model.xcfg.nsa_impl)
 
 
 def prefill(model, tokens, cache: Cache, all_logits: bool = False):

@@ -50,13 +50,15 @@ import yaml
 from nsa_jax.config import Config
 from nsa_jax.data import DataError
 from nsa_jax.train import mesh as meshlib
-from nsa_jax.train.checkpoint import (Checkpointer, check_compatible, checkpoint_dir,
-                                      newest_usable, quarantine, warn)
+from nsa_jax.errors import os_reason, warn
+from nsa_jax.train.checkpoint import Checkpointer, checkpoint_dir
+from nsa_jax.train.recovery import (NoUsableCheckpoint, check_compatible, newest_usable,
+                                    quarantine)
 from nsa_jax.train.env import collect_env
 from nsa_jax.train.errors import (CheckpointError, DataFailed, TrainError, TrainingFailed,
                                   WriteFailed)
 from nsa_jax.train.feed import BatchFeed, open_loader
-from nsa_jax.train.files import atomic_write_text, os_reason
+from nsa_jax.train.files import atomic_write_text
 from nsa_jax.train.metrics import MetricsLog, Progress, TensorBoardWriter, fmt_duration
 from nsa_jax.train.optim import make_optimizer
 from nsa_jax.train.signals import GracefulStop
@@ -142,7 +144,7 @@ class _Preflight:
 
             self.mesh = meshlib.build_mesh(cfg.mesh)
             meshlib.check_batch(cfg, jax.device_count(), self.nproc)
-            self.spec = ModelSpec(cfg.model, cfg.nsa, t.seed)
+            self.spec = ModelSpec(cfg.model, cfg.nsa, t.seed, cfg.exec)
             self.tx = make_optimizer(t)
             abstract = abstract_state(self.spec, self.tx, t.seed)
             self.shardings = meshlib.state_shardings(self.mesh, abstract)
@@ -150,8 +152,12 @@ class _Preflight:
 
             if latest is not None:
                 say = warn if self.pidx == 0 else (lambda msg: None)
-                _, (self.meta, self.state), self.bad_steps = newest_usable(
-                    reader, lambda step: self._load(reader, step), say=say)
+                try:
+                    _, (self.meta, self.state), self.bad_steps = newest_usable(
+                        reader, lambda step: self._load(reader, step), say=say)
+                except NoUsableCheckpoint as e:
+                    raise NoUsableCheckpoint(f"{e}; {self._set_aside(e.bad_steps)}",
+                                             e.bad_steps) from None
             elif t.init_from is not None:          # a resume keeps its own weights instead
                 self._load_init_from(Path(t.init_from))
             self.start = int(self.meta["step"]) if self.meta else 0
@@ -173,6 +179,17 @@ class _Preflight:
         finally:
             if reader is not None:
                 reader.close()
+
+    def _set_aside(self, steps: list[int]) -> str:
+        """Move every (unusable) checkpoint aside, so that the run can start afresh."""
+        where = self.run_dir / "corrupt_checkpoints"
+        if self.pidx == 0:
+            try:
+                quarantine(self.ck_dir, steps, self.run_dir)
+            except OSError as e:
+                return f"moving them to {where} failed ({os_reason(e)})"
+        return (f"moved them to {where}; train again without run.resume=true to start this "
+                f"run afresh")
 
     def _load_init_from(self, src: Path) -> None:
         """``train.init_from``: the newest usable checkpoint's parameters of run ``src``, placed

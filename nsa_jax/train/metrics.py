@@ -54,7 +54,7 @@ class MetricsLog:
             self._append(json.dumps(clean, allow_nan=False) + "\n")
         except OSError as e:
             from nsa_jax.train.errors import WriteFailed
-            from nsa_jax.train.files import os_reason
+            from nsa_jax.errors import os_reason
 
             raise WriteFailed(f"run.dir: cannot write {self.path} ({os_reason(e)})") from e
 

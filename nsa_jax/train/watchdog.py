@@ -25,10 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+from nsa_jax.errors import EXIT_HUNG, os_reason
 from nsa_jax.train.errors import WriteFailed
-from nsa_jax.train.files import os_reason
-
-EXIT_HUNG = 3
 
 
 def _name(stem: str, ext: str, process_index: int) -> str:
