@@ -110,11 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     from nsa_jax.train.errors import TrainError, TrainingFailed
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        notes: list[str] = []
+        cfg = load_config(args.config, args.overrides, notes=notes)
         from nsa_jax.train.mesh import init_distributed
         init_distributed(args.distributed, args.coordinator, args.num_processes, args.process_id)
         from nsa_jax.train.loop import train
-        train(cfg, profile=args.profile, argv=["python", "-m", "nsa_jax.train", *argv])
+        train(cfg, profile=args.profile, argv=["python", "-m", "nsa_jax.train", *argv],
+              notes=notes)
         return 0
     except (ConfigError, DataError, TrainError) as e:
         return report(one_line(e), EXIT_BAD_INPUT, args.debug)

@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -122,6 +123,9 @@ class Watchdog:
                 faulthandler.unregister(signal.SIGUSR1)
             self._stacks.close()
             self._stacks = None
+            with contextlib.suppress(OSError):   # kept only when stacks were dumped into it
+                if self.stacks_path.stat().st_size == 0:
+                    self.stacks_path.unlink()
         if self._hb_fd is not None:
             os.close(self._hb_fd)
             self._hb_fd = None
