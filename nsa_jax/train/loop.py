@@ -59,12 +59,9 @@ def train(cfg: Config, profile: bool = False, argv: list[str] | None = None,
           notes: list[str] = ()) -> dict:
     """Run (or resume) training as configured. Returns a summary dict of the last metrics
     (with ``"stopped": "SIGTERM"`` when a signal ended it early). ``notes``: warnings from
-    loading the config, printed once every input has been checked."""
+    loading the config, printed once every input has been accepted."""
     t0 = time.perf_counter()
     start = preflight(cfg, profile)
-    if start.primary:
-        for note in [*notes, *config_warnings(cfg)]:
-            warn(note)
     if start.done:
         if start.primary:
             print(f"{start.run_dir} is already at step {start.step} >= train.steps="
@@ -76,6 +73,9 @@ def train(cfg: Config, profile: bool = False, argv: list[str] | None = None,
     except BaseException:
         start.loader.close()
         raise
+    if start.primary:            # every input was accepted: now the warnings
+        for note in [*notes, *config_warnings(cfg)]:
+            warn(note)
     return trainer.run()
 
 
