@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python bench/decode.py [--out bench/results/decode_<device>.json]
         [--contexts 8192 32768 65536 131072] [--batches 1 8 32 64] [--reps 30]
-        [--models nsa_125m dense_125m] [--set model.nsa_impl=reference ...]
+        [--models nsa_125m dense_125m] [--set exec.decode_impl=reference ...]
         [--profile 65536:1 65536:8] [--hlo] [--smoke]
 
 For each model (configs/nsa_125m.yaml, configs/dense_125m.yaml: bf16, 12 layers, random
@@ -73,7 +73,7 @@ def load_model(name: str, smoke: bool, sets: list[str]):
     if smoke:
         overrides.append("model.compute_dtype=float32")
     cfg = load_config(REPO / "configs" / f"{name}.yaml", overrides + list(sets))
-    return cfg, build_model(cfg.model, cfg.nsa, seed=0)
+    return cfg, build_model(cfg.model, cfg.nsa, seed=0, exec_cfg=cfg.exec)
 
 
 def random_cache(model, batch: int, max_len: int, pos: int, seed: int):
@@ -192,7 +192,8 @@ def main(argv=None) -> int:
         graphdef, state = inference_state(model)
         model_bytes = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(state))
         result["models"][name] = {"model": dataclasses.asdict(cfg.model),
-                                  "nsa": cfg.to_dict()["nsa"], "params": count_params(model),
+                                  "nsa": cfg.to_dict()["nsa"], "exec": cfg.to_dict()["exec"],
+                                  "params": count_params(model),
                                   "inference_weight_bytes": model_bytes}
         item = jnp.dtype(model.dtype).itemsize
         for N in contexts:

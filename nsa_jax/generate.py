@@ -190,17 +190,17 @@ def main(argv: list[str] | None = None) -> int:
     from nsa_jax.config import ConfigError
     from nsa_jax.data import DataError, get_tokenizer
     from nsa_jax.decode import DecodeError
-    from nsa_jax.train.checkpoint import load_for_inference
+    from nsa_jax.train.inference import restore_for_inference
     from nsa_jax.train.errors import TrainError, one_line
 
     try:
-        cfg, model = load_for_inference(args.checkpoint, step=args.step)
+        cfg, model, step = restore_for_inference(args.checkpoint, step=args.step)
         tok = get_tokenizer(cfg.data.tokenizer)
         if tok.vocab_size > cfg.model.vocab_size:
             raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} has {tok.vocab_size} "
                               f"tokens but the model's vocab_size is {cfg.model.vocab_size}")
         prompt_ids = tok.encode(args.prompt) if args.prompt else [tok.eos_id]
-        sys.stderr.write(f"loaded {args.checkpoint} ({cfg.name}, attention="
+        sys.stderr.write(f"loaded {args.checkpoint} step {step} ({cfg.name}, attention="
                          f"{cfg.model.attention}) | prompt {len(prompt_ids)} tokens\n")
         sys.stderr.flush()
         sys.stdout.write(args.prompt)

@@ -20,7 +20,7 @@ import optax
 from flax import nnx
 
 from nsa_jax import decode as kvcache
-from nsa_jax.config import ModelConfig
+from nsa_jax.config import ExecConfig, ModelConfig
 from nsa_jax.nsa import NSAConfig, nsa_attention
 from nsa_jax.nsa.decoding import dense_decode_attention
 from nsa_jax.nsa.compression import compress, compress_block
@@ -88,8 +88,9 @@ class Compressor(nnx.Module):
 
 
 class NSAAttention(nnx.Module):
-    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs):
-        self.mcfg, self.ncfg = mcfg, ncfg
+    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs,
+                 xcfg: ExecConfig | None = None):
+        self.mcfg, self.ncfg, self.xcfg = mcfg, ncfg, xcfg or ExecConfig()
         dt = DTYPES[mcfg.compute_dtype]
         self.dtype = dt
         H, G, D = mcfg.n_heads, mcfg.n_kv_groups, mcfg.head_dim
@@ -160,9 +161,9 @@ class NSAAttention(nnx.Module):
         of an empty cache with ``cache.n`` valid tokens per row.
         """
         B, S, _ = x.shape
-        impl = resolve_nsa_impl(self.mcfg.nsa_impl)
+        impl = resolve_nsa_impl(self.xcfg.nsa_impl)
         if cache is not None and S == 1:
-            return self._decode(x, cache, impl)
+            return self._decode(x, cache, resolve_nsa_impl(self.xcfg.decode_impl))
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
         k_cmp, v_cmp = self.compress_kv(k_c, v_c)
         args = (q, k_cmp, v_cmp, k_s, v_s, k_w, v_w, gates)
@@ -187,8 +188,8 @@ class NSAAttention(nnx.Module):
 class DenseAttention(nnx.Module):
     """Causal GQA attention through ``jax.nn.dot_product_attention`` (cuDNN on GPU, XLA on CPU)."""
 
-    def __init__(self, mcfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.mcfg = mcfg
+    def __init__(self, mcfg: ModelConfig, *, rngs: nnx.Rngs, xcfg: ExecConfig | None = None):
+        self.mcfg, self.xcfg = mcfg, xcfg or ExecConfig()
         dt = DTYPES[mcfg.compute_dtype]
         self.dtype = dt
         H, G, D = mcfg.n_heads, mcfg.n_kv_groups, mcfg.head_dim
@@ -201,7 +202,7 @@ class DenseAttention(nnx.Module):
                              kernel_init=_normal(std / math.sqrt(2 * mcfg.n_layers)), rngs=rngs)
 
     def impl(self):
-        i = self.mcfg.dense_impl
+        i = self.xcfg.dense_impl
         if i == "auto":
             return "cudnn" if on_gpu() and self.dtype == jnp.bfloat16 else "xla"
         return i
@@ -248,11 +249,12 @@ class SwiGLU(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs):
+    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs,
+                 xcfg: ExecConfig | None = None):
         dt = DTYPES[mcfg.compute_dtype]
         self.norm1 = nnx.RMSNorm(mcfg.dim, epsilon=mcfg.norm_eps, dtype=dt, rngs=rngs)
-        self.attn = (NSAAttention(mcfg, ncfg, rngs=rngs) if mcfg.attention == "nsa"
-                     else DenseAttention(mcfg, rngs=rngs))
+        self.attn = (NSAAttention(mcfg, ncfg, rngs=rngs, xcfg=xcfg) if mcfg.attention == "nsa"
+                     else DenseAttention(mcfg, rngs=rngs, xcfg=xcfg))
         self.norm2 = nnx.RMSNorm(mcfg.dim, epsilon=mcfg.norm_eps, dtype=dt, rngs=rngs)
         self.mlp = SwiGLU(mcfg, rngs=rngs)
 
@@ -266,13 +268,15 @@ class Block(nnx.Module):
 class NSALM(nnx.Module):
     """Decoder-only LM. ``__call__(tokens [B,T]) -> hidden [B,T,dim]``; ``logits`` adds the head."""
 
-    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs):
-        self.mcfg, self.ncfg = mcfg, ncfg
+    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs,
+                 xcfg: ExecConfig | None = None):
+        self.mcfg, self.ncfg, self.xcfg = mcfg, ncfg, xcfg or ExecConfig()
         dt = DTYPES[mcfg.compute_dtype]
         self.dtype = dt
         self.embed = nnx.Embed(mcfg.vocab_size, mcfg.dim, dtype=dt,
                                embedding_init=_normal(mcfg.init_std), rngs=rngs)
-        self.blocks = nnx.List([Block(mcfg, ncfg, rngs=rngs) for _ in range(mcfg.n_layers)])
+        self.blocks = nnx.List([Block(mcfg, ncfg, rngs=rngs, xcfg=self.xcfg)
+                                 for _ in range(mcfg.n_layers)])
         self.norm = nnx.RMSNorm(mcfg.dim, epsilon=mcfg.norm_eps, dtype=dt, rngs=rngs)
         if not mcfg.tie_embeddings:
             self.head = nnx.Linear(mcfg.dim, mcfg.vocab_size, use_bias=False, dtype=dt,
@@ -284,7 +288,7 @@ class NSALM(nnx.Module):
             positions = jnp.arange(T)
         x = self.embed(tokens)
         for blk in self.blocks:
-            if self.mcfg.remat == "block":
+            if self.xcfg.remat == "block":
                 x = nnx.remat(lambda b, y, p: b(y, p)[0])(blk, x, positions)
             else:
                 x = blk(x, positions)[0]
@@ -366,8 +370,9 @@ def lm_loss(model: NSALM, tokens, loss_mask=None):
     return total / jnp.maximum(count, 1.0)
 
 
-def build_model(mcfg: ModelConfig, ncfg: NSAConfig, seed: int = 0) -> NSALM:
-    return NSALM(mcfg, ncfg, rngs=nnx.Rngs(params=seed))
+def build_model(mcfg: ModelConfig, ncfg: NSAConfig, seed: int = 0,
+                exec_cfg: ExecConfig | None = None) -> NSALM:
+    return NSALM(mcfg, ncfg, rngs=nnx.Rngs(params=seed), xcfg=exec_cfg)
 
 
 def count_params(model) -> int:

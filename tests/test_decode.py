@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nsa_jax.config import ModelConfig
+from nsa_jax.config import ExecConfig, ModelConfig
 from nsa_jax.decode import DecodeError, Decoder, cache_sizes, decode_reads, dense_reads
 from nsa_jax.model import build_model
 from nsa_jax.nsa import NSAConfig
@@ -225,10 +225,9 @@ def test_gpu_decode_matches_forward_with_pallas_prefill(attention):
     """On the GPU: the prompt goes through the Pallas kernels (float32, IEEE dots), decoding
     through the pure-JAX step; both must agree with the full Pallas forward."""
     mcfg = ModelConfig(vocab_size=256, dim=128, n_layers=2, n_heads=4, n_kv_groups=2,
-                       head_dim=32, mlp_hidden=256, attention=attention, nsa_impl="pallas",
-                       init_std=0.3)
+                       head_dim=32, mlp_hidden=256, attention=attention, init_std=0.3)
     model = build_model(mcfg, NSAConfig(block_l=32, stride_d=16, sel_block=64, n_sel=4,
-                                        window=64), 0)
+                                        window=64), 0, ExecConfig(nsa_impl="pallas"))
     toks = jax.random.randint(jax.random.PRNGKey(1), (2, 300), 0, 256)
     want = _forward_logits(model, toks)
     got, _ = _decode_all(model, toks, 77)
