@@ -1,4 +1,5 @@
-"""Shared plumbing for the NSA Pallas kernels: backend choice, tile sizes, Triton API guards.
+"""Shared plumbing for the NSA Pallas kernels: backend choice, tile sizes, Triton API guards,
+and the tile math every attention kernel repeats (online softmax, P from the saved lse, dS).
 
 All kernels address their operands as whole-array refs and compute every index themselves
 (``ref[b, t, head, :]`` style), which lowers to the same pointer arithmetic under Pallas-Triton
@@ -26,6 +27,8 @@ _CompilerParams = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "Trit
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 MIN_DOT = 16  # smallest dot operand dimension Triton's tensor-core lowering accepts
+NEG_INF = float("-inf")  # masked logit; running max of a row that has seen no key
+POS_INF = float("inf")   # log-sum-exp of a row with no visible key (recomputed p = 0)
 
 
 def use_interpret() -> bool:
@@ -70,6 +73,52 @@ def store(ref_view, val, mask):
 def idiv(a, b: int):
     """Integer division of non-negative int32 values by a static positive int."""
     return lax.div(a, jnp.int32(b))
+
+
+# ---- tile math shared by the attention kernels ------------------------------------------------
+# Logits are kept in base 2 (s * scale * log2(e)) so softmaxes use exp2 / log2.
+def softmax_init(rows: int, dv: int):
+    """Online-softmax state (running max m, running sum l, accumulator acc [rows, dv])."""
+    return (jnp.full((rows,), NEG_INF, jnp.float32), jnp.zeros((rows,), jnp.float32),
+            jnp.zeros((rows, dv), jnp.float32))
+
+
+def softmax_step(m, lsum, s):
+    """One online-softmax step (FlashAttention-2) over base-2 logits ``s`` [R, K], masked
+    entries -inf: -> (m_new, alpha, p, lsum_new). The caller rescales its accumulator by alpha
+    and adds p V. A row that has seen no key keeps m = -inf and gets p = 0 (no NaN)."""
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+    alpha = jnp.exp2(m - m_safe)
+    p = jnp.exp2(s - m_safe[:, None])
+    return m_new, alpha, p, lsum * alpha + jnp.sum(p, axis=1)
+
+
+def softmax_finish(m, lsum):
+    """-> (divisor for acc (1 where no key was seen), base-2 lse (+inf where none was))."""
+    has = lsum > 0
+    l_safe = jnp.where(has, lsum, 1.0)
+    return l_safe, jnp.where(has, m + jnp.log2(l_safe), POS_INF)
+
+
+def probs(s, mask, lse):
+    """P = exp2(s - lse) recomputed from the saved base-2 lse (backward passes); 0 where
+    ``mask`` (broadcast to s) is False or lse is +inf."""
+    return jnp.exp2(jnp.where(mask, s, NEG_INF) - lse[:, None])
+
+
+def dscores(p, do, v, gs, delta, prec):
+    """dS = P * (dP - delta) with dP = (dO V^T) * gs: the softmax backward of one tile.
+    ``gs`` [R] is the per-row output scale (branch gate) applied in float32 after the dot and
+    ``delta`` [R] = gs * rowsum(O * dO)."""
+    dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
+    return p * (dp - delta[:, None])
+
+
+def sel_sub_tiles(l_sel: int, sel_keys: int):
+    """Key sub-tile size BK and count for one selected block of l' keys (selection kernels)."""
+    bk = min(sel_keys, max(MIN_DOT, next_pow2(l_sel)))
+    return bk, cdiv(l_sel, bk)
 
 
 SCORE_DOTS = {"tf32x3": lax.DotAlgorithmPreset.TF32_TF32_F32_X3, "ieee": lax.Precision.HIGHEST}

@@ -29,11 +29,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
-from nsa_jax.pallas.common import (LOG2E, MIN_DOT, BlockSizes, cdiv, compiler_params, dot,
-                                   dot_precision, idiv, load, next_pow2, score_precision, store)
-
-NEG_INF = float("-inf")
-POS_INF = float("inf")
+from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, cdiv,
+                                   compiler_params, dot, dot_precision, dscores, idiv, load,
+                                   next_pow2, probs, score_precision, softmax_finish,
+                                   softmax_init, softmax_step, store)
 
 
 def _tile_rows(h: int, bs: BlockSizes) -> int:
@@ -95,22 +94,14 @@ def _fwd_kernel(q_ref, k_ref, *refs, h, rows, bk, d, l, scale, prec, with_o):
         s = dot(q, k, trans_b=True, precision=prec) * c
         vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
         s = jnp.where(vis, s, NEG_INF)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-        alpha = jnp.exp2(m - m_safe)
-        p = jnp.exp2(s - m_safe[:, None])
-        lsum = lsum * alpha + jnp.sum(p, axis=1)
+        m, alpha, p, lsum = softmax_step(m, lsum, s)
         if with_o:
             v = load(v_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
-        return m_new, lsum, acc
+        return m, lsum, acc
 
-    init = (jnp.full((rows,), NEG_INF, jnp.float32), jnp.zeros((rows,), jnp.float32),
-            jnp.zeros((rows, Dv), jnp.float32))
-    m, lsum, acc = lax.fori_loop(0, idiv(n_vis + (bk - 1), bk), step, init)
-    has = lsum > 0
-    l_safe = jnp.where(has, lsum, 1.0)
-    lse = jnp.where(has, m + jnp.log2(l_safe), POS_INF)
+    m, lsum, acc = lax.fori_loop(0, idiv(n_vis + (bk - 1), bk), step, softmax_init(rows, Dv))
+    l_safe, lse = softmax_finish(m, lsum)
     t_st = jnp.where(ok, t, T)
     store(lse_ref.at[b, t_st, head], lse, ok)
     if with_o:
@@ -195,7 +186,7 @@ def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, hs, rows, S, r, step, bks
         k = load(k_ref.at[b, pl.ds(kt * step, bks), g, :], imask[:, None])
         s = dot(q, k, trans_b=True, precision=prec) * c
         vis = ok[:, None] & imask[None, :] & (ii[None, :] * d + (l - 1) <= t[:, None])
-        p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])  # p_cmp, Eq. 8
+        p = probs(s, vis, lse)  # p_cmp, Eq. 8
         first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
         if fast:
             pg = jnp.sum(p.reshape(bq, hs, bks), axis=1)  # [bq, step] summed over heads
@@ -282,9 +273,8 @@ def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dq_r
         v = load(v_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
         s = dot(q, k, trans_b=True, precision=prec) * c
         vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
-        p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
-        dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
-        ds = p * (dp - delta[:, None])
+        p = probs(s, vis, lse)
+        ds = dscores(p, do, v, gs, delta, prec)
         return dq + dot(ds.astype(cdt), k, precision=prec)
 
     dq = lax.fori_loop(0, idiv(n_vis + (bk - 1), bk), step, jnp.zeros((rows, Dk), jnp.float32))
@@ -322,10 +312,9 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *re
         delta = load(delta_ref.at[b, t, head], ok)
         s = dot(q, k, trans_b=True, precision=prec) * c
         vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
-        p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
+        p = probs(s, vis, lse)
         dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-        dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
-        ds = p * (dp - delta[:, None])
+        ds = dscores(p, do, v, gs, delta, prec)
         dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
         return dk, dv
 

@@ -42,17 +42,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
-from nsa_jax.pallas.common import (LOG2E, MIN_DOT, BlockSizes, cdiv, compiler_params, dot,
-                                   dot_precision, idiv, load, next_pow2, store)
-
-NEG_INF = float("-inf")
-POS_INF = float("inf")
+from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, cdiv, compiler_params,
+                                   dot, dot_precision, dscores, idiv, load, next_pow2, probs,
+                                   sel_sub_tiles, softmax_finish, softmax_init, softmax_step,
+                                   store)
 
 
 def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
-    """Key sub-tile size BK and count for one selected block of l' keys."""
-    bk = min(bs.sel_keys, max(MIN_DOT, next_pow2(cfg.sel_block)))
-    return bk, cdiv(cfg.sel_block, bk)
+    return sel_sub_tiles(cfg.sel_block, bs.sel_keys)
 
 
 def tile_index(idx, T: int, cfg: NSAConfig, bq: int):
@@ -137,21 +134,12 @@ def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, o_ref, lse
             s = dot(q, k, trans_b=True, precision=prec) * c
             vis = member[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
             s = jnp.where(vis, s, NEG_INF)
-            m_new = jnp.maximum(m, jnp.max(s, axis=1))
-            m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-            alpha = jnp.exp2(m - m_safe)
-            p = jnp.exp2(s - m_safe[:, None])
-            lsum = lsum * alpha + jnp.sum(p, axis=1)
+            m, alpha, p, lsum = softmax_step(m, lsum, s)
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
-            m = m_new
         return m, lsum, acc
 
-    init = (jnp.full((bq,), NEG_INF, jnp.float32), jnp.zeros((bq,), jnp.float32),
-            jnp.zeros((bq, Dv), jnp.float32))
-    m, lsum, acc = lax.fori_loop(0, bcount_ref[b, g, qt], block, init)
-    has = lsum > 0
-    l_safe = jnp.where(has, lsum, 1.0)
-    lse = jnp.where(has, m + jnp.log2(l_safe), POS_INF)
+    m, lsum, acc = lax.fori_loop(0, bcount_ref[b, g, qt], block, softmax_init(bq, Dv))
+    l_safe, lse = softmax_finish(m, lsum)
     t_st = jnp.where(ok, t, T)  # masked rows -> out of bounds (dropped)
     dv_ = jnp.arange(Dv)
     store(o_ref.at[b, t_st[:, None], hd, dv_[None, :]], acc / l_safe[:, None], ok[:, None])
@@ -207,9 +195,8 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
             v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
             s = dot(q, k, trans_b=True, precision=prec) * c
             vis = member[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
-            p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
-            dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
-            ds = p * (dp - delta[:, None])
+            p = probs(s, vis, lse)
+            ds = dscores(p, do, v, gs, delta, prec)
             dq = dq + dot(ds.astype(cdt), k, precision=prec)
         return dq
 
@@ -254,10 +241,9 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
                 lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
                 delta = load(delta_ref.at[b, rows, hd], ok)
                 s = dot(q, k, trans_b=True, precision=prec) * c
-                p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
+                p = probs(s, vis, lse)
                 dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-                dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
-                ds = p * (dp - delta[:, None])
+                ds = dscores(p, do, v, gs, delta, prec)
                 dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
                 return dk, dv
 
