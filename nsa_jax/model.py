@@ -32,18 +32,10 @@ def on_gpu() -> bool:
 
 
 def resolve_nsa_impl(impl: str) -> str:
-    """``auto`` -> ``pallas`` on GPU when the kernels are available, else ``reference``."""
-    if impl != "auto":
-        return impl
-    if on_gpu():
-        try:
-            from nsa_jax.nsa.attention import IMPLS
-            import nsa_jax.pallas  # noqa: F401
-            if "pallas" in IMPLS:
-                return "pallas"
-        except ImportError:
-            pass
-    return "reference"
+    """The backend name ``model.nsa_impl`` resolves to (``nsa_jax.nsa.resolve_impl``: ``auto``
+    -> ``pallas`` on GPU, ``reference`` elsewhere; no silent fallback)."""
+    from nsa_jax.nsa.attention import resolve_impl
+    return resolve_impl(impl).value
 
 
 def _normal(std):

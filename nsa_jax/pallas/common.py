@@ -18,8 +18,9 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+
+from nsa_jax.nsa.options import KernelChoices
 
 # jax 0.4.3x named it TritonCompilerParams; 0.5+ (incl. 0.10.x / 0.11.x) CompilerParams.
 _CompilerParams = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams")
@@ -121,16 +122,26 @@ def sel_sub_tiles(l_sel: int, sel_keys: int):
     return bk, cdiv(l_sel, bk)
 
 
-SCORE_DOTS = {"tf32x3": lax.DotAlgorithmPreset.TF32_TF32_F32_X3, "ieee": lax.Precision.HIGHEST}
+_SCORE_PRECISIONS = {"tf32x3": lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
+                     "ieee": lax.Precision.HIGHEST}  # by KernelChoices.score_dot
 
 
 def score_precision(name: str, interpret: bool):
-    return None if interpret else SCORE_DOTS[name]
+    return None if interpret else _SCORE_PRECISIONS[name]
+
+
+def choices_or_default(choices: KernelChoices | None) -> KernelChoices:
+    if choices is None:
+        return KernelChoices()
+    if not isinstance(choices, KernelChoices):
+        raise TypeError(f"choices must be a KernelChoices, got {type(choices).__name__}")
+    return choices
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-    """Tile sizes of the NSA kernels (all powers of two).
+    """Tile sizes and launch parameters of the NSA kernels (all tiles powers of two). Which
+    algorithm runs is a separate choice: ``nsa_jax.nsa.options.KernelChoices``.
 
     Rows of the compressed-attention and inverted selection-backward tiles are (query, head)
     pairs of one KV group: a tile holds ``rows // h`` queries times the group's h heads, so every
@@ -143,20 +154,8 @@ class BlockSizes:
     sel_keys:     keys per sub-tile of a selected block (l' is split or masked to this).
     sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
-    sel_bwd:      "inverted" (block -> query index, one atomic tile add per work item) or
-                  "atomic" (per-query programs atomically add every block's dK/dV); gather only.
-    sel_impl:     selection-attention kernels: "gather" (``selection.py``: one program per
-                  query gathers its n blocks; work ~T), "tiled" (``selection_tiled.py``:
-                  block-sparse flash attention over query tiles; work ~ the tiles' block
-                  unions, up to ~T^2) or "auto" (tiled when T <= sel_tiled_max_t).
-    sel_tiled_max_t: longest T for which "auto" picks the tiled kernels.
     sel_tile_q:   queries per tile of the tiled selection kernels (rows of one head).
     cmp_bwd_keys: compressed keys per tile in the compressed-attention backward (dQ and dK/dV).
-    cmp_bwd_split: parts the query range of one compressed dK/dV tile is split into (partial
-                  sums meet in float32 atomic adds; 1 = no split, plain stores).
-    score_dot:    GPU precision of the general scoring path's float32 dots (p @ W, head sum;
-                  used when l'/d is not a power of two): "ieee" or "tf32x3" (three tf32
-                  tensor-core passes; measured 1.9x slower than ieee on an H200).
     num_warps, num_stages: Triton launch parameters for the tile kernels; sel_warps and
                   sel_stages for the per-query selection kernels (16-row tiles); score_warps
                   for the scoring kernel.
@@ -167,13 +166,8 @@ class BlockSizes:
     sel_keys: int = 64
     sel_rows: int = 128
     sel_chunk: int = 1024
-    sel_bwd: str = "inverted"
-    sel_impl: str = "auto"
-    sel_tiled_max_t: int = 4096
     sel_tile_q: int = 64
     cmp_bwd_keys: int = 64
-    cmp_bwd_split: int = 8
-    score_dot: str = "ieee"
     num_warps: int = 4
     num_stages: int = 2
     sel_warps: int = 2
@@ -188,19 +182,6 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
-        if self.sel_bwd not in ("inverted", "atomic"):
-            raise ValueError(f"BlockSizes.sel_bwd: 'inverted' or 'atomic', got {self.sel_bwd!r}")
-        if self.sel_impl not in ("gather", "tiled", "auto"):
-            raise ValueError(f"BlockSizes.sel_impl: 'gather', 'tiled' or 'auto', "
-                             f"got {self.sel_impl!r}")
-        if self.sel_tiled_max_t < 0:
-            raise ValueError(f"BlockSizes.sel_tiled_max_t: must be >= 0, "
-                             f"got {self.sel_tiled_max_t}")
-        if self.score_dot not in SCORE_DOTS:
-            raise ValueError(f"BlockSizes.score_dot: one of {sorted(SCORE_DOTS)}, "
-                             f"got {self.score_dot!r}")
-        if self.cmp_bwd_split < 1:
-            raise ValueError(f"BlockSizes.cmp_bwd_split: must be >= 1, got {self.cmp_bwd_split}")
         for f in ("num_warps", "sel_warps", "score_warps"):
             v = getattr(self, f)
             if v not in (1, 2, 4, 8, 16):

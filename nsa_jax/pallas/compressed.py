@@ -15,8 +15,9 @@ Compressed block i covers tokens [i*d, i*d + l) and is visible to query t iff i*
   Output: scores [B,T,G,Ts] — no [B,T,Hq,Tc] probability tensor ever reaches memory;
 * backward: dQ per query tile and dK/dV per compressed-key tile (FlashAttention-2 style), from
   the saved lse and delta = rowsum(dO * O); the query range of a dK/dV tile can be split over
-  several programs whose partial sums meet in float32 atomic adds (``cmp_bwd_split``). A
-  cotangent on the returned lse is honoured (d lse / d s = p).
+  several programs whose partial sums meet in float32 atomic adds
+  (``KernelChoices.cmp_bwd_split``). A cotangent on the returned lse is honoured
+  (d lse / d s = p).
 """
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
+from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, cdiv,
-                                   compiler_params, dot, dot_precision, dscores, idiv, load,
+                                   choices_or_default, compiler_params, dot, dot_precision,
+                                   dscores, idiv, load,
                                    next_pow2, probs, score_precision, softmax_finish,
                                    softmax_init, softmax_step, store)
 
@@ -218,9 +221,11 @@ def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, hs, rows, S, r, step, bks
     lax.fori_loop(n_steps + 1, n_tiles, zeros, None)
 
 
-def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
+def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool,
+                     *, choices: KernelChoices | None = None):
     """Group-shared selection-block importance [B,T,G,Ts] (Eq. 9-10) from the compressed
-    attention's lse; equals ``reference.block_scores(reference.cmp_probs(q, kc))``."""
+    attention's lse; equals ``reference.block_scores(reference.cmp_probs(q, kc))``. The general
+    path's float32 dots use ``choices.score_dot``."""
     B, T, Hq, Dk = q.shape
     Tc, G = kc.shape[1], kc.shape[2]
     Ts = cfg.num_sel_blocks(T)
@@ -240,7 +245,7 @@ def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, i
         _score_kernel, h=h, hs=hs, rows=rows, S=S, r=r, step=step,
         bks=max(MIN_DOT, next_pow2(step)), d=cfg.stride_d, l=cfg.block_l, l_sel=cfg.sel_block,
         scale=scale, prec=dot_precision(q.dtype, interpret),
-        sprec=score_precision(bs.score_dot, interpret), fast=fast)
+        sprec=score_precision(choices_or_default(choices).score_dot, interpret), fast=fast)
     return pl.pallas_call(
         kern, grid=(cdiv(T, rows // hs), G, B),
         out_shape=jax.ShapeDtypeStruct((B, T, G, Ts), jnp.float32),
@@ -336,10 +341,11 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *re
 
 
 def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes, scale: float,
-                 interpret: bool):
+                 interpret: bool, *, choices: KernelChoices | None = None):
     """-> dq (float32), dk, dv (input dtypes) for output cotangent ``gs[..., None] * do`` and lse
     cotangent ``dlse`` (None = 0); ``gs`` [B,T,Hq] per-row float32 scale (None = 1), applied after
-    the dots so a bf16 ``do`` reaches them unrounded."""
+    the dots so a bf16 ``do`` reaches them unrounded. dK/dV tiles split their query range
+    ``choices.cmp_bwd_split`` ways."""
     B, T, Hq, Dk = q.shape
     Tc, G, Dv = kc.shape[1], kc.shape[2], vc.shape[-1]
     if Tc == 0:
@@ -360,7 +366,7 @@ def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32), compiler_params=cp,
         interpret=interpret, name="nsa_cmp_bwd_dq",
     )(q, kc, vc, do, gs, lse, delta)
-    bk, split = bs.cmp_bwd_keys, bs.cmp_bwd_split
+    bk, split = bs.cmp_bwd_keys, choices_or_default(choices).cmp_bwd_split
     n_kt = cdiv(Tc, bk)
     kern = functools.partial(_bwd_dkv_kernel, bk=bk, split=split, **common)
     if split == 1:

@@ -7,7 +7,7 @@ s <= t. It writes o (float32) and the base-2 log-sum-exp per (t, head) for the b
 
 Backward: dQ comes from the same per-query program shape (recompute p from the saved lse,
 dS = P * (dO V^T - delta), dQ = dS K). dK/dV need the transpose: every key block receives
-gradient from the queries that selected it. Two ways are implemented (``BlockSizes.sel_bwd``):
+gradient from the queries that selected it. Two ways are implemented (``KernelChoices.sel_bwd``):
 
 * ``"atomic"``: the per-query dQ program also forms each selected block's dK/dV tile and
   atomically adds it to a float32 accumulator: n * l' * (Dk + Dv) atomic adds per (t, g).
@@ -37,10 +37,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
+from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, cdiv,
                                    compiler_params, dot, dot_precision, dscores, idiv, load,
-                                   next_pow2, probs, sel_sub_tiles, softmax_finish, softmax_init,
-                                   softmax_step, store)
+                                   choices_or_default, next_pow2, probs, sel_sub_tiles,
+                                   softmax_finish, softmax_init, softmax_step, store)
 
 
 def _head_rows(h: int):
@@ -244,8 +245,9 @@ def inverted_index(idx, T: int, Ts: int, chunk: int):
 
 
 def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, scale: float,
-                 interpret: bool):
-    """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``.
+                 interpret: bool, *, choices: KernelChoices | None = None):
+    """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
+    dK/dV by ``choices.sel_bwd`` ("inverted" or "atomic").
 
     ``do`` [B,T,Hq,Dv] is the cotangent as it arrives (bf16 stays bf16: it feeds the dots
     unrounded) and ``gs`` [B,T,Hq] float32 a per-row scale (the branch gate; None = 1) applied in
@@ -264,7 +266,7 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     gs = gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
-    atomic = bs.sel_bwd == "atomic"
+    atomic = choices_or_default(choices).sel_bwd == "atomic"
     common = dict(h=h, n_sel=n, l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale, prec=prec)
     dq_shape = jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32)
     if atomic:

@@ -30,7 +30,7 @@ differ. At short T most visible blocks are selected anyway (with n = 16, l' = 64
 t < 1024 selects all of its blocks) and the tiled kernels do near-dense causal work at full
 tensor-core tile height with each K/V tile read once per (tile, head) instead of once per query;
 at long T the union approaches all visible blocks (random-like selections) and the work grows
-~T^2 while the gather kernels grow ~T. ``nsa.py`` picks between them (``BlockSizes.sel_impl``).
+~T^2 while the gather kernels grow ~T. ``nsa.py`` picks between them (``KernelChoices.sel_impl``).
 """
 from __future__ import annotations
 
@@ -293,10 +293,11 @@ def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAC
 
 
 def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,
-                       scale: float, interpret: bool):
+                       scale: float, interpret: bool, *, choices=None):
     """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
     same contract as ``selection.sel_backward`` (``do`` in its own dtype, ``gs`` [B,T,Hq] float32
-    per-row scale, None = 1)."""
+    per-row scale, None = 1). ``choices`` is accepted for the shared contract; no choice applies
+    here."""
     B, T, Hq, _ = q.shape
     gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
