@@ -87,7 +87,7 @@ def main(argv=None) -> int:
                 q, k_c, v_c, _, _, _, _, g = a.project_raw(blk.norm1(x), pos)
                 gates.append(g)
                 sels.append(select_blocks(q, a.compress_kv(k_c, v_c)[0], cfg.nsa))
-            x = blk(x, pos)
+            x = blk(x, pos)[0]
         return model.head_logits(model.norm(x)).astype(jnp.float32), gates, sels
 
     layout = RetrievalLayout.from_config(cfg)

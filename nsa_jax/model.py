@@ -11,6 +11,7 @@ in :mod:`nsa_jax.nsa.rope`.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -18,8 +19,10 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from nsa_jax import decode as kvcache
 from nsa_jax.config import ModelConfig
 from nsa_jax.nsa import NSAConfig, nsa_attention
+from nsa_jax.nsa.decoding import dense_decode_attention
 from nsa_jax.nsa.compression import compress
 from nsa_jax.nsa.rope import apply_rope, cmp_positions
 from nsa_jax.parallel import batch_parallel
@@ -36,6 +39,15 @@ def resolve_nsa_impl(impl: str) -> str:
     -> ``pallas`` on GPU, ``reference`` elsewhere; no silent fallback)."""
     from nsa_jax.nsa.attention import resolve_impl
     return resolve_impl(impl).value
+
+
+def nsa_decode(q, kv, t, gates, cfg: NSAConfig, impl: str):
+    """One decode step's NSA attention (q [B,Hq,D] at positions t [B]) by implementation."""
+    if impl == "pallas":
+        from nsa_jax.pallas.decode import nsa_decode_pallas
+        return nsa_decode_pallas(q, kv, t, gates, cfg)
+    from nsa_jax.nsa.decoding import nsa_decode_attention
+    return nsa_decode_attention(q, kv, t, gates, cfg)
 
 
 def _normal(std):
@@ -110,8 +122,10 @@ class NSAAttention(nnx.Module):
         v_cmp = self.phi_v(v_c)
         Tc = k_cmp.shape[1]
         if Tc:
-            k_cmp = apply_rope(k_cmp, cmp_positions(Tc, self.ncfg.block_l, self.ncfg.stride_d,
-                                                    offset), self.mcfg.rope_theta)
+            offset = jnp.asarray(offset)
+            pos = cmp_positions(Tc, self.ncfg.block_l, self.ncfg.stride_d,
+                                offset[..., None] if offset.ndim else offset)
+            k_cmp = apply_rope(k_cmp, pos, self.mcfg.rope_theta)
         return k_cmp, v_cmp
 
     def project(self, x, positions):
@@ -120,12 +134,36 @@ class NSAAttention(nnx.Module):
         k_cmp, v_cmp = self.compress_kv(k_c, v_c)
         return q, k_cmp, v_cmp, k_s, v_s, k_w, v_w, gates
 
-    def __call__(self, x, positions):
-        B, T, _ = x.shape
-        args = self.project(x, positions)
+    def __call__(self, x, positions, cache: kvcache.LayerCache | None = None):
+        """x [B,S,dim] -> (out [B,S,dim], cache).
+
+        Without a cache: the parallel (training) forward. With one: S == 1 appends one token per
+        row at position ``cache.pos`` and attends over the cache (decode step); S > 1 is a prefill
+        of an empty cache with ``cache.n`` valid tokens per row.
+        """
+        B, S, _ = x.shape
         impl = resolve_nsa_impl(self.mcfg.nsa_impl)
+        if cache is not None and S == 1:
+            return self._decode(x, cache, impl)
+        q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
+        k_cmp, v_cmp = self.compress_kv(k_c, v_c)
+        args = (q, k_cmp, v_cmp, k_s, v_s, k_w, v_w, gates)
         o = batch_parallel(lambda *a: nsa_attention(*a, self.ncfg, impl=impl), *args)
-        return self.wo(o.reshape(B, T, -1).astype(self.dtype))
+        out = self.wo(o.reshape(B, S, -1).astype(self.dtype))
+        if cache is None:
+            return out, None
+        kv = kvcache.fill_nsa(cache.kv, cache.n, k_c, v_c, k_cmp, v_cmp, k_s, v_s, k_w, v_w)
+        return out, dataclasses.replace(cache, kv=kv)
+
+    def _decode(self, x, cache: kvcache.LayerCache, impl: str):
+        B = x.shape[0]
+        t = cache.pos
+        q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, t[:, None])
+        kv = kvcache.append_nsa(cache.kv, t, self.ncfg, self.compress_kv, k_c, v_c, k_s, v_s,
+                                k_w, v_w)
+        o = nsa_decode(q[:, 0], kv, t, gates[:, 0], self.ncfg, impl)
+        out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
+        return out, dataclasses.replace(cache, kv=kv)
 
 
 class DenseAttention(nnx.Module):
@@ -158,13 +196,23 @@ class DenseAttention(nnx.Module):
         k = apply_rope(kv[:, :, 0], positions, m.rope_theta)
         return q, k, kv[:, :, 1]
 
-    def __call__(self, x, positions):
-        B, T, _ = x.shape
+    def __call__(self, x, positions, cache: kvcache.LayerCache | None = None):
+        """x [B,S,dim] -> (out, cache); cache modes as in :meth:`NSAAttention.__call__`."""
+        B, S, _ = x.shape
+        if cache is not None and S == 1:
+            t = cache.pos
+            q, k, v = self.project(x, t[:, None])
+            kv = kvcache.append_dense(cache.kv, t, k, v)
+            o = dense_decode_attention(q[:, 0], kv["k"], kv["v"], t)
+            return self.wo(o.reshape(B, 1, -1)), dataclasses.replace(cache, kv=kv)
         q, k, v = self.project(x, positions)
         impl = self.impl()
         o = batch_parallel(lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, implementation=impl), q, k, v)
-        return self.wo(o.reshape(B, T, -1))
+        out = self.wo(o.reshape(B, S, -1))
+        if cache is None:
+            return out, None
+        return out, dataclasses.replace(cache, kv=kvcache.fill_dense(cache.kv, k, v))
 
 
 class SwiGLU(nnx.Module):
@@ -190,9 +238,11 @@ class Block(nnx.Module):
         self.norm2 = nnx.RMSNorm(mcfg.dim, epsilon=mcfg.norm_eps, dtype=dt, rngs=rngs)
         self.mlp = SwiGLU(mcfg, rngs=rngs)
 
-    def __call__(self, x, positions):
-        x = x + self.attn(self.norm1(x), positions)
-        return x + self.mlp(self.norm2(x))
+    def __call__(self, x, positions, cache: kvcache.LayerCache | None = None):
+        """-> (x, cache): the attention's cache passes through (None in training)."""
+        a, cache = self.attn(self.norm1(x), positions, cache)
+        x = x + a
+        return x + self.mlp(self.norm2(x)), cache
 
 
 class NSALM(nnx.Module):
@@ -217,10 +267,32 @@ class NSALM(nnx.Module):
         x = self.embed(tokens)
         for blk in self.blocks:
             if self.mcfg.remat == "block":
-                x = nnx.remat(lambda b, y, p: b(y, p))(blk, x, positions)
+                x = nnx.remat(lambda b, y, p: b(y, p)[0])(blk, x, positions)
             else:
-                x = blk(x, positions)
+                x = blk(x, positions)[0]
         return self.norm(x)
+
+    def extend(self, tokens, cache, lengths=None):
+        """Run tokens [B,S] through the model with KV caches (:mod:`nsa_jax.decode`).
+
+        S == 1: one decode step, row b's token at position ``cache["pos"][b]``. S > 1: prefill of
+        an empty cache; row b holds ``lengths[b]`` valid tokens (default S), right-padded.
+        Returns (final hidden [B,S,dim], cache with ``pos`` advanced by the valid tokens).
+        """
+        B, S = tokens.shape
+        pos = cache["pos"]
+        if S == 1:
+            positions, n = pos[:, None], jnp.ones((B,), jnp.int32)
+        else:
+            positions = jnp.arange(S)
+            n = jnp.full((B,), S, jnp.int32) if lengths is None else jnp.asarray(lengths,
+                                                                                 jnp.int32)
+        x = self.embed(tokens)
+        layers = []
+        for blk, kv in zip(self.blocks, cache["layers"]):
+            x, lc = blk(x, positions, kvcache.LayerCache(kv=kv, pos=pos, n=n))
+            layers.append(lc.kv)
+        return self.norm(x), {"pos": pos + n, "layers": layers}
 
     def head_logits(self, h):
         if self.mcfg.tie_embeddings:

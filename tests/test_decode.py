@@ -6,11 +6,12 @@ import pytest
 from flax import nnx
 
 from nsa_jax.config import ModelConfig
-from nsa_jax.decode import (DecodeError, Decoder, block_scores_decode, cache_sizes, decode_reads,
-                            dense_reads, nsa_decode_attention, topn_decode)
+from nsa_jax.decode import DecodeError, Decoder, cache_sizes, decode_reads, dense_reads
 from nsa_jax.model import build_model
 from nsa_jax.nsa import NSAConfig
 from nsa_jax.nsa import reference as ref
+from nsa_jax.nsa import semantics
+from nsa_jax.nsa.decoding import nsa_decode_attention
 from nsa_testutil import random_inputs, rel_err
 
 SMALL = dict(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16)
@@ -150,21 +151,22 @@ def test_decode_attention_matches_reference_rows(case):
         assert len(free_choices) > 2, free_choices
 
 
-def test_topn_decode_matches_reference_with_ties():
+def test_topn_per_position_matches_reference_with_ties():
     cfg = NSAConfig(block_l=4, stride_d=4, sel_block=8, n_sel=4, window=8, n_init=1, n_local=1)
     T = 70
     Ts = cfg.num_sel_blocks(T)
     # integer scores in {0, 1, 2}: many exact ties, which must go to the lower block index
     scores = jax.random.randint(jax.random.PRNGKey(3), (2, T, 3, Ts), 0, 3).astype(jnp.float32)
     want = np.asarray(ref.topn_from_scores(scores, cfg))
-    rows = jax.jit(jax.vmap(lambda s, t: topn_decode(s, t, cfg), in_axes=(1, 0), out_axes=1))
+    rows = jax.jit(jax.vmap(lambda s, t: semantics.topn_from_scores(s, t, cfg), in_axes=(1, 0),
+                            out_axes=1))
     np.testing.assert_array_equal(rows(scores, jnp.arange(T)), want)
     # larger cache than context: extra (non-candidate) blocks change nothing
     wide = jnp.concatenate([scores, jnp.full((2, T, 3, 5), 9.0)], axis=-1)
     np.testing.assert_array_equal(rows(wide, jnp.arange(T)), want)
 
 
-def test_block_scores_decode_equals_overlap_weights():
+def test_block_scores_equal_overlap_weights():
     rng = np.random.default_rng(0)
     for l, d, lp, T in [(32, 16, 64, 700), (8, 4, 16, 8), (8, 4, 16, 53), (4, 4, 8, 30),
                         (16, 4, 16, 77), (8, 8, 32, 100)]:
@@ -172,7 +174,7 @@ def test_block_scores_decode_equals_overlap_weights():
         Tc, Ts = cfg.num_cmp_blocks(T), cfg.num_sel_blocks(T)
         p = rng.uniform(size=(2, 3, Tc)).astype(np.float32)
         want = p @ ref.overlap_weights(Tc, Ts, cfg)
-        np.testing.assert_allclose(block_scores_decode(p, cfg, Ts), want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(semantics.block_scores(p, Ts, cfg), want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("N,nsa_total,dense_total",
@@ -231,3 +233,41 @@ def test_gpu_decode_matches_forward_with_pallas_prefill(attention):
     want = _forward_logits(model, toks)
     got, _ = _decode_all(model, toks, 77)
     assert _max_rel(got, want) <= 1e-4 and rel_err(got, want) <= 1e-4
+
+
+@pytest.mark.parametrize("attention", ["nsa", "dense"])
+def test_rows_at_different_positions(attention):
+    """Prompts of different lengths in one batch (right-padded with junk): every row's logits,
+    at prefill and at each later step, equal the full forward of that row alone. Row lengths
+    straddle compressed-block emission (l=8, d=4), selection blocks (l'=16) and the window (16)."""
+    model = _model(attention)
+    T, lengths = 60, [5, 23, 16]
+    toks = jax.random.randint(jax.random.PRNGKey(2), (3, T), 0, 97)
+    want = _forward_logits(model, toks)
+    P = max(lengths)
+    junk = jax.random.randint(jax.random.PRNGKey(9), (3, P), 0, 97)
+    prompt = jnp.where(jnp.arange(P) < jnp.asarray(lengths)[:, None], toks[:, :P], junk)
+    dec = Decoder(model, 3, T)
+    got = np.asarray(dec.prefill(prompt, lengths=lengths))
+    rows = np.arange(3)
+    np.testing.assert_allclose(got, want[rows, np.asarray(lengths) - 1], rtol=0, atol=1e-4)
+    for k in range(T - P):
+        pos = np.asarray(lengths) + k
+        got = np.asarray(dec.step(toks[rows, pos]))
+        assert _max_rel(got, want[rows, pos]) <= 1e-4, k
+
+
+def test_bf16_inference_weights_change_nothing():
+    """The decoder casts float32 parameters to the bf16 compute dtype once; every parameter is
+    cast at its use anyway, so the logits are bit-identical to the model's own forward."""
+    mcfg = ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_groups=2, head_dim=8,
+                       mlp_hidden=64, init_std=0.3, compute_dtype="bfloat16")
+    model = build_model(mcfg, NSAConfig(**SMALL), 0)
+    toks = jax.random.randint(jax.random.PRNGKey(1), (2, 40), 0, 97)
+    want = _forward_logits(model, toks)
+    dec = Decoder(model, 2, 40)
+    for path, x in jax.tree_util.tree_leaves_with_path(dec.state):   # only φ stays float32
+        want_dt = jnp.float32 if "phi_" in jax.tree_util.keystr(path) else jnp.bfloat16
+        assert x.dtype == want_dt, jax.tree_util.keystr(path)
+    got = np.asarray(dec.prefill(toks, all_logits=True))
+    np.testing.assert_array_equal(got, want)

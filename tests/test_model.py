@@ -72,7 +72,7 @@ def test_full_model_causality(attention):
     @jax.jit
     def run(x):
         for blk in model.blocks:
-            x = blk(x, pos)
+            x = blk(x, pos)[0]
         return model.norm(x)
 
     _, vjp = jax.vjp(run, x)

@@ -14,11 +14,14 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
 
-NEG_INF = -jnp.inf
+NEG_INF = semantics.NEG_INF
+masked_softmax = semantics.masked_softmax
+overlap_weights = semantics.overlap_weights
+combine = semantics.combine
 
 
 def _split_heads(q: jax.Array, G: int) -> jax.Array:
@@ -26,20 +29,6 @@ def _split_heads(q: jax.Array, G: int) -> jax.Array:
     if Hq % G:
         raise ValueError(f"query heads Hq={Hq} must be a multiple of KV groups G={G}")
     return q.reshape(B, T, G, Hq // G, D)
-
-
-def masked_softmax(s: jax.Array, mask: jax.Array) -> jax.Array:
-    """Softmax over the last axis restricted to ``mask``; fully masked rows give all zeros.
-
-    Masked logits are set to -inf *before* the exponential so that neither values nor gradients
-    can overflow (no inf * 0 in the backward pass).
-    """
-    s = jnp.where(mask, s, NEG_INF)
-    m = jnp.max(s, axis=-1, keepdims=True)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    e = jnp.exp(s - jax.lax.stop_gradient(m))
-    den = jnp.sum(e, axis=-1, keepdims=True)
-    return e / jnp.where(den > 0, den, 1.0)
 
 
 def _attend(qg, k, v, mask):
@@ -55,9 +44,7 @@ def cmp_visible(T: int, Tc: int, cfg: NSAConfig) -> jax.Array:
     """[T, Tc] bool: query t sees compressed block i iff i*d + l - 1 <= t (the block is complete).
 
     Masks are built from iotas inside the graph (no T x T constants in the compiled program)."""
-    t = jnp.arange(T)[:, None]
-    i = jnp.arange(Tc)[None, :]
-    return i * cfg.stride_d + cfg.block_l - 1 <= t
+    return semantics.cmp_visible(jnp.arange(T), Tc, cfg)
 
 
 def cmp_probs(q, k_cmp, cfg: NSAConfig) -> jax.Array:
@@ -85,59 +72,22 @@ def compressed_attention(q, k_cmp, v_cmp, cfg: NSAConfig) -> jax.Array:
 
 
 # ---- block scoring (Eq. 9-10) and selection -----------------------------------------------
-def overlap_weights(Tc: int, Ts: int, cfg: NSAConfig) -> np.ndarray:
-    """[Tc, Ts] float32: |[i*d, i*d+l) ∩ [j*l', (j+1)*l')| / d  — Eq. 9 read as overlap.
-
-    For l=32, d=16, l'=64 row weights are 1,2,2,2,1 on compressed blocks 4j-1 .. 4j+3.
-    """
-    i = np.arange(Tc)[:, None]
-    j = np.arange(Ts)[None, :]
-    lo = np.maximum(i * cfg.stride_d, j * cfg.sel_block)
-    hi = np.minimum(i * cfg.stride_d + cfg.block_l, (j + 1) * cfg.sel_block)
-    return (np.maximum(hi - lo, 0) / cfg.stride_d).astype(np.float32)
-
-
 def block_scores(p_cmp: jax.Array, T: int, cfg: NSAConfig) -> jax.Array:
     """Group-shared selection-block importance [B,T,G,Ts]: Eq. 9 per head, summed over the
     h heads of a group (Eq. 10)."""
-    Tc = p_cmp.shape[-1]
-    W = jnp.asarray(overlap_weights(Tc, cfg.num_sel_blocks(T), cfg))
-    return jnp.einsum("btghi,ij->btgj", p_cmp.astype(jnp.float32), W)
+    return semantics.block_scores(p_cmp, cfg.num_sel_blocks(T), cfg).sum(axis=-2)
 
 
 def selection_masks(T: int, cfg: NSAConfig):
-    """``(candidate, forced)`` [T, Ts] bool masks.
-
-    Block j is a candidate for query t iff j*l' <= t. The first ``n_init`` blocks and the
-    ``n_local`` most recent blocks (floor(t/l'), floor(t/l')-1, ...) are forced, among candidates.
-    """
-    Ts = cfg.num_sel_blocks(T)
-    cur = (jnp.arange(T) // cfg.sel_block)[:, None]
-    j = jnp.arange(Ts)[None, :]
-    cand = j <= cur
-    forced = cand & ((j < cfg.n_init) | (j > cur - cfg.n_local))
-    return cand, forced
+    """``(candidate, forced)`` [T, Ts] bool masks (:func:`semantics.selection_masks`)."""
+    return semantics.selection_masks(jnp.arange(T), cfg.num_sel_blocks(T), cfg)
 
 
 def topn_from_scores(scores: jax.Array, cfg: NSAConfig) -> jax.Array:
-    """Top-n selection with forced blocks. scores [B,T,G,Ts] -> int32 [B,T,G,n_sel].
-
-    Forced blocks are always kept (they count within n); remaining slots take the highest
-    scores among candidates, ties to the lower index. Ids come out ascending, with -1 for
-    unused slots at the end.
-    """
-    B, T, G, Ts = scores.shape
-    cand, forced = selection_masks(T, cfg)
-    s = jnp.where(forced[None, :, None, :], jnp.inf,
-                  jnp.where(cand[None, :, None, :], scores.astype(jnp.float32), -jnp.inf))
-    k = min(cfg.n_sel, Ts)
-    vals, ids = jax.lax.top_k(s, k)  # stable: equal values keep the lower index first
-    ids = jnp.where(vals > -jnp.inf, ids, Ts)
-    ids = jnp.sort(ids, axis=-1)
-    ids = jnp.where(ids == Ts, -1, ids).astype(jnp.int32)
-    if k < cfg.n_sel:
-        ids = jnp.concatenate([ids, jnp.full((B, T, G, cfg.n_sel - k), -1, jnp.int32)], axis=-1)
-    return ids
+    """Top-n selection with forced blocks. scores [B,T,G,Ts] -> int32 [B,T,G,n_sel]
+    (:func:`semantics.topn_from_scores` with t = the query's own position)."""
+    T = scores.shape[1]
+    return semantics.topn_from_scores(scores, jnp.arange(T)[None, :, None], cfg)
 
 
 def select_blocks(q, k_cmp, cfg: NSAConfig) -> jax.Array:
@@ -150,11 +100,7 @@ def select_blocks(q, k_cmp, cfg: NSAConfig) -> jax.Array:
 # ---- selection and window branches -------------------------------------------------------
 def selected_token_mask(idx: jax.Array, T: int, cfg: NSAConfig) -> jax.Array:
     """[B,T,G,T] bool: key s is attended by query t iff s <= t and s lies in a selected block."""
-    Ts = cfg.num_sel_blocks(T)
-    blk = jnp.any(idx[..., :, None] == jnp.arange(Ts), axis=-2)  # [B,T,G,Ts]
-    tok_blk = jnp.arange(T) // cfg.sel_block
-    causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
-    return blk[..., tok_blk] & causal[None, :, None, :]
+    return semantics.selected_keys_mask(idx, jnp.arange(T)[None, :, None], T, cfg)
 
 
 def selection_attention(q, k, v, idx, cfg: NSAConfig):
@@ -166,9 +112,7 @@ def selection_attention(q, k, v, idx, cfg: NSAConfig):
 
 
 def window_mask(T: int, window: int) -> jax.Array:
-    t = jnp.arange(T)[:, None]
-    s = jnp.arange(T)[None, :]
-    return (s <= t) & (s > t - window)
+    return semantics.window_visible(jnp.arange(T)[:, None], jnp.arange(T)[None, :], window)
 
 
 def window_attention(q, k, v, cfg: NSAConfig):
@@ -177,16 +121,6 @@ def window_attention(q, k, v, cfg: NSAConfig):
     mask = jnp.asarray(window_mask(T, cfg.window))[None, :, None, None, :]
     o = _attend(_split_heads(q, k.shape[2]), k, v, mask)
     return o.reshape(B, T, Hq, v.shape[-1])
-
-
-def combine(o_cmp, o_slc, o_win, gates, cfg: NSAConfig, dtype):
-    """Gated sum over branches (Eq. 5): o = sum_c g_c * o_c, with ablated branches dropped."""
-    g = gates.astype(jnp.float32)
-    out = 0.0
-    for c, o in enumerate((o_cmp, o_slc, o_win)):
-        if o is not None:
-            out = out + g[..., c:c + 1] * o
-    return jnp.asarray(out).astype(dtype)
 
 
 def nsa_attention_reference(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg: NSAConfig,
