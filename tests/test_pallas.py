@@ -207,3 +207,28 @@ def test_block_sizes_reject_bad_values(field, value):
 def test_kernel_choices_reject_bad_values(field, value):
     with pytest.raises(ValueError, match=f"kernel.{field}"):
         KernelChoices(**{field: value})
+
+
+def test_f32_dot_choice_sets_every_float32_matmul_precision():
+    """KernelChoices.f32_dot, not jax_default_matmul_precision, sets the float32 dots on the GPU:
+    the Pallas dots (Triton input_precision ieee / tf32) and the window branch's XLA einsums;
+    bf16 operands and the CPU interpreter are unaffected."""
+    from jax import lax
+
+    from nsa_jax.pallas.common import dot_precision
+    from nsa_jax.pallas.window import window_attention
+    tf32 = KernelChoices(f32_dot="tf32")
+    assert dot_precision(jnp.float32, False) == lax.Precision.HIGHEST
+    assert dot_precision(jnp.float32, False, tf32) == lax.Precision.DEFAULT
+    assert dot_precision(jnp.bfloat16, False) is None
+    assert dot_precision(jnp.float32, True) is None
+    q = jnp.ones((1, 8, 2, 16), jnp.float32)
+    k = jnp.ones((1, 8, 1, 16), jnp.float32)
+    for ch, want in ((None, lax.Precision.HIGHEST), (tf32, lax.Precision.DEFAULT)):
+        with jax.default_matmul_precision("bfloat16"):
+            jaxpr = jax.make_jaxpr(lambda q, k: window_attention(q, k, k, TINY, True,
+                                                                 choices=ch))(q, k).jaxpr
+        precs = [e.params["precision"] for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+        assert precs == [(want, want)] * 2, precs
+    with pytest.raises(ValueError, match="kernel.f32_dot"):
+        KernelChoices(f32_dot="bf16")

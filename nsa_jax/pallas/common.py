@@ -54,11 +54,16 @@ def dot(a, b, *, trans_a: bool = False, trans_b: bool = False, precision=None):
     return plgpu.dot(a, b, trans_a=trans_a, trans_b=trans_b, precision=precision)
 
 
-def dot_precision(dtype, interpret: bool):
-    """float32 operands on the GPU get IEEE dots (Triton's default would be tf32); bf16/f16
-    use the tensor cores' native precision; the CPU interpreter is exact either way."""
+def dot_precision(dtype, interpret: bool, choices: KernelChoices | None = None):
+    """Precision of a kernel's dots by operand dtype and ``choices.f32_dot``: float32 operands
+    on the GPU get IEEE dots ("ieee": HIGHEST -> Triton input_precision=ieee) or tf32
+    ("tf32": DEFAULT -> Triton tf32); bf16/f16 use the tensor cores' native precision (None
+    would follow ``jax_default_matmul_precision`` for float32, which is why it is never returned
+    for float32 on the GPU); the CPU interpreter is exact either way."""
     if interpret or jnp.dtype(dtype) != jnp.float32:
         return None
+    if choices_or_default(choices).f32_dot == "tf32":
+        return lax.Precision.DEFAULT
     return lax.Precision.HIGHEST
 
 

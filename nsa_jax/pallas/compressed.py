@@ -111,7 +111,8 @@ def _fwd_kernel(q_ref, k_ref, *refs, h, rows, bk, d, l, scale, prec, with_o):
         _store_rows(o_ref, acc / l_safe[:, None], b, t, head, ok)
 
 
-def cmp_forward(q, kc, vc, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
+def cmp_forward(q, kc, vc, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool, *,
+                choices: KernelChoices | None = None):
     """-> (o float32 [B,T,Hq,Dv] or None when vc is None, lse2 float32 [B,T,Hq]); lse2 is the
     base-2 log-sum-exp of the scaled logits over visible blocks, +inf where none is visible."""
     B, T, Hq, Dk = q.shape
@@ -124,8 +125,8 @@ def cmp_forward(q, kc, vc, cfg: NSAConfig, bs: BlockSizes, scale: float, interpr
         o = jnp.zeros((B, T, Hq, Dv), jnp.float32) if with_o else None
         return o, jnp.full((B, T, Hq), POS_INF, jnp.float32)
     kern = functools.partial(_fwd_kernel, h=h, rows=rows, bk=bs.cmp_keys, d=cfg.stride_d,
-                             l=cfg.block_l, scale=scale, prec=dot_precision(q.dtype, interpret),
-                             with_o=with_o)
+                             l=cfg.block_l, scale=scale,
+                             prec=dot_precision(q.dtype, interpret, choices), with_o=with_o)
     lse_shape = jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)
     out_shape = [jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32), lse_shape] if with_o \
         else [lse_shape]
@@ -244,7 +245,7 @@ def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, i
     kern = functools.partial(
         _score_kernel, h=h, hs=hs, rows=rows, S=S, r=r, step=step,
         bks=max(MIN_DOT, next_pow2(step)), d=cfg.stride_d, l=cfg.block_l, l_sel=cfg.sel_block,
-        scale=scale, prec=dot_precision(q.dtype, interpret),
+        scale=scale, prec=dot_precision(q.dtype, interpret, choices),
         sprec=score_precision(choices_or_default(choices).score_dot, interpret), fast=fast)
     return pl.pallas_call(
         kern, grid=(cdiv(T, rows // hs), G, B),
@@ -358,7 +359,7 @@ def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes
     if dlse is not None:
         delta = delta - dlse.astype(jnp.float32) * LOG2E
     common = dict(h=h, rows=rows, d=cfg.stride_d, l=cfg.block_l, scale=scale,
-                  prec=dot_precision(q.dtype, interpret))
+                  prec=dot_precision(q.dtype, interpret, choices))
     cp = compiler_params(bs.num_warps, bs.num_stages)
     dq = pl.pallas_call(
         functools.partial(_bwd_dq_kernel, bk=bs.cmp_bwd_keys, **common),

@@ -3,7 +3,7 @@
 Branches: compressed attention (``compressed``), block selection from the fused scores
 (``compressed.cmp_block_scores`` + ``topn.topn_pallas``), selected-block attention
 (``selection``) and the sliding window (``window``), gated and summed like the reference
-(``reference.combine``). Kernels run compiled on a GPU and through
+(``semantics.combine``). Kernels run compiled on a GPU and through
 the Pallas interpreter elsewhere (``jax.default_backend()``).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from nsa_jax.nsa import reference
+from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (MIN_DOT, BlockSizes, choices_or_default, next_pow2,
@@ -57,13 +57,14 @@ def block_scores_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None
     Dkp, _ = _padded_dims(Dk, Dk)
     qp, kp = _pad_dim(q, Dkp), _pad_dim(k_cmp, Dkp)
     scale = 1.0 / math.sqrt(Dk)
-    _, lse = cmp_forward(qp, kp, None, cfg, bs, scale, interpret)
+    _, lse = cmp_forward(qp, kp, None, cfg, bs, scale, interpret, choices=choices)
     return cmp_block_scores(qp, kp, lse, cfg, bs, scale, interpret, choices=choices)
 
 
 def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None = None, *,
                          choices: KernelChoices | None = None):
-    """Selected block ids int32 [B,T,G,n_sel], ascending, -1 padded (== reference.select_blocks)."""
+    """Selected block ids int32 [B,T,G,n_sel], ascending, -1 padded (== the reference's
+    ``select_blocks``)."""
     return topn_pallas(block_scores_pallas(q, k_cmp, cfg, block_sizes, choices=choices), cfg,
                        use_interpret())
 
@@ -126,7 +127,7 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st: _Stati
     res = {}
     if "cmp" in br or ("slc" in br and st.select):
         vcp = _pad_dim(v_cmp, Dvp) if "cmp" in br else None
-        o_c, lse_c = cmp_forward(qp, kcp, vcp, cfg, bs, scale, interpret)
+        o_c, lse_c = cmp_forward(qp, kcp, vcp, cfg, bs, scale, interpret, choices=st.choices)
         if "cmp" in br:
             o_cmp = o_c[..., :Dv]
             res["cmp"] = (o_c, lse_c)
@@ -136,14 +137,15 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st: _Stati
                                                choices=st.choices), cfg, interpret)
         sel_fwd = selection_kernels(st.choices, q.shape[1])[0]
         o_s, lse_s = sel_fwd(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, cfg, bs, scale,
-                             interpret)
+                             interpret, choices=st.choices)
         o_slc = o_s[..., :Dv]
         res["slc"] = (idx, o_s, lse_s)
     if "win" in br:
-        o_win, win_vjp = jax.vjp(lambda a, b, c: window_attention(a, b, c, cfg, interpret),
+        o_win, win_vjp = jax.vjp(lambda a, b, c: window_attention(a, b, c, cfg, interpret,
+                                                                  choices=st.choices),
                                  q, k_win, v_win)
         res["win"] = (o_win, win_vjp)
-    out = reference.combine(o_cmp, o_slc, o_win, gates, cfg, q.dtype)
+    out = semantics.combine(o_cmp, o_slc, o_win, gates, cfg, q.dtype)
     return out, (q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, res)
 
 

@@ -90,7 +90,8 @@ def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, o_ref, lse_ref, *, h, n_sel, l_sel
     store(lse_ref.at[b, t, head_st], lse, row_ok)
 
 
-def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
+def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool, *,
+                choices: KernelChoices | None = None):
     """-> o float32 [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of scaled logits,
     +inf for a row with no visible key)."""
     B, T, Hq, Dk = q.shape
@@ -99,7 +100,7 @@ def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, inte
     bk, n_sub = _sub_tiles(cfg, bs)
     kernel = functools.partial(_fwd_kernel, h=h, n_sel=idx.shape[-1], l_sel=cfg.sel_block,
                                bk=bk, n_sub=n_sub, scale=scale,
-                               prec=dot_precision(q.dtype, interpret))
+                               prec=dot_precision(q.dtype, interpret, choices))
     return pl.pallas_call(
         kernel, grid=(T, G, B),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
@@ -258,7 +259,7 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     h = Hq // G
     n = idx.shape[-1]
     bk, n_sub = _sub_tiles(cfg, bs)
-    prec = dot_precision(q.dtype, interpret)
+    prec = dot_precision(q.dtype, interpret, choices)
     Ts = cfg.num_sel_blocks(T)
     T_acc = Ts * cfg.sel_block + bk  # every atomic tile [j*l' + sub*bk, +bk) stays in bounds
     if gs is None:

@@ -147,16 +147,18 @@ def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, o_ref, lse
 
 
 def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float,
-                      interpret: bool):
+                      interpret: bool, *, choices=None):
     """-> o float32 [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of scaled logits,
-    +inf for a row with no visible key); same as ``selection.sel_forward``."""
+    +inf for a row with no visible key); same as ``selection.sel_forward`` (``choices``:
+    ``KernelChoices``, None = defaults)."""
     B, T, Hq, _ = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     bq = bs.sel_tile_q
     bk, n_sub = _sub_tiles(cfg, bs)
     blocks, bcount, _, _ = tile_index(idx, T, cfg, bq)
     kern = functools.partial(_fwd_kernel, h=Hq // G, bq=bq, l_sel=cfg.sel_block, bk=bk,
-                             n_sub=n_sub, scale=scale, prec=dot_precision(q.dtype, interpret))
+                             n_sub=n_sub, scale=scale,
+                             prec=dot_precision(q.dtype, interpret, choices))
     return pl.pallas_call(
         kern, grid=(Hq, B, cdiv(T, bq)),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
@@ -256,19 +258,21 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
         store(dv_ref.at[b, k_st[:, None], g, dv_[None, :]], dv, kvalid[:, None])
 
 
-def _bwd_common(q, k, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
+def _bwd_common(q, k, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool,
+                choices=None):
     bk, n_sub = _sub_tiles(cfg, bs)
     return dict(h=q.shape[2] // k.shape[2], bq=bs.sel_tile_q, l_sel=cfg.sel_block, bk=bk,
-                n_sub=n_sub, scale=scale, prec=dot_precision(q.dtype, interpret))
+                n_sub=n_sub, scale=scale, prec=dot_precision(q.dtype, interpret, choices))
 
 
 def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAConfig,
-                     bs: BlockSizes, scale: float, interpret: bool):
+                     bs: BlockSizes, scale: float, interpret: bool, *, choices=None):
     """dQ float32 [B,T,Hq,Dk] (kernel ``nsa_sel_tiled_bwd_dq``) from ``tile_index``'s per-tile
     lists, float32 ``gs`` and ``delta = gs * rowsum(o * do)``."""
     B, T, Hq, Dk = q.shape
     return pl.pallas_call(
-        functools.partial(_bwd_dq_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret)),
+        functools.partial(_bwd_dq_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret,
+                                                                 choices)),
         grid=(Hq, B, cdiv(T, bs.sel_tile_q)),
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
@@ -277,13 +281,14 @@ def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAC
 
 
 def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAConfig,
-                      bs: BlockSizes, scale: float, interpret: bool):
+                      bs: BlockSizes, scale: float, interpret: bool, *, choices=None):
     """dK, dV float32 [B,T,G,D] (kernel ``nsa_sel_tiled_bwd_dkv``) from ``tile_index``'s
     per-block tile lists; other arguments as ``sel_tiled_bwd_dq``."""
     B, T, G, Dk = k.shape
     Dv = v.shape[-1]
     return pl.pallas_call(
-        functools.partial(_bwd_dkv_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret)),
+        functools.partial(_bwd_dkv_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret,
+                                                                 choices)),
         grid=(G, B, cfg.num_sel_blocks(T)),
         out_shape=[jax.ShapeDtypeStruct((B, T, G, Dk), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, G, Dv), jnp.float32)],
@@ -296,13 +301,12 @@ def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
                        scale: float, interpret: bool, *, choices=None):
     """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
     same contract as ``selection.sel_backward`` (``do`` in its own dtype, ``gs`` [B,T,Hq] float32
-    per-row scale, None = 1). ``choices`` is accepted for the shared contract; no choice applies
-    here."""
+    per-row scale, None = 1); ``choices.f32_dot`` sets float32 dot precision."""
     B, T, Hq, _ = q.shape
     gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
     blocks, bcount, tiles, tcount = tile_index(idx, T, cfg, bs.sel_tile_q)
     args = (do, gs, lse, delta, cfg, bs, scale, interpret)
-    dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, *args)
-    dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args)
+    dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, *args, choices=choices)
+    dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args, choices=choices)
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)
