@@ -23,7 +23,7 @@ from nsa_jax import decode as kvcache
 from nsa_jax.config import ModelConfig
 from nsa_jax.nsa import NSAConfig, nsa_attention
 from nsa_jax.nsa.decoding import dense_decode_attention
-from nsa_jax.nsa.compression import compress
+from nsa_jax.nsa.compression import compress, compress_block
 from nsa_jax.nsa.rope import apply_rope, cmp_positions
 from nsa_jax.parallel import batch_parallel
 
@@ -73,6 +73,10 @@ class Compressor(nnx.Module):
     def __call__(self, x):  # [B,T,G,D] -> [B,Tc,G,Dout]
         return compress(x.astype(self.dtype), self.pos_emb[...], self.w1[...], self.b1[...],
                         self.w2[...], self.b2[...], self.cfg)
+
+    def block(self, x):  # one block per row: [B,l,G,D] -> [B,1,G,Dout] (decoding)
+        return compress_block(x.astype(self.dtype), self.pos_emb[...], self.w1[...],
+                              self.b1[...], self.w2[...], self.b2[...])
 
 
 class NSAAttention(nnx.Module):
@@ -128,6 +132,12 @@ class NSAAttention(nnx.Module):
             k_cmp = apply_rope(k_cmp, pos, self.mcfg.rope_theta)
         return k_cmp, v_cmp
 
+    def compress_block(self, kb, vb, offset):
+        """φ of one block per row (un-rotated [B,l,G,D] starting at offset [B]) + RoPE at its
+        last position: the decoder's emission. -> (k_cmp, v_cmp) [B,1,G,D]."""
+        pos = (jnp.asarray(offset) + self.ncfg.block_l - 1)[:, None]
+        return apply_rope(self.phi_k.block(kb), pos, self.mcfg.rope_theta), self.phi_v.block(vb)
+
     def project(self, x, positions):
         """Projections, φ and RoPE. Returns the 8 inputs of ``nsa_attention``."""
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
@@ -159,7 +169,7 @@ class NSAAttention(nnx.Module):
         B = x.shape[0]
         t = cache.pos
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, t[:, None])
-        kv = kvcache.append_nsa(cache.kv, t, self.ncfg, self.compress_kv, k_c, v_c, k_s, v_s,
+        kv = kvcache.append_nsa(cache.kv, t, self.ncfg, self.compress_block, k_c, v_c, k_s, v_s,
                                 k_w, v_w)
         o = nsa_decode(q[:, 0], kv, t, gates[:, 0], self.ncfg, impl)
         out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
