@@ -35,18 +35,10 @@ def on_gpu() -> bool:
 
 
 def resolve_nsa_impl(impl: str) -> str:
-    """``auto`` -> ``pallas`` on GPU when the kernels are available, else ``reference``."""
-    if impl != "auto":
-        return impl
-    if on_gpu():
-        try:
-            from nsa_jax.nsa.attention import IMPLS
-            import nsa_jax.pallas  # noqa: F401
-            if "pallas" in IMPLS:
-                return "pallas"
-        except ImportError:
-            pass
-    return "reference"
+    """The backend name ``model.nsa_impl`` resolves to (``nsa_jax.nsa.resolve_impl``: ``auto``
+    -> ``pallas`` on GPU, ``reference`` elsewhere; no silent fallback)."""
+    from nsa_jax.nsa.attention import resolve_impl
+    return resolve_impl(impl).value
 
 
 def nsa_decode(q, kv, t, gates, cfg: NSAConfig, impl: str):
@@ -167,7 +159,8 @@ class NSAAttention(nnx.Module):
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
         k_cmp, v_cmp = self.compress_kv(k_c, v_c)
         args = (q, k_cmp, v_cmp, k_s, v_s, k_w, v_w, gates)
-        o = batch_parallel(lambda *a: nsa_attention(*a, self.ncfg, impl=impl), *args)
+        o = batch_parallel(lambda *a: nsa_attention(*a, self.ncfg, impl=impl,
+                                                          choices=self.xcfg.kernel), *args)
         out = self.wo(o.reshape(B, S, -1).astype(self.dtype))
         if cache is None:
             return out, None
