@@ -1,48 +1,62 @@
-"""Decode-step latency with KV caches: nsa_125m vs dense_125m at long contexts (GPU).
+"""Decode-step latency with KV caches: nsa_125m vs dense_125m over contexts and batches (GPU).
 
     PYTHONPATH=. python bench/decode.py [--out bench/results/decode_<device>.json]
-        [--contexts 8192 16384 32768 65536] [--batches 1 8] [--reps 50] [--smoke]
+        [--contexts 8192 32768 65536 131072] [--batches 1 8 32 64] [--reps 30]
+        [--models nsa_125m dense_125m] [--set exec.decode_impl=reference ...]
+        [--profile 65536:1 65536:8] [--hlo] [--smoke]
 
-For each model config (configs/nsa_125m.yaml, configs/dense_125m.yaml: bf16, 12 layers, random
-parameters), batch B and context N, the caches are filled with random keys/values as after a
-prompt of N-1 tokens (prefill itself is not timed), then ``decode_step`` (the jitted step of
-:class:`nsa_jax.decode.Decoder`, caches donated and updated in place) is called repeatedly, each
-call feeding one token per sequence and reading its logits. The number is the median wall time of
-``--reps`` steps (block_until_ready on the logits) after a compile call and warm-up steps;
-positions advance N-1, N, ... so the context is N..N+reps. Also recorded per point: tokens/s
-(B / step time) and the analytic keys read per KV head at position N-1
-(``nsa_jax.decode.decode_reads``, exact convention, and N for dense). The JSON is rewritten after
-every point.
+For each model (configs/nsa_125m.yaml, configs/dense_125m.yaml: bf16, 12 layers, random
+parameters), batch B and context N: caches of ``max_len = N + warm-up + reps + 1`` tokens are
+filled with random keys/values as after a prompt of N-1 tokens (prefill is not timed), then the
+jitted decode step (:func:`nsa_jax.decode.step_jit`: one call for all layers, caches donated,
+bf16 inference weights from :func:`nsa_jax.decode.inference_state`) is called repeatedly, one
+token per row; positions advance from N-1. Recorded per point:
 
-``--smoke`` shrinks the models (2 layers, dim 64) and contexts (256, 512) and uses batches 1 and
-2 and 3 reps, so it runs on the CPU in under a minute: a check that the script works, not a
-measurement to report.
+* ``step_ms``: median of ``--reps`` steps, each synchronised (block_until_ready on the logits),
+  i.e. the latency a sampling loop sees; ``stream_ms``: per-step time of 10 steps issued back to
+  back and synchronised once (median of 5 rounds), closer to device time;
+* ``floor_bytes``: what the step must read at least: the inference weights once plus, per layer,
+  the keys and values the attention reads (NSA: visible compressed blocks + n·l' selected tokens
+  + the window; dense: the whole context), and ``floor_ms`` at 4.3 TB/s; ``achieved_gbs`` =
+  floor_bytes / step time;
+* with ``--hlo``: the compiled step's temporary bytes against the cache bytes and the copies of
+  cache-shaped buffers in the optimised HLO (0 when the donated caches are updated in place).
+
+``--profile N:B ...`` traces 5 steps of those points with ``jax.profiler`` and sums device time
+per kernel and category (``bench/profile_step.py``'s summariser). XLA flags (e.g. CUDA-graph
+command buffers on/off) come from the environment's ``XLA_FLAGS``, recorded in the JSON.
+``--smoke`` shrinks the models and contexts so the script runs on the CPU (not a measurement).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
 import platform
+import re
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 from nsa_jax.config import load_config  # noqa: E402
-from nsa_jax.decode import _step_jit, decode_reads, dense_reads, init_cache  # noqa: E402
+from nsa_jax.decode import (cache_bytes, decode_reads, dense_reads, inference_state,  # noqa: E402
+                            init_cache, step_jit)
 from nsa_jax.model import build_model, count_params  # noqa: E402
 
 MODELS = ("nsa_125m", "dense_125m")
 SMOKE_MODEL = {"n_layers": 2, "dim": 64, "n_heads": 4, "n_kv_groups": 2, "head_dim": 16,
                "mlp_hidden": 128, "vocab_size": 512}
+HBM_BPS = 4.3e12
 
 
 def device_name() -> str:
@@ -54,110 +68,197 @@ def device_name() -> str:
     return d.platform
 
 
-def load_model(name: str, smoke: bool):
+def load_model(name: str, smoke: bool, sets: list[str]):
     overrides = [f"model.{k}={v}" for k, v in SMOKE_MODEL.items()] if smoke else []
     if smoke:
         overrides.append("model.compute_dtype=float32")
-    cfg = load_config(REPO / "configs" / f"{name}.yaml", overrides)
-    return cfg, build_model(cfg.model, cfg.nsa, seed=0)
+    cfg = load_config(REPO / "configs" / f"{name}.yaml", overrides + list(sets))
+    return cfg, build_model(cfg.model, cfg.nsa, seed=0, exec_cfg=cfg.exec)
 
 
 def random_cache(model, batch: int, max_len: int, pos: int, seed: int):
-    """Caches of the right shapes and dtype filled with N(0,1) values, positioned at ``pos``."""
+    """Caches of the right shapes and dtype filled with N(0,1) values, every row at ``pos``."""
     cache = init_cache(model, batch, max_len)
     leaves, tree = jax.tree.flatten(cache["layers"])
     keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-    filled = [jax.random.normal(k, x.shape, jnp.float32).astype(x.dtype)
-              for k, x in zip(keys, leaves)]
-    return {"pos": jnp.asarray(pos, jnp.int32), "layers": jax.tree.unflatten(tree, filled)}
+    fill = jax.jit(lambda k, x: jax.random.normal(k, x.shape, x.dtype), donate_argnums=1)
+    filled = [fill(k, x) for k, x in zip(keys, leaves)]
+    return {"pos": jnp.full((batch,), pos, jnp.int32), "layers": jax.tree.unflatten(tree, filled)}
 
 
-def time_steps(graphdef, state, cache, batch, vocab, reps, warmup):
-    tok = jnp.zeros((batch,), jnp.int32)
+def floor_bytes(cfg, model_bytes: int, N: int, B: int, itemsize: int) -> int:
+    """Least bytes a step at context N must read: weights + the keys/values the attention uses."""
+    m = cfg.model
+    kv_row = 2 * m.head_dim * itemsize * m.n_kv_groups
+    keys = decode_reads(N - 1, cfg.nsa)["total"] if m.attention == "nsa" else dense_reads(N - 1)
+    return model_bytes + m.n_layers * B * keys * kv_row
+
+
+def hlo_check(graphdef, state, cache, tok, dump: str | None = None) -> dict:
+    compiled = step_jit.lower(graphdef, state, cache, tok).compile()
+    ma = compiled.memory_analysis()
+    text = compiled.as_text()
+    if dump:
+        Path(dump).write_text(text)
+    shapes = {f"{x.dtype.name if x.dtype != jnp.bfloat16 else 'bf16'}[{','.join(map(str, x.shape))}]"
+              for x in jax.tree.leaves(cache["layers"])}
+    shapes = {s.replace("float32", "f32") for s in shapes}
+    copies = [ln.strip()[:200] for ln in text.splitlines()
+              if re.search(r"= \S+ copy(-start)?\(", ln) and any(s in ln for s in shapes)]
+    return {"temp_bytes": int(getattr(ma, "temp_size_in_bytes", -1)),
+            "alias_bytes": int(getattr(ma, "alias_size_in_bytes", -1)),
+            "cache_bytes": cache_bytes(cache), "cache_copies": len(copies),
+            "cache_copy_lines": copies[:5]}
+
+
+def time_point(graphdef, state, cache, B, vocab, reps, warmup):
+    tok = jnp.zeros((B,), jnp.int32)
     t0 = time.perf_counter()
-    logits, cache = _step_jit(graphdef, state, cache, tok)
+    logits, cache = step_jit(graphdef, state, cache, tok)
     jax.block_until_ready(logits)
     compile_s = time.perf_counter() - t0
     for _ in range(warmup):
-        logits, cache = _step_jit(graphdef, state, cache, tok)
-        jax.block_until_ready(logits)
+        logits, cache = step_jit(graphdef, state, cache, tok)
+    jax.block_until_ready(logits)
     ts = []
     for i in range(reps):
-        tok = jnp.full((batch,), i % vocab, jnp.int32)
+        tok = jnp.full((B,), i % vocab, jnp.int32)
         t0 = time.perf_counter()
-        logits, cache = _step_jit(graphdef, state, cache, tok)
+        logits, cache = step_jit(graphdef, state, cache, tok)
         jax.block_until_ready(logits)
         ts.append(time.perf_counter() - t0)
-    return ts, compile_s
+    return ts, compile_s, cache
+
+
+def stream_time(graphdef, state, cache, B, rounds=5, n=10):
+    tok = jnp.ones((B,), jnp.int32)
+    per = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            logits, cache = step_jit(graphdef, state, cache, tok)
+        jax.block_until_ready(logits)
+        per.append((time.perf_counter() - t0) / n)
+    return statistics.median(per), cache
+
+
+def profile(graphdef, state, cache, B, steps=5) -> dict:
+    from profile_step import load_trace, summarise
+    tok = jnp.ones((B,), jnp.int32)
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(steps):
+                logits, cache = step_jit(graphdef, state, cache, tok)
+            jax.block_until_ready(logits)
+        return summarise(load_trace(d), steps, top=60)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None, help="JSON path (default bench/results/"
-                    "decode_<device>.json, decode_<device>_smoke.json with --smoke)")
+    ap.add_argument("--out", default=None)
     ap.add_argument("--contexts", type=int, nargs="+", default=None)
     ap.add_argument("--batches", type=int, nargs="+", default=None)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    ap.add_argument("--set", nargs="*", default=[], help="config overrides for every model")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--profile", nargs="*", default=[], help="N:B points to trace")
+    ap.add_argument("--hlo", action="store_true", help="check in-place cache updates in the HLO")
+    ap.add_argument("--hlo-dump", default=None, help="directory for the optimised HLO text")
+    ap.add_argument("--max-dense-bytes", type=float, default=60e9,
+                    help="skip dense points whose caches exceed this many bytes")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU-sized run (not a measurement)")
     a = ap.parse_args(argv)
-    contexts = a.contexts or ([256, 512] if a.smoke else [8192, 16384, 32768, 65536])
-    batches = a.batches or ([1, 2] if a.smoke else [1, 8])
-    reps = a.reps or (3 if a.smoke else 50)
+    contexts = a.contexts or ([256, 512] if a.smoke else [8192, 32768, 65536, 131072])
+    batches = a.batches or ([1, 2] if a.smoke else [1, 8, 32, 64])
+    reps = a.reps or (3 if a.smoke else 30)
+    prof = {tuple(int(v) for v in p.split(":")) for p in a.profile}
     dev = device_name()
     out = Path(a.out or REPO / "bench" / "results" /
                f"decode_{dev}{'_smoke' if a.smoke else ''}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
+    d0 = jax.devices()[0]
+    result = {"benchmark": "decode-step latency with KV caches (nsa_jax.decode.step_jit)",
+              "device": str(getattr(d0, "device_kind", d0)), "backend": jax.default_backend(),
+              "jax": jax.__version__, "python": platform.python_version(), "smoke": a.smoke,
+              "xla_flags": os.environ.get("XLA_FLAGS", ""), "sets": a.set, "reps": reps,
+              "warmup": a.warmup, "models": {}, "points": []}
 
-    result = {
-        "benchmark": "decode-step latency with KV caches (nsa_jax.decode)",
-        "device": str(jax.devices()[0].device_kind if hasattr(jax.devices()[0], "device_kind")
-                      else jax.devices()[0]),
-        "backend": jax.default_backend(), "jax": jax.__version__,
-        "python": platform.python_version(), "smoke": a.smoke,
-        "reps": reps, "warmup": a.warmup, "models": {}, "points": [],
-    }
+    def save():
+        out.write_text(json.dumps(result, indent=1))
+
     for name in a.models:
-        cfg, model = load_model(name, a.smoke)
-        graphdef, state = nnx.split(model)
+        cfg, model = load_model(name, a.smoke, a.set)
+        graphdef, state = inference_state(model)
+        model_bytes = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(state))
         result["models"][name] = {"model": dataclasses.asdict(cfg.model),
-                                  "nsa": cfg.to_dict()["nsa"], "params": count_params(model)}
+                                  "nsa": cfg.to_dict()["nsa"], "exec": cfg.to_dict()["exec"],
+                                  "params": count_params(model),
+                                  "inference_weight_bytes": model_bytes}
+        item = jnp.dtype(model.dtype).itemsize
         for N in contexts:
             for B in batches:
-                max_len = N + a.warmup + reps + 1
-                cache = random_cache(model, B, max_len, pos=N - 1, seed=N + B)
+                max_len = N + a.warmup + reps + 60
+                pt = {"model": name, "attention": cfg.model.attention, "context": N, "batch": B}
+                est = (cfg.model.n_layers * B * 2 * cfg.model.n_kv_groups * max_len
+                       * cfg.model.head_dim * item)
+                if cfg.model.attention == "dense" and est > a.max_dense_bytes:
+                    pt["skipped"] = f"dense caches {est / 1e9:.1f} GB > --max-dense-bytes"
+                    result["points"].append(pt)
+                    print(f"{name:10s} N={N:6d} B={B:2d}  skipped ({pt['skipped']})", flush=True)
+                    continue
                 try:
-                    ts, compile_s = time_steps(graphdef, state, cache, B, cfg.model.vocab_size,
-                                               reps, a.warmup)
+                    cache = random_cache(model, B, max_len, pos=N - 1, seed=N + B)
+                    if a.hlo:
+                        dump = (os.path.join(a.hlo_dump, f"{name}_{N}_{B}.hlo.txt")
+                                if a.hlo_dump else None)
+                        pt["hlo"] = hlo_check(graphdef, state, cache,
+                                              jnp.zeros((B,), jnp.int32), dump)
+                    ts, compile_s, cache = time_point(graphdef, state, cache, B,
+                                                      cfg.model.vocab_size, reps, a.warmup)
+                    stream_s, cache = stream_time(graphdef, state, cache, B)
+                    if (N, B) in prof:
+                        pt["profile"] = profile(graphdef, state, cache, B)
+                    del cache
                 except Exception as e:  # noqa: BLE001 - e.g. out of memory: record and go on
                     msg = " ".join(str(e).split())[:300]
-                    print(f"{name} N={N} B={B}: failed ({type(e).__name__}: {msg})", flush=True)
-                    result["points"].append({"model": name, "context": N, "batch": B,
-                                             "error": f"{type(e).__name__}: {msg}"})
-                    out.write_text(json.dumps(result, indent=1))
+                    pt["error"] = f"{type(e).__name__}: {msg}"
+                    print(f"{name} N={N} B={B}: failed ({pt['error']})", flush=True)
+                    result["points"].append(pt)
+                    save()
                     continue
-                del cache
                 med = statistics.median(ts) * 1e3
-                reads = (decode_reads(N - 1, cfg.nsa)["total"]
-                         if cfg.model.attention == "nsa" else dense_reads(N - 1))
-                pt = {"model": name, "attention": cfg.model.attention, "context": N, "batch": B,
-                      "step_ms_median": med, "step_ms_min": min(ts) * 1e3,
-                      "step_ms_max": max(ts) * 1e3, "tokens_per_s": B / (med / 1e3),
-                      "compile_s": compile_s, "keys_read_per_kv_head": reads}
+                fb = floor_bytes(cfg, model_bytes, N, B, item)
+                pt.update(step_ms=med, step_ms_min=min(ts) * 1e3, stream_ms=stream_s * 1e3,
+                          tokens_per_s=B / (med / 1e3), compile_s=compile_s,
+                          floor_bytes=fb, floor_ms=fb / HBM_BPS * 1e3,
+                          achieved_gbs=fb / (stream_s * 1e9),
+                          keys_read_per_kv_head=(decode_reads(N - 1, cfg.nsa)["total"]
+                                                 if cfg.model.attention == "nsa"
+                                                 else dense_reads(N - 1)))
                 result["points"].append(pt)
-                print(f"{name:10s} N={N:6d} B={B:2d}  step {med:8.3f} ms  "
-                      f"({pt['tokens_per_s']:9.1f} tok/s)  keys/head {reads}", flush=True)
-                out.write_text(json.dumps(result, indent=1))
-    # NSA / dense ratios where both were measured
-    by = {(p["model"], p["context"], p["batch"]): p for p in result["points"] if "error" not in p}
+                print(f"{name:10s} N={N:6d} B={B:2d}  step {med:8.3f} ms  stream "
+                      f"{stream_s * 1e3:8.3f} ms  floor {pt['floor_ms']:6.3f} ms  "
+                      f"{pt['achieved_gbs']:7.1f} GB/s"
+                      + (f"  hlo copies {pt['hlo']['cache_copies']} temp "
+                         f"{pt['hlo']['temp_bytes'] / 1e6:.1f} MB" if "hlo" in pt else ""),
+                      flush=True)
+                save()
+    by = {(p["model"], p["context"], p["batch"]): p for p in result["points"] if "step_ms" in p}
     result["speedup_nsa_vs_dense"] = [
         {"context": N, "batch": B,
-         "dense_over_nsa": by[("dense_125m", N, B)]["step_ms_median"]
-         / by[("nsa_125m", N, B)]["step_ms_median"]}
+         "dense_over_nsa": by[("dense_125m", N, B)]["step_ms"] / by[("nsa_125m", N, B)]["step_ms"],
+         "dense_over_nsa_stream": by[("dense_125m", N, B)]["stream_ms"]
+         / by[("nsa_125m", N, B)]["stream_ms"]}
         for N in contexts for B in batches
         if ("dense_125m", N, B) in by and ("nsa_125m", N, B) in by]
-    out.write_text(json.dumps(result, indent=1))
+    save()
+    print("\n  N      B   nsa ms   dense ms  dense/nsa (synced)  dense/nsa (stream)")
+    for r in result["speedup_nsa_vs_dense"]:
+        N, B = r["context"], r["batch"]
+        print(f"{N:7d} {B:3d} {by[('nsa_125m', N, B)]['step_ms']:8.3f} "
+              f"{by[('dense_125m', N, B)]['step_ms']:9.3f} {r['dense_over_nsa']:10.2f}x "
+              f"{r['dense_over_nsa_stream']:14.2f}x")
     print(f"wrote {out}")
     return 0
 

@@ -11,7 +11,7 @@ fwd+bwd on the same q / k_slc / v_slc. Each number is the median wall time of ``
 (block_until_ready) after a compile call and warm-up calls, alternating between two input sets
 so repeated calls do not just re-read L2. The JSON is rewritten after every (shape, T).
 
-Selection kernels, gather vs tiled (``BlockSizes.sel_impl``), at a fixed number of tokens per
+Selection kernels, gather vs tiled (``KernelChoices.sel_impl``), at a fixed number of tokens per
 batch (B = --tokens / T; 32768 = the 125M training batch of 16 x 2048):
 
     PYTHONPATH=. python3 bench/kernels.py --sel-impl gather tiled --T 2048 4096 8192 16384
@@ -37,11 +37,10 @@ import time
 import jax
 import jax.numpy as jnp
 
-from nsa_jax.nsa import NSAConfig, nsa_attention
+from nsa_jax.nsa import KernelChoices, NSAConfig, nsa_attention
 from nsa_jax.nsa import reference as ref
-from nsa_jax.pallas import BlockSizes
+from nsa_jax.pallas import BlockSizes, selection_kernels
 from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
-from nsa_jax.pallas.nsa import _sel_kernels
 from nsa_jax.pallas.selection import inverted_index, sel_backward, sel_forward
 from nsa_jax.pallas.selection_tiled import (sel_tiled_backward, sel_tiled_bwd_dkv,
                                              sel_tiled_bwd_dq, sel_tiled_forward, tile_index)
@@ -117,9 +116,9 @@ def bench_one(shape, T, reps, log):
     run("sel_index", jax.jit(lambda i: inverted_index(i, T, CFG.num_sel_blocks(T), 256)),
         [(i,) for i in idxs])
     for mode in ("inverted", "atomic"):
-        bsm = dataclasses.replace(bs, sel_bwd=mode)
-        sel_b = jax.jit(lambda q, k, v, i, o, lse, do, gs, bsm=bsm: sel_backward(
-            q, k, v, i, o, lse, do, gs, CFG, bsm, scale, INTERP))
+        chm = KernelChoices(sel_bwd=mode)
+        sel_b = jax.jit(lambda q, k, v, i, o, lse, do, gs, chm=chm: sel_backward(
+            q, k, v, i, o, lse, do, gs, CFG, bs, scale, INTERP, choices=chm))
         run(f"sel_bwd_{mode}", sel_b, [(a[0], a[3], a[4], i, o, lse, a[8], a[7][..., 1])
                                        for a, i, (o, lse) in zip(sets, idxs, fw)])
 
@@ -172,7 +171,7 @@ def bench_one(shape, T, reps, log):
         [(a[0], a[3], a[4], a[8]) for a in sets])
 
     r = {"shape": shape, "Hq": Hq, "G": G, "D": D, "T": T, "ms": res, "flops": flops(T, Hq, D),
-         "block_sizes": dataclasses.asdict(bs)}
+         "block_sizes": dataclasses.asdict(bs), "choices": dataclasses.asdict(KernelChoices())}
     nf, df = res.get("nsa_fwd_bwd"), res.get("dense_fwd_bwd")
     if nf and df:
         r["speedup_fwd_bwd_vs_dense"] = round(df / nf, 3)
@@ -206,9 +205,9 @@ def smoke(log):
     _, vjp = jax.vjp(lambda q, k, v: ref.selection_attention(q, k, v, idx, CFG), f[0], f[3], f[4])
     rg = vjp(do * gs[..., None])
     for mode in ("inverted", "atomic"):
-        bsm = dataclasses.replace(bs, sel_bwd=mode)
-        check(f"sel_bwd_{mode}", lambda bsm=bsm: [rel(x, y) for x, y in zip(sel_backward(
-            a[0], a[3], a[4], idx, o, lse, a[8], gs, CFG, bsm, scale, INTERP), rg)])
+        chm = KernelChoices(sel_bwd=mode)
+        check(f"sel_bwd_{mode}", lambda chm=chm: [rel(x, y) for x, y in zip(sel_backward(
+            a[0], a[3], a[4], idx, o, lse, a[8], gs, CFG, bs, scale, INTERP, choices=chm), rg)])
     check("sel_tiled_fwd", lambda: rel(sel_tiled_forward(a[0], a[3], a[4], idx, CFG, bs, scale,
                                                          INTERP)[0],
                                        ref.selection_attention(f[0], f[3], f[4], idx, CFG)))
@@ -225,9 +224,9 @@ def smoke(log):
     _, vjp = jax.vjp(lambda q, k, v: ref.compressed_attention(q, k, v, CFG), f[0], f[1], f[2])
     rg = vjp(do * gs[..., None])
     for split in (1, 4):
-        bss = dataclasses.replace(bs, cmp_bwd_split=split)
-        check(f"cmp_bwd_split{split}", lambda bss=bss: [rel(x, y) for x, y in zip(cmp_backward(
-            a[0], a[1], a[2], oc, lc, a[8], gs, None, CFG, bss, scale, INTERP), rg)])
+        chs = KernelChoices(cmp_bwd_split=split)
+        check(f"cmp_bwd_split{split}", lambda chs=chs: [rel(x, y) for x, y in zip(cmp_backward(
+            a[0], a[1], a[2], oc, lc, a[8], gs, None, CFG, bs, scale, INTERP, choices=chs), rg)])
     check("window_fwd", lambda: rel(window_attention(a[0], a[5], a[6], CFG, INTERP),
                                     ref.window_attention(f[0], f[5], f[6], CFG)))
     def nsa_grads(impl, args):
@@ -247,10 +246,10 @@ def bench_sel_impls(shape, T, B, impls, tile_qs, reps, log):
     variants = []
     for impl in impls:
         if impl == "tiled":
-            variants += [(f"tiled{bq}", dataclasses.replace(base, sel_impl="tiled", sel_tile_q=bq))
-                         for bq in tile_qs]
+            variants += [(f"tiled{bq}", dataclasses.replace(base, sel_tile_q=bq),
+                          KernelChoices(sel_impl="tiled")) for bq in tile_qs]
         else:
-            variants.append((impl, dataclasses.replace(base, sel_impl=impl)))
+            variants.append((impl, base, KernelChoices(sel_impl=impl)))
     sets = [make_inputs(s_, T, Hq, G, D, B=B) for s_ in (0, 1)]
     select = jax.jit(lambda q, kc: topn_pallas(
         cmp_block_scores(q, kc, cmp_forward(q, kc, None, CFG, base, scale, INTERP)[1], CFG, base,
@@ -268,18 +267,18 @@ def bench_sel_impls(shape, T, B, impls, tile_qs, reps, log):
             return
         log(f"  {name:20s} {res[name]:10.3f} ms")
 
-    for name, bs in variants:
+    for name, bs, ch in variants:
         log(f" {shape} T={T} B={B} sel_impl={name}")
         res = {}
-        fwd, bwd = _sel_kernels(bs, T)
+        fwd, bwd = selection_kernels(ch, T)
         sel_f = jax.jit(lambda q, k, v, i, fwd=fwd, bs=bs: fwd(q, k, v, i, CFG, bs, scale, INTERP))
         run(res, "sel_fwd", sel_f, [(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)])
         fw = [sel_f(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)]
-        sel_b = jax.jit(lambda q, k, v, i, o, lse, do, gs, bwd=bwd, bs=bs: bwd(
-            q, k, v, i, o, lse, do, gs, CFG, bs, scale, INTERP))
+        sel_b = jax.jit(lambda q, k, v, i, o, lse, do, gs, bwd=bwd, bs=bs, ch=ch: bwd(
+            q, k, v, i, o, lse, do, gs, CFG, bs, scale, INTERP, choices=ch))
         run(res, "sel_bwd", sel_b, [(a[0], a[3], a[4], i, o, lse, a[8], a[7][..., 1])
                                     for a, i, (o, lse) in zip(sets, idxs, fw)])
-        if bs.sel_impl == "tiled":  # the backward's parts: index, dQ kernel, dK/dV kernel
+        if ch.sel_impl == "tiled":  # the backward's parts: index, dQ kernel, dK/dV kernel
             index = jax.jit(lambda i, bs=bs: tile_index(i, T, CFG, bs.sel_tile_q))
             run(res, "tile_index", index, [(i,) for i in idxs])
             lists = [index(i) for i in idxs]
@@ -296,12 +295,12 @@ def bench_sel_impls(shape, T, B, impls, tile_qs, reps, log):
             del parts, lists
         del fw
 
-        def nsa_loss(*a, bs=bs):
-            return jnp.sum(nsa_attention(*a[:8], CFG, impl="pallas", block_sizes=bs)
+        def nsa_loss(*a, bs=bs, ch=ch):
+            return jnp.sum(nsa_attention(*a[:8], CFG, impl="pallas", block_sizes=bs, choices=ch)
                            .astype(jnp.float32) * a[8].astype(jnp.float32))
         run(res, "nsa_fwd_bwd", jax.jit(jax.grad(nsa_loss, argnums=tuple(range(8)))), sets)
         rows.append({"shape": shape, "T": T, "B": B, "sel_impl": name, "ms": res,
-                     "block_sizes": dataclasses.asdict(bs)})
+                     "block_sizes": dataclasses.asdict(bs), "choices": dataclasses.asdict(ch)})
 
     def dense_loss(q, k, v, c):
         o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
@@ -336,14 +335,21 @@ def print_sel_table(rows):
               f"{x_nsa}")
 
 
-SWEEP = {  # kernel group -> BlockSizes variants (first = current default)
+SWEEP = {  # kernel group -> BlockSizes / KernelChoices variants (first = current default)
     "cmp_bwd": [{}, {"cmp_bwd_split": 2}, {"cmp_bwd_split": 4}, {"cmp_bwd_split": 8}],
     "cmp_scores": [{}, {"score_warps": 2}],
 }
 
 
+def _split_variant(base, var):
+    """A sweep variant's fields -> (BlockSizes, KernelChoices): each field goes to its owner."""
+    cf = {f.name for f in dataclasses.fields(KernelChoices)}
+    return (dataclasses.replace(base, **{k: v for k, v in var.items() if k not in cf}),
+            KernelChoices(**{k: v for k, v in var.items() if k in cf}))
+
+
 def sweep(shape, T, reps, log):
-    """Time each kernel group under BlockSizes variants at one (shape, T)."""
+    """Time each kernel group under BlockSizes / KernelChoices variants at one (shape, T)."""
     Hq, G, D = SHAPES[shape]
     base = BlockSizes.for_shape(Hq // G, D)
     scale = 1.0 / math.sqrt(D)
@@ -355,14 +361,14 @@ def sweep(shape, T, reps, log):
     out = []
     for group, variants in SWEEP.items():
         for var in variants:
-            bs = dataclasses.replace(base, **var)
+            bs, ch = _split_variant(base, var)
             if group == "sel_fwd":
                 fn = jax.jit(lambda q, k, v, i, bs=bs: sel_forward(q, k, v, i, CFG, bs, scale,
                                                                    INTERP))
                 argsets = [(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)]
             elif group == "sel_bwd":
-                fn = jax.jit(lambda q, k, v, i, o, lse, do, gs, bs=bs: sel_backward(
-                    q, k, v, i, o, lse, do, gs, CFG, bs, scale, INTERP))
+                fn = jax.jit(lambda q, k, v, i, o, lse, do, gs, bs=bs, ch=ch: sel_backward(
+                    q, k, v, i, o, lse, do, gs, CFG, bs, scale, INTERP, choices=ch))
                 argsets = [(a[0], a[3], a[4], i, o, lse, a[8], a[7][..., 1])
                            for a, i, (o, lse) in zip(sets, idxs, fw)]
             elif group == "cmp_fwd":
@@ -370,12 +376,12 @@ def sweep(shape, T, reps, log):
                                                                   INTERP))
                 argsets = [(a[0], a[1], a[2]) for a in sets]
             elif group == "cmp_scores":
-                fn = jax.jit(lambda q, kc, lse, bs=bs: cmp_block_scores(q, kc, lse, CFG, bs, scale,
-                                                                        INTERP))
+                fn = jax.jit(lambda q, kc, lse, bs=bs, ch=ch: cmp_block_scores(
+                    q, kc, lse, CFG, bs, scale, INTERP, choices=ch))
                 argsets = [(a[0], a[1], lse) for a, (_, lse) in zip(sets, cf)]
             else:
-                fn = jax.jit(lambda q, kc, vc, o, lse, do, gs, bs=bs: cmp_backward(
-                    q, kc, vc, o, lse, do, gs, None, CFG, bs, scale, INTERP))
+                fn = jax.jit(lambda q, kc, vc, o, lse, do, gs, bs=bs, ch=ch: cmp_backward(
+                    q, kc, vc, o, lse, do, gs, None, CFG, bs, scale, INTERP, choices=ch))
                 argsets = [(a[0], a[1], a[2], o, lse, a[8], a[7][..., 0])
                            for a, (o, lse) in zip(sets, cf)]
             try:

@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     cfg = load_config(ROOT / quality.CONFIGS["retrieval"],
                       ([] if args.config_scale else quality.CPU_SCALE) + args.overrides)
     nsa = cfg.model.attention == "nsa"
-    spec = ModelSpec(cfg.model, cfg.nsa, cfg.train.seed)
+    spec = ModelSpec(cfg.model, cfg.nsa, cfg.train.seed, cfg.exec)
     params = jax.jit(spec.init_params)()
     tx = make_optimizer(cfg.train)
     opt = tx.init(params)

@@ -16,7 +16,7 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/retrieval_sweeps}/$SET
 mkdir -p "$OUT"
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${MEMF:-0.06}
-P="model.nsa_impl=reference train.steps=${STEPS:-3000}"
+P="exec.nsa_impl=reference train.steps=${STEPS:-3000}"
 R1="data.retrieval_value_repeat=1"          # the 3-token pairs PAIR key value
 S="--config configs/quality_retrieval.yaml train.lr=1.5e-3 train.eval_every=100 train.ckpt_every=0 train.log_every=100"
 M="model.vocab_size=512 model.dim=64 model.n_layers=2 model.n_heads=2 model.n_kv_groups=1 model.head_dim=32 model.mlp_hidden=192 nsa.window=32 nsa.block_l=16 nsa.stride_d=8 nsa.sel_block=32 nsa.n_sel=4 nsa.n_local=1 data.seq_len=512 data.retrieval_pairs=8 data.retrieval_queries=8 data.retrieval_keys=32 data.retrieval_values=256 data.retrieval_value_repeat=16 train.batch_size=32 train.lr=2e-3 train.warmup_steps=50 train.steps=2000"
@@ -38,7 +38,7 @@ case $SET in
     V[cmp4_g8]="$G $P"; V[cmp4_g8_l4d4]="$G nsa.block_l=4 nsa.stride_d=4 $P"
     V[cmp4_g8_l4d2]="$G nsa.block_l=4 nsa.stride_d=2 $P"; V[cmp4_g8_eps]="$G train.eps=1e-15 $P"
     V[cmp4_g8_lr4]="$G train.lr=4e-3 $P"; V[cmp4_g8_phi]="$G model.phi_hidden=512 $P"
-    V[cmp4_g8_long]="$G model.nsa_impl=reference train.steps=6000"
+    V[cmp4_g8_long]="$G exec.nsa_impl=reference train.steps=6000"
     V[cmp_l1]="$G nsa.block_l=1 nsa.stride_d=1 $P" ;;
   needle)      # needles that fill a compressed block (value_repeat r); nsa4_r8: the config's gates
     V[dense_r8]="model.attention=dense $P"; V[nsa4_r8]="$P"
@@ -48,12 +48,12 @@ case $SET in
     V[nsa4_r4_g033]="model.gate_bias=[0,3,-3] data.retrieval_value_repeat=4 $P"
     V[nsa4_r1_g033]="model.gate_bias=[0,3,-3] $R1 $P" ;;
   scale512)    # Pallas vs reference, float32 vs bfloat16, seq 512
-    V[M_ref_f32]="$M model.nsa_impl=reference model.compute_dtype=float32"
-    V[M_pal_f32]="$M model.nsa_impl=pallas model.compute_dtype=float32"
-    V[M_pal_bf16]="$M model.nsa_impl=pallas"; V[M_ref_bf16]="$M model.nsa_impl=reference"
+    V[M_ref_f32]="$M exec.nsa_impl=reference model.compute_dtype=float32"
+    V[M_pal_f32]="$M exec.nsa_impl=pallas model.compute_dtype=float32"
+    V[M_pal_bf16]="$M exec.nsa_impl=pallas"; V[M_ref_bf16]="$M exec.nsa_impl=reference"
     V[M_dense]="$M model.attention=dense" ;;
   scale2048)   # the study's model at seq 2048, lr 1.5e-3
-    V[K_pal]="$K model.nsa_impl=pallas train.steps=4000"; V[K_ref]="$K model.nsa_impl=reference train.steps=4000"
+    V[K_pal]="$K exec.nsa_impl=pallas train.steps=4000"; V[K_ref]="$K exec.nsa_impl=reference train.steps=4000"
     V[K_dense]="$K model.attention=dense train.steps=4000" ;;
   scale2048b)  # what changes it (2500 steps)
     B="$K train.steps=2500"

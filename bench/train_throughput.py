@@ -129,7 +129,7 @@ def build_point(name: str, T: int, B: int, steps: int, smoke: bool, mesh_data: i
     devices = jax.devices()[:ndev]
     mesh = meshlib.build_mesh(cfg.mesh, devices)
     meshlib.check_batch(cfg, len(devices), 1)
-    spec = ModelSpec(cfg.model, cfg.nsa, cfg.train.seed)
+    spec = ModelSpec(cfg.model, cfg.nsa, cfg.train.seed, cfg.exec)
     tx = make_optimizer(cfg.train)
     abstract = jax.eval_shape(lambda: init_state(spec, tx, cfg.train.seed))
     st_sh = meshlib.state_shardings(mesh, abstract)
@@ -175,7 +175,7 @@ def run_point(name: str, T: int, B: int, steps: int, smoke: bool, mesh_data: int
             "compile_s": compile_s,
             "model_tflops_per_s": fpt * tps / 1e12, "flops_per_token": fpt,
             "losses": losses, "finite": bool(np.all(np.isfinite(losses))),
-            "nsa_impl": cfg.model.nsa_impl, "attention": cfg.model.attention}
+            "nsa_impl": cfg.exec.nsa_impl, "attention": cfg.model.attention}
 
 
 def main(argv=None) -> int:

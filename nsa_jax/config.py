@@ -1,8 +1,15 @@
-"""One typed configuration: YAML -> dataclasses (sections model, nsa, data, train, run, mesh).
+"""One typed configuration: YAML -> dataclasses (sections model, nsa, data, train, run, mesh, exec).
 
-``load_config(path, overrides)`` reads a YAML file, applies ``key=value`` overrides with dotted
-paths (``train.steps=100``), rejects unknown keys and wrong types, and validates every section before
-any compute. Every problem raises :class:`ConfigError` with one line naming the key.
+``model`` and ``nsa`` say what the model is (they fix the parameter shapes); ``exec`` says how to
+run it (implementations, rematerialisation, kernel algorithm choices), which may change between
+a run and its resume. A section may nest another (``exec.kernel``): overrides take dotted paths
+of any depth (``train.steps=100``, ``exec.kernel.sel_impl=tiled``) and YAML nested mappings.
+
+``load_config(path, overrides)`` reads a YAML file (a key given twice in one mapping is an
+error), applies the overrides, rejects unknown keys (naming the full dotted key) and wrong types,
+and validates every section before any compute. Every problem raises :class:`ConfigError` with
+one line naming the key. Keys that moved (:data:`MOVED`) still load, with one note naming the
+new key; :func:`config_warnings` lists settings that are valid but probably not meant.
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ from typing import Any, Literal, Optional
 import yaml
 
 from nsa_jax.nsa.config import NSAConfig, NSAConfigError
+from nsa_jax.nsa.options import KernelChoices
 
 
 class ConfigError(ValueError):
@@ -31,15 +39,12 @@ class ModelConfig:
     head_dim: int = 64
     mlp_hidden: int = 2048          # SwiGLU hidden width
     attention: Literal["nsa", "dense"] = "nsa"
-    nsa_impl: Literal["auto", "reference", "pallas"] = "auto"  # auto: pallas on GPU, else reference
-    dense_impl: Literal["auto", "xla", "cudnn"] = "auto"        # auto: cudnn on GPU, else xla
     phi_hidden: int = 0             # φ MLP hidden width; 0 means 4 * head_dim
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     tie_embeddings: bool = True
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     param_dtype: Literal["float32"] = "float32"
-    remat: Literal["none", "block"] = "none"
     loss_chunk: int = 2048          # tokens per cross-entropy chunk (logits never materialised whole)
     init_std: float = 0.02
     # initial bias of the NSA gate logits, per branch (cmp, slc, win): gate = sigmoid(W x + b),
@@ -198,6 +203,20 @@ class MeshConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ExecConfig:
+    """How to run the model: never changes what it computes (beyond float rounding), so a run
+    may resume under other choices."""
+    nsa_impl: Literal["auto", "reference", "pallas"] = "auto"  # auto: pallas on GPU, else reference
+    dense_impl: Literal["auto", "xla", "cudnn"] = "auto"        # auto: cudnn on GPU, else xla
+    remat: Literal["none", "block"] = "none"     # block: recompute each block's activations
+    decode_impl: Literal["auto", "reference", "pallas"] = "auto"  # the decoder's NSA step
+    kernel: KernelChoices = dataclasses.field(default_factory=KernelChoices)
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     nsa: NSAConfig = dataclasses.field(default_factory=NSAConfig)
@@ -205,10 +224,11 @@ class Config:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    exec: ExecConfig = dataclasses.field(default_factory=ExecConfig)
     name: str = "run"
 
     def validate(self) -> None:
-        for sec in ("model", "data", "train", "run", "mesh"):
+        for sec in ("model", "data", "train", "run", "mesh", "exec"):
             getattr(self, sec).validate()
         if self.model.attention == "nsa":
             if self.model.head_dim < 1:
@@ -223,7 +243,12 @@ class Config:
 
 
 SECTIONS = {"model": ModelConfig, "nsa": NSAConfig, "data": DataConfig, "train": TrainConfig,
-            "run": RunConfig, "mesh": MeshConfig}
+            "run": RunConfig, "mesh": MeshConfig, "exec": ExecConfig}
+# The sections that fix the parameter shapes: a checkpoint resumes only under equal ones.
+SHAPE_SECTIONS = ("model", "nsa")
+# Keys that moved to another section: old configs still load (one note each).
+MOVED = {"model.nsa_impl": "exec.nsa_impl", "model.dense_impl": "exec.dense_impl",
+         "model.remat": "exec.remat"}
 
 
 # ---- type coercion -------------------------------------------------------------------------
@@ -268,26 +293,56 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def _build(cls, raw: Any, prefix: str):
+    """``cls`` (a dataclass) from the mapping ``raw``; a field whose type is a dataclass is a
+    nested section, built the same way under ``prefix.field``."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{prefix}: must be a mapping, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
+    unknown = sorted(set(raw) - names, key=str)
     if unknown:
         raise ConfigError(f"{prefix}.{unknown[0]}: unknown key (valid keys: {', '.join(sorted(names))})")
-    kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}") for k, v in raw.items()}
+    kwargs = {k: (_build(hints[k], v, f"{prefix}.{k}") if dataclasses.is_dataclass(hints[k])
+                  else _coerce(v, hints[k], f"{prefix}.{k}")) for k, v in raw.items()}
     try:
         return cls(**kwargs)
     except NSAConfigError as e:
         raise ConfigError(str(e)) from None
+    except (ValueError, TypeError) as e:   # a nested section's own check, e.g. "kernel.x: ..."
+        msg, parent = str(e), prefix.rpartition(".")[0]
+        leaf = prefix.rpartition(".")[2]
+        if msg.startswith(leaf + ".") and parent:
+            raise ConfigError(f"{parent}.{msg}") from None
+        raise ConfigError(f"{prefix}: {msg}") from None
 
 
-def config_from_dict(raw: dict, name: str = "run") -> Config:
+def migrate(raw: dict, notes: list[str] | None = None) -> dict:
+    """``raw`` with the keys of :data:`MOVED` at their new place; a note for each one moved."""
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for old, new in MOVED.items():
+        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
+        if not isinstance(raw.get(osec), dict) or okey not in raw[osec]:
+            continue
+        value = raw[osec].pop(okey)
+        target = raw.get(nsec) or {}
+        if not isinstance(target, dict):
+            continue                     # _build names the bad section
+        if nkey in target and target[nkey] != value:
+            raise ConfigError(f"{old}: moved to {new}, and both are given ({old}={value!r}, "
+                              f"{new}={target[nkey]!r}); keep only {new}")
+        raw[nsec] = {**target, nkey: value}
+        if notes is not None:
+            notes.append(f"{old}: moved to {new} (how to run, not what the model is); read as "
+                         f"{new}={value}")
+    return raw
+
+
+def config_from_dict(raw: dict, name: str = "run", notes: list[str] | None = None) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError(f"config: top level must be a mapping, got {type(raw).__name__}")
-    raw = dict(raw)
+    raw = migrate(raw, notes)
     name = raw.pop("name", name)
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
@@ -321,32 +376,106 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 raise ConfigError(f"{path[0]}: overrides need section.key, e.g. train.steps=100")
             raw["name"] = value
             continue
-        if len(path) != 2:
-            raise ConfigError(f"{'.'.join(path)}: too deep; overrides are section.key=value")
-        sec, key = path
-        if sec not in SECTIONS:
-            raise ConfigError(f"{sec}: unknown section (valid: {', '.join(SECTIONS)})")
-        node = raw.setdefault(sec, {}) or {}
-        raw[sec] = node
-        node[key] = value
+        if path[0] not in SECTIONS:
+            raise ConfigError(f"{path[0]}: unknown section (valid: {', '.join(SECTIONS)})")
+        node = raw
+        for depth, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = {}
+            elif not isinstance(child, dict):
+                where = ".".join(path[:depth + 1])
+                raise ConfigError(f"{'.'.join(path)}: {where} is a value, not a section")
+            else:
+                child = dict(child)
+            node[part] = child
+            node = child
+        node[path[-1]] = value
     return raw
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Load, override and validate a config. Raises ConfigError naming the key or file."""
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice in one mapping (the last would win)."""
+
+
+def _unique_mapping(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(f"{loader.name}: line {key_node.start_mark.line + 1}: key {key!r} "
+                              f"given twice in one mapping (the first would be ignored)")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None,
+                notes: list[str] | None = None) -> Config:
+    """Load, override and validate a config. Raises ConfigError naming the key or file.
+    Notes on keys that moved are appended to ``notes`` (if given)."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a directory; --config takes a YAML file, e.g. "
+                          f"configs/tiny.yaml")
     if not p.is_file():
         raise ConfigError(f"{p}: config file not found")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        loader = _UniqueKeyLoader(p.read_text())
+        loader.name = str(p)
+        try:
+            raw = loader.get_single_data() or {}
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: invalid YAML ({str(e).splitlines()[0]})") from None
+    except ConfigError:
+        raise
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: cannot read ({e})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: top level must be a mapping")
     raw = apply_overrides(raw, list(overrides or []))
-    return config_from_dict(raw, name=raw.get("name", p.stem))
+    return config_from_dict(raw, name=raw.get("name", p.stem), notes=notes)
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """Settings that are valid but probably not meant, one line each (naming the keys)."""
+    out, n, seq = [], cfg.nsa, cfg.data.seq_len
+    if cfg.model.attention == "nsa":
+        blocks = -(-seq // n.sel_block)
+        if n.n_sel > blocks:
+            out.append(f"nsa.n_sel={n.n_sel} is more than the {blocks} selection block(s) of "
+                       f"nsa.sel_block={n.sel_block} tokens a row of data.seq_len={seq} has; "
+                       f"every block is always selected")
+        if seq < n.block_l:
+            out.append(f"data.seq_len={seq} is shorter than nsa.block_l={n.block_l}: the "
+                       f"compressed branch never sees a complete block")
+    t = cfg.train
+    if t.warmup_steps > t.steps:
+        out.append(f"train.warmup_steps={t.warmup_steps} is longer than train.steps={t.steps}: "
+                   f"the learning rate never reaches train.lr")
+    return out
+
+
+def describe_keys() -> str:
+    """Every config key with its default, one section per line group (for ``--help``)."""
+    lines = []
+
+    def walk(obj, prefix):
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if dataclasses.is_dataclass(v):
+                walk(v, f"{prefix}.{f.name}")
+            else:
+                lines.append(f"  {prefix}.{f.name}={v!r}" if isinstance(v, str) else
+                             f"  {prefix}.{f.name}={v}")
+
+    for sec, cls in SECTIONS.items():
+        walk(cls(), sec)
+    return "\n".join(lines)
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

@@ -15,8 +15,8 @@ since selection scores come from it).
 Appending token t: its selection K/V go to index t, its window K/V to ring slot ``t % W``, its
 un-rotated cmp-branch K/V to ring slot ``t % l``; when t is the last token of compressed block
 ``i = (t - l + 1) / d`` (Eq. 7), φ runs on the ring (in token order) and the key is rotated at t.
-φ runs at every step and the write is dropped when no block ends at t: no branch, so one
-compiled step serves rows at any positions.
+φ runs at every step and the write keeps the old value when no block ends at t: no branch, so
+one compiled step serves rows at any positions.
 """
 from __future__ import annotations
 
@@ -61,10 +61,19 @@ def _nsa_needs(cfg: NSAConfig) -> tuple[bool, bool, bool]:
     return ("cmp" in br or "slc" in br), "slc" in br, "win" in br
 
 
+ALIGN = 64   # cache lengths are padded to a multiple of this (masked slots)
+
+
+def _align(n: int) -> int:
+    """Round up to a multiple of ALIGN: matmuls over an odd cache length make XLA pad (copy) the
+    whole cache every step; the extra slots are never visible."""
+    return -(-max(n, 1) // ALIGN) * ALIGN
+
+
 def cache_sizes(cfg: NSAConfig, max_len: int) -> dict[str, int]:
     """Sequence lengths of the NSA caches for ``max_len`` tokens."""
     return {
-        "cmp": max(1, cfg.num_cmp_blocks(max_len)),     # >= 1 keeps shapes non-empty (masked)
+        "cmp": _align(cfg.num_cmp_blocks(max_len)),
         "slc": cfg.num_sel_blocks(max_len) * cfg.sel_block,
         "win": min(cfg.window, max_len),
         "raw": cfg.block_l,
@@ -88,7 +97,7 @@ def init_cache(model, batch: int, max_len: int) -> Cache:
     layers = []
     for _ in range(m.n_layers):
         if m.attention == "dense":
-            layers.append({"k": z(max_len), "v": z(max_len)})
+            layers.append({"k": z(_align(max_len)), "v": z(_align(max_len))})
             continue
         need_cmp, need_slc, need_win = _nsa_needs(cfg)
         sz = cache_sizes(cfg, max_len)
@@ -177,10 +186,9 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, k_c, v_c, k_s, v_s, k_w, v
         kb = _gsd(gather_rows(kv["kc_raw"], slots))              # [B,l,G,D], un-rotated
         vb = _gsd(gather_rows(kv["vc_raw"], slots))
         kc, vc = compress(kb, vb, jnp.maximum(start, 0))          # [B,1,G,D]
-        Tc = kv["k_cmp"].shape[2]
-        i = jnp.where(emit, jnp.maximum(start, 0) // d, Tc)       # Tc: out of range, dropped
-        kv["k_cmp"] = write_rows(kv["k_cmp"], kc[:, 0], i)
-        kv["v_cmp"] = write_rows(kv["v_cmp"], vc[:, 0], i)
+        i = jnp.minimum(jnp.maximum(start, 0) // d, kv["k_cmp"].shape[2] - 1)
+        kv["k_cmp"] = write_rows(kv["k_cmp"], kc[:, 0], i, mask=emit)
+        kv["v_cmp"] = write_rows(kv["v_cmp"], vc[:, 0], i, mask=emit)
     return kv
 
 

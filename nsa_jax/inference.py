@@ -5,9 +5,9 @@
     >>> run.step                     # the checkpoint step actually loaded
     >>> run.generate(["The history of", "Water is"], max_new_tokens=50, temperature=0)
 
-Built on :func:`nsa_jax.train.checkpoint.load_for_inference` (config + parameters) and
-:func:`nsa_jax.generate.generate_batch` (batched prefill + KV-cache decoding); the CLI
-``python -m nsa_jax.generate`` is a thin layer over the same calls.
+Built on :func:`nsa_jax.train.inference.restore_for_inference` (config, parameters and the
+step loaded) and :func:`nsa_jax.generate.generate_batch` (batched prefill + KV-cache decoding);
+the CLI ``python -m nsa_jax.generate`` is a thin layer over the same calls.
 """
 from __future__ import annotations
 
@@ -75,49 +75,18 @@ class Run:
         return [self.decode(x) for x in ids]
 
 
-def checkpoint_step(run_dir, params) -> int:
-    """The step of the checkpoint under ``run_dir/checkpoints`` holding ``params`` (a pure
-    parameter dict): the newest whose ``meta`` records exactly these parameter checksums.
-
-    :func:`~nsa_jax.train.checkpoint.load_for_inference` falls back past corrupt checkpoints
-    without saying which step it loaded; this finds it from the checksums every checkpoint
-    stores. A checkpoint written before checksums existed matches when it is the newest
-    readable one. Raises :class:`~nsa_jax.train.errors.CheckpointError` when none matches."""
-    from nsa_jax.train.checkpoint import Checkpointer, checkpoint_dir
-    from nsa_jax.train.checksum import checksums
-    from nsa_jax.train.errors import CheckpointError, CorruptCheckpoint
-
-    ck = Checkpointer(checkpoint_dir(run_dir), read_only=True)
-    try:
-        have = checksums(params)
-        for step in reversed(ck.steps()):
-            try:
-                meta = ck.read_meta(step)
-            except CorruptCheckpoint:
-                continue
-            stored = (meta.get("checksums") or {}).get("params")
-            if stored is None or stored == have:
-                return step
-    finally:
-        ck.close()
-    raise CheckpointError(f"{checkpoint_dir(run_dir)}: no checkpoint holds the loaded parameters")
-
-
 def load_run(run_dir, step: int | None = None) -> Run:
     """Load a training run directory: ``config.yaml``, the newest usable checkpoint (or exactly
-    ``step``) and the tokenizer. Raises ``CheckpointError``/``ConfigError``/``DataError`` with
+    ``step``; a corrupt newest one is skipped with a warning, and ``Run.step`` says which was
+    loaded) and the tokenizer. Raises ``CheckpointError``/``ConfigError``/``DataError`` with
     one-line messages naming the path or key at fault."""
-    from flax import nnx
-
     from nsa_jax.config import ConfigError
     from nsa_jax.data import get_tokenizer
-    from nsa_jax.train.checkpoint import load_for_inference
+    from nsa_jax.train.inference import restore_for_inference
 
-    cfg, model = load_for_inference(run_dir, step=step)
+    cfg, model, step = restore_for_inference(run_dir, step=step)
     tok = get_tokenizer(cfg.data.tokenizer)
     if tok.vocab_size > cfg.model.vocab_size:
         raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} has {tok.vocab_size} "
                           f"tokens but the model's vocab_size is {cfg.model.vocab_size}")
-    if step is None:
-        step = checkpoint_step(run_dir, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     return Run(run_dir=Path(run_dir), cfg=cfg, model=model, tokenizer=tok, step=int(step))

@@ -20,10 +20,10 @@ import optax
 from flax import nnx
 
 from nsa_jax import decode as kvcache
-from nsa_jax.config import ModelConfig
+from nsa_jax.config import ExecConfig, ModelConfig
 from nsa_jax.nsa import NSAConfig, nsa_attention
 from nsa_jax.nsa.decoding import dense_decode_attention
-from nsa_jax.nsa.compression import compress
+from nsa_jax.nsa.compression import compress, compress_block
 from nsa_jax.nsa.rope import apply_rope, cmp_positions
 from nsa_jax.parallel import batch_parallel
 
@@ -35,18 +35,10 @@ def on_gpu() -> bool:
 
 
 def resolve_nsa_impl(impl: str) -> str:
-    """``auto`` -> ``pallas`` on GPU when the kernels are available, else ``reference``."""
-    if impl != "auto":
-        return impl
-    if on_gpu():
-        try:
-            from nsa_jax.nsa.attention import IMPLS
-            import nsa_jax.pallas  # noqa: F401
-            if "pallas" in IMPLS:
-                return "pallas"
-        except ImportError:
-            pass
-    return "reference"
+    """The backend name ``model.nsa_impl`` resolves to (``nsa_jax.nsa.resolve_impl``: ``auto``
+    -> ``pallas`` on GPU, ``reference`` elsewhere; no silent fallback)."""
+    from nsa_jax.nsa.attention import resolve_impl
+    return resolve_impl(impl).value
 
 
 def nsa_decode(q, kv, t, gates, cfg: NSAConfig, impl: str):
@@ -82,10 +74,15 @@ class Compressor(nnx.Module):
         return compress(x.astype(self.dtype), self.pos_emb[...], self.w1[...], self.b1[...],
                         self.w2[...], self.b2[...], self.cfg)
 
+    def block(self, x):  # one block per row: [B,l,G,D] -> [B,1,G,Dout] (decoding)
+        return compress_block(x.astype(self.dtype), self.pos_emb[...], self.w1[...],
+                              self.b1[...], self.w2[...], self.b2[...])
+
 
 class NSAAttention(nnx.Module):
-    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs):
-        self.mcfg, self.ncfg = mcfg, ncfg
+    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs,
+                 xcfg: ExecConfig | None = None):
+        self.mcfg, self.ncfg, self.xcfg = mcfg, ncfg, xcfg or ExecConfig()
         dt = DTYPES[mcfg.compute_dtype]
         self.dtype = dt
         H, G, D = mcfg.n_heads, mcfg.n_kv_groups, mcfg.head_dim
@@ -136,6 +133,12 @@ class NSAAttention(nnx.Module):
             k_cmp = apply_rope(k_cmp, pos, self.mcfg.rope_theta)
         return k_cmp, v_cmp
 
+    def compress_block(self, kb, vb, offset):
+        """φ of one block per row (un-rotated [B,l,G,D] starting at offset [B]) + RoPE at its
+        last position: the decoder's emission. -> (k_cmp, v_cmp) [B,1,G,D]."""
+        pos = (jnp.asarray(offset) + self.ncfg.block_l - 1)[:, None]
+        return apply_rope(self.phi_k.block(kb), pos, self.mcfg.rope_theta), self.phi_v.block(vb)
+
     def project(self, x, positions):
         """Projections, φ and RoPE. Returns the 8 inputs of ``nsa_attention``."""
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
@@ -150,13 +153,14 @@ class NSAAttention(nnx.Module):
         of an empty cache with ``cache.n`` valid tokens per row.
         """
         B, S, _ = x.shape
-        impl = resolve_nsa_impl(self.mcfg.nsa_impl)
+        impl = resolve_nsa_impl(self.xcfg.nsa_impl)
         if cache is not None and S == 1:
-            return self._decode(x, cache, impl)
+            return self._decode(x, cache, resolve_nsa_impl(self.xcfg.decode_impl))
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
         k_cmp, v_cmp = self.compress_kv(k_c, v_c)
         args = (q, k_cmp, v_cmp, k_s, v_s, k_w, v_w, gates)
-        o = batch_parallel(lambda *a: nsa_attention(*a, self.ncfg, impl=impl), *args)
+        o = batch_parallel(lambda *a: nsa_attention(*a, self.ncfg, impl=impl,
+                                                          choices=self.xcfg.kernel), *args)
         out = self.wo(o.reshape(B, S, -1).astype(self.dtype))
         if cache is None:
             return out, None
@@ -167,7 +171,7 @@ class NSAAttention(nnx.Module):
         B = x.shape[0]
         t = cache.pos
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, t[:, None])
-        kv = kvcache.append_nsa(cache.kv, t, self.ncfg, self.compress_kv, k_c, v_c, k_s, v_s,
+        kv = kvcache.append_nsa(cache.kv, t, self.ncfg, self.compress_block, k_c, v_c, k_s, v_s,
                                 k_w, v_w)
         o = nsa_decode(q[:, 0], kv, t, gates[:, 0], self.ncfg, impl)
         out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
@@ -177,8 +181,8 @@ class NSAAttention(nnx.Module):
 class DenseAttention(nnx.Module):
     """Causal GQA attention through ``jax.nn.dot_product_attention`` (cuDNN on GPU, XLA on CPU)."""
 
-    def __init__(self, mcfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.mcfg = mcfg
+    def __init__(self, mcfg: ModelConfig, *, rngs: nnx.Rngs, xcfg: ExecConfig | None = None):
+        self.mcfg, self.xcfg = mcfg, xcfg or ExecConfig()
         dt = DTYPES[mcfg.compute_dtype]
         self.dtype = dt
         H, G, D = mcfg.n_heads, mcfg.n_kv_groups, mcfg.head_dim
@@ -191,7 +195,7 @@ class DenseAttention(nnx.Module):
                              kernel_init=_normal(std / math.sqrt(2 * mcfg.n_layers)), rngs=rngs)
 
     def impl(self):
-        i = self.mcfg.dense_impl
+        i = self.xcfg.dense_impl
         if i == "auto":
             return "cudnn" if on_gpu() and self.dtype == jnp.bfloat16 else "xla"
         return i
@@ -238,11 +242,12 @@ class SwiGLU(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs):
+    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs,
+                 xcfg: ExecConfig | None = None):
         dt = DTYPES[mcfg.compute_dtype]
         self.norm1 = nnx.RMSNorm(mcfg.dim, epsilon=mcfg.norm_eps, dtype=dt, rngs=rngs)
-        self.attn = (NSAAttention(mcfg, ncfg, rngs=rngs) if mcfg.attention == "nsa"
-                     else DenseAttention(mcfg, rngs=rngs))
+        self.attn = (NSAAttention(mcfg, ncfg, rngs=rngs, xcfg=xcfg) if mcfg.attention == "nsa"
+                     else DenseAttention(mcfg, rngs=rngs, xcfg=xcfg))
         self.norm2 = nnx.RMSNorm(mcfg.dim, epsilon=mcfg.norm_eps, dtype=dt, rngs=rngs)
         self.mlp = SwiGLU(mcfg, rngs=rngs)
 
@@ -256,13 +261,15 @@ class Block(nnx.Module):
 class NSALM(nnx.Module):
     """Decoder-only LM. ``__call__(tokens [B,T]) -> hidden [B,T,dim]``; ``logits`` adds the head."""
 
-    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs):
-        self.mcfg, self.ncfg = mcfg, ncfg
+    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs,
+                 xcfg: ExecConfig | None = None):
+        self.mcfg, self.ncfg, self.xcfg = mcfg, ncfg, xcfg or ExecConfig()
         dt = DTYPES[mcfg.compute_dtype]
         self.dtype = dt
         self.embed = nnx.Embed(mcfg.vocab_size, mcfg.dim, dtype=dt,
                                embedding_init=_normal(mcfg.init_std), rngs=rngs)
-        self.blocks = nnx.List([Block(mcfg, ncfg, rngs=rngs) for _ in range(mcfg.n_layers)])
+        self.blocks = nnx.List([Block(mcfg, ncfg, rngs=rngs, xcfg=self.xcfg)
+                                 for _ in range(mcfg.n_layers)])
         self.norm = nnx.RMSNorm(mcfg.dim, epsilon=mcfg.norm_eps, dtype=dt, rngs=rngs)
         if not mcfg.tie_embeddings:
             self.head = nnx.Linear(mcfg.dim, mcfg.vocab_size, use_bias=False, dtype=dt,
@@ -274,7 +281,7 @@ class NSALM(nnx.Module):
             positions = jnp.arange(T)
         x = self.embed(tokens)
         for blk in self.blocks:
-            if self.mcfg.remat == "block":
+            if self.xcfg.remat == "block":
                 x = nnx.remat(lambda b, y, p: b(y, p)[0])(blk, x, positions)
             else:
                 x = blk(x, positions)[0]
@@ -356,8 +363,9 @@ def lm_loss(model: NSALM, tokens, loss_mask=None):
     return total / jnp.maximum(count, 1.0)
 
 
-def build_model(mcfg: ModelConfig, ncfg: NSAConfig, seed: int = 0) -> NSALM:
-    return NSALM(mcfg, ncfg, rngs=nnx.Rngs(params=seed))
+def build_model(mcfg: ModelConfig, ncfg: NSAConfig, seed: int = 0,
+                exec_cfg: ExecConfig | None = None) -> NSALM:
+    return NSALM(mcfg, ncfg, rngs=nnx.Rngs(params=seed), xcfg=exec_cfg)
 
 
 def count_params(model) -> int:

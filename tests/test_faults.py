@@ -387,7 +387,7 @@ CORRUPTIONS = {
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
 def test_corrupt_newest_checkpoint_falls_back(kind, tmp_path, capsys, inproc_reference):
-    from nsa_jax.train.loop import _Preflight
+    from nsa_jax.train.start import preflight
 
     run = tmp_path / "run"
     shutil.copytree(inproc_reference, run)
@@ -397,11 +397,11 @@ def test_corrupt_newest_checkpoint_falls_back(kind, tmp_path, capsys, inproc_ref
     capsys.readouterr()
     cfg = load_config(TINY, INPROC[2:] + ["train.steps=16", f"run.dir={run}",
                                           "run.resume=true"])
-    pre = _Preflight(cfg, False)
+    pre = preflight(cfg, False)
     pre.loader.close()
     want = 4 if kind == "params bit flipped" else 8
-    assert pre.start == want and int(pre.state.step) == want
-    assert pre.bad_steps == ([12, 8] if want == 4 else [12])
+    assert pre.step == want and int(pre.state.step) == want
+    assert list(pre.bad_steps) == ([12, 8] if want == 4 else [12])
     warnings = capsys.readouterr().err.strip().splitlines()
     assert len(warnings) == len(pre.bad_steps), warnings
     assert warnings[0].startswith(f"warning: {run / 'checkpoints' / '12'}")
@@ -438,6 +438,56 @@ def test_corrupt_checkpoint_resume_and_inference(tmp_path, capsys, inproc_refere
     assert complete_steps(run) == [4, 8, 12]          # a new, good step 12
     assert (run / "corrupt_checkpoints" / "12" / "params").is_dir()
     assert curves(run) == curves(inproc_reference)
+
+
+def _corrupt_arrays(step_dir: Path, how: str) -> None:
+    """Truncate or bit-flip every array data file (not the metadata) of a checkpoint."""
+    for f in sorted(step_dir.glob("*/ocdbt.process_0/d/*")):
+        if how == "truncated":
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+        else:
+            _flip_byte(f)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("how", ["truncated", "bit flipped"])
+def test_corrupt_array_data_newest_then_all(how, tmp_path, capsys, inproc_reference):
+    """Array data (not metadata) truncated or bit-flipped: the newest one -> one warning and the
+    step it fell back to; all of them -> one error line naming every step (nothing moved)."""
+    from nsa_jax.generate import main as generate_main
+    from nsa_jax.train.inference import restore_for_inference
+
+    run = tmp_path / "run"
+    shutil.copytree(inproc_reference, run)
+    _corrupt_arrays(run / "checkpoints" / "12", how)
+    capsys.readouterr()
+    assert restore_for_inference(run).step == 8
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: {run / 'checkpoints' / '12'}"), err
+    assert err[0].endswith("falling back to step 8") and len(err[0]) < 600, err
+    for step in (4, 8):
+        _corrupt_arrays(run / "checkpoints" / str(step), how)
+    assert generate_main(["--checkpoint", str(run)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{run / 'checkpoints' / '12'}" in line and "step 8, 4, are unusable" in line
+    assert main(INPROC + [f"run.dir={run}", "run.resume=true"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "no usable checkpoint" in line and "step 8, 4, are unusable" in line
+    assert complete_steps(run) == [4, 8, 12] and not (run / "corrupt_checkpoints").exists()
+
+
+def test_corrupt_array_data_cli_prints_one_line(tmp_path, cache_dir, inproc_reference):
+    """In a process of its own (where orbax's leftover tasks would print their tracebacks at
+    exit): every checkpoint truncated -> exactly one line on stderr."""
+    run = tmp_path / "run"
+    shutil.copytree(inproc_reference, run)
+    for step in (4, 8, 12):
+        _corrupt_arrays(run / "checkpoints" / str(step), "truncated")
+    r = subprocess.run([sys.executable, "-m", "nsa_jax.generate", "--checkpoint", str(run)],
+                       cwd=ROOT, env=cli_env(cache_dir), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-3000:]
+    assert r.stderr.startswith("error: ") and "no usable checkpoint" in r.stderr
 
 
 # ---- in-process: non-finite steps -----------------------------------------------------------

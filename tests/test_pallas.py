@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nsa_jax.nsa import NSAConfig, nsa_attention, select_blocks
+from nsa_jax.nsa import KernelChoices, NSAConfig, nsa_attention, select_blocks
 from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import BlockSizes, block_scores_pallas, select_blocks_pallas
 from nsa_jax.pallas.common import LN2
@@ -48,7 +48,7 @@ def _fwd_bwd(impl, args, cot, cfg, **kw):
 
 def _assert_parity(args, cot, cfg, **kw):
     out_p, g_p = _fwd_bwd("pallas", args, cot, cfg, **kw)
-    kw.pop("block_sizes", None)
+    kw.pop("block_sizes", None)  # tiles are pallas-only; choices are accepted (and ignored)
     out_r, g_r = _fwd_bwd("reference", args, cot, cfg, **kw)
     errs = {"out": _rel(out_p, out_r)}
     errs.update({n: _rel(a, b) for n, a, b in zip(NAMES, g_p, g_r)})
@@ -130,9 +130,9 @@ def test_parity_other_block_sizes():
     """Gather selection kernels with the atomic dK/dV, compressed dK/dV split over 3 query ranges
     (atomic adds, some ranges empty), smaller tiles and a wider scoring step."""
     args, cot = _inputs(6, 1, 75, 4, 2, TINY)
-    bs = BlockSizes(sel_impl="gather", sel_bwd="atomic", cmp_bwd_split=3, cmp_bwd_keys=16, cmp_keys=16,
-                    cmp_rows=32, score_sel=32, sel_keys=16)
-    _assert_parity(args, cot, TINY, block_sizes=bs)
+    bs = BlockSizes(cmp_bwd_keys=16, cmp_keys=16, cmp_rows=32, score_sel=32, sel_keys=16)
+    ch = KernelChoices(sel_impl="gather", sel_bwd="atomic", cmp_bwd_split=3)
+    _assert_parity(args, cot, TINY, block_sizes=bs, choices=ch)
 
 
 def test_parity_head_dims_not_powers_of_two():
@@ -195,8 +195,40 @@ def test_inverted_index_covers_every_selection_once():
     assert sorted(got) == sorted(want)
 
 
-@pytest.mark.parametrize("field,value", [("cmp_rows", 48), ("sel_keys", 8), ("sel_bwd", "x"),
-                                         ("score_dot", "bf16"), ("num_warps", 3)])
+@pytest.mark.parametrize("field,value", [("cmp_rows", 48), ("sel_keys", 8), ("num_warps", 3)])
 def test_block_sizes_reject_bad_values(field, value):
     with pytest.raises(ValueError, match=f"BlockSizes.{field}"):
         BlockSizes(**{field: value})
+
+
+@pytest.mark.parametrize("field,value", [("sel_bwd", "x"), ("score_dot", "bf16"),
+                                         ("sel_impl", "dense"), ("sel_tiled_max_t", -1),
+                                         ("cmp_bwd_split", 0)])
+def test_kernel_choices_reject_bad_values(field, value):
+    with pytest.raises(ValueError, match=f"kernel.{field}"):
+        KernelChoices(**{field: value})
+
+
+def test_f32_dot_choice_sets_every_float32_matmul_precision():
+    """KernelChoices.f32_dot, not jax_default_matmul_precision, sets the float32 dots on the GPU:
+    the Pallas dots (Triton input_precision ieee / tf32) and the window branch's XLA einsums;
+    bf16 operands and the CPU interpreter are unaffected."""
+    from jax import lax
+
+    from nsa_jax.pallas.common import dot_precision
+    from nsa_jax.pallas.window import window_attention
+    tf32 = KernelChoices(f32_dot="tf32")
+    assert dot_precision(jnp.float32, False) == lax.Precision.HIGHEST
+    assert dot_precision(jnp.float32, False, tf32) == lax.Precision.DEFAULT
+    assert dot_precision(jnp.bfloat16, False) is None
+    assert dot_precision(jnp.float32, True) is None
+    q = jnp.ones((1, 8, 2, 16), jnp.float32)
+    k = jnp.ones((1, 8, 1, 16), jnp.float32)
+    for ch, want in ((None, lax.Precision.HIGHEST), (tf32, lax.Precision.DEFAULT)):
+        with jax.default_matmul_precision("bfloat16"):
+            jaxpr = jax.make_jaxpr(lambda q, k: window_attention(q, k, k, TINY, True,
+                                                                 choices=ch))(q, k).jaxpr
+        precs = [e.params["precision"] for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+        assert precs == [(want, want)] * 2, precs
+    with pytest.raises(ValueError, match="kernel.f32_dot"):
+        KernelChoices(f32_dot="bf16")

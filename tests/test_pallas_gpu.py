@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nsa_jax.nsa import NSAConfig, nsa_attention
+from nsa_jax.nsa import KernelChoices, NSAConfig, nsa_attention
 from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import block_scores_pallas, select_blocks_pallas
 
@@ -120,3 +120,32 @@ def test_no_nan_at_64k():
         assert bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))), f"non-finite {name} at T={T}"
     scale = math.sqrt(float(jnp.mean(out.astype(jnp.float32) ** 2)))
     assert 0 < scale < 10
+
+
+# ---- float32 on the GPU: exact (IEEE) products, whatever the global matmul precision -----------
+@pytest.mark.parametrize("shape,T,sel_impl", [("125m", 1027, "gather"), ("125m", 1027, "tiled"),
+                                              ("bench", 2048, "auto")])
+def test_f32_matches_reference_whatever_the_global_precision(shape, T, sel_impl):
+    """float32 through impl="pallas" with KernelChoices(f32_dot="ieee") (the default), traced
+    under jax_default_matmul_precision="default" (tf32 for XLA on this GPU), against the float32
+    reference under "highest": output and all 8 input gradients within 2e-5 relative. The same
+    run with f32_dot="tf32" must differ by more (the switch reaches the dots) and stay <= 5e-3."""
+    Hq, G, D = SHAPES[shape]
+    args, cot = _inputs(T + 1, T, Hq, G, D, jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        idx = jax.jit(lambda q, kc: ref.select_blocks(q, kc, CFG))(args[0], args[1])
+        ro, rgrads = _reference_by_group(args, cot, idx, G)
+    errs = {}
+    for f32_dot in ("ieee", "tf32"):
+        ch = KernelChoices(sel_impl=sel_impl, f32_dot=f32_dot)
+        with jax.default_matmul_precision("default"):
+            out, grads = _pallas_fwd_bwd(args, cot, block_idx=idx, choices=ch)
+        e = {"out": _rel(out, ro)}
+        e.update({n: _rel(a, b) for n, a, b in zip(NAMES, grads, rgrads)})
+        errs[f32_dot] = e
+        print(shape, T, sel_impl, f32_dot, {k: f"{v:.2e}" for k, v in e.items()})
+    bad = {k: v for k, v in errs["ieee"].items() if not v <= 2e-5}
+    assert not bad, f"f32_dot=ieee: relative error above 2e-5: {bad}"
+    assert errs["tf32"]["out"] > 2e-5, "f32_dot=tf32 gave IEEE-exact output: switch not applied"
+    bad = {k: v for k, v in errs["tf32"].items() if not v <= 5e-3}
+    assert not bad, f"f32_dot=tf32: relative error above 5e-3: {bad}"

@@ -11,11 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nsa_jax.nsa import NSAConfig, nsa_attention
+from nsa_jax.nsa import KernelChoices, NSAConfig, nsa_attention
 from nsa_jax.nsa import reference as ref
-from nsa_jax.pallas import BlockSizes
+from nsa_jax.pallas import BlockSizes, selection_kernels
 from nsa_jax.pallas.common import LN2, use_interpret
-from nsa_jax.pallas.nsa import _sel_kernels
 from nsa_jax.pallas.selection import sel_backward, sel_forward
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward, tile_index
 from nsa_testutil import random_inputs
@@ -158,12 +157,12 @@ def _nsa_fwd_bwd(impl, args, cot, cfg, **kw):
     return run(args, cot)
 
 
-def _assert_nsa_parity(args, cot, cfg, bs, block_idx=None, kernel="nsa_sel_tiled_fwd"):
+def _assert_nsa_parity(args, cot, cfg, ch, bs=None, block_idx=None, kernel="nsa_sel_tiled_fwd"):
     kw = {} if block_idx is None else {"block_idx": block_idx}
     jaxpr = str(jax.make_jaxpr(lambda *a: nsa_attention(*a, cfg, impl="pallas", block_sizes=bs,
-                                                        **kw))(*args))
+                                                        choices=ch, **kw))(*args))
     assert kernel in jaxpr, f"{kernel} not called"
-    out_p, g_p = _nsa_fwd_bwd("pallas", args, cot, cfg, block_sizes=bs, **kw)
+    out_p, g_p = _nsa_fwd_bwd("pallas", args, cot, cfg, block_sizes=bs, choices=ch, **kw)
     out_r, g_r = _nsa_fwd_bwd("reference", args, cot, cfg, **kw)
     errs = {"out": _rel(out_p, out_r)}
     errs.update({n: _rel(a, b) for n, a, b in zip(NAMES, g_p, g_r)})
@@ -180,7 +179,8 @@ def _nsa_inputs(seed, B, T, h, G, cfg, D=16):
 def test_full_nsa_tiled_with_kernel_selection():
     """Selection by the fused scoring + top-n kernels, then the tiled selection kernels."""
     args, cot = _nsa_inputs(1, 2, 75, 2, 2, TINY)
-    _assert_nsa_parity(args, cot, TINY, BlockSizes(sel_impl="tiled", sel_tile_q=16))
+    _assert_nsa_parity(args, cot, TINY, KernelChoices(sel_impl="tiled"),
+                       BlockSizes(sel_tile_q=16))
 
 
 def test_full_nsa_tiled_with_given_block_idx():
@@ -189,26 +189,27 @@ def test_full_nsa_tiled_with_given_block_idx():
     B, T, h, G = 2, 70, 6, 1
     args, cot = _nsa_inputs(2, B, T, h, G, TINY)
     idx = _selection(np.random.default_rng(5), B, T, G, TINY)
-    _assert_nsa_parity(args, cot, TINY, BlockSizes(sel_impl="tiled"), block_idx=idx)
+    _assert_nsa_parity(args, cot, TINY, KernelChoices(sel_impl="tiled"), block_idx=idx)
 
 
 def test_full_nsa_gather_still_selectable():
     """sel_impl="gather" keeps the per-query kernels (auto would pick tiled at this T)."""
     args, cot = _nsa_inputs(3, 1, 75, 2, 2, TINY)
-    _assert_nsa_parity(args, cot, TINY, BlockSizes(sel_impl="gather"), kernel="nsa_sel_fwd")
+    _assert_nsa_parity(args, cot, TINY, KernelChoices(sel_impl="gather"), kernel="nsa_sel_fwd")
 
 
 def test_auto_dispatch_by_sequence_length():
     tiled, gather = (sel_tiled_forward, sel_tiled_backward), (sel_forward, sel_backward)
-    auto = BlockSizes(sel_impl="auto", sel_tiled_max_t=100)
-    assert _sel_kernels(auto, 100) == tiled
-    assert _sel_kernels(auto, 101) == gather
-    assert _sel_kernels(BlockSizes(sel_impl="gather"), 16) == gather
-    assert _sel_kernels(BlockSizes(sel_impl="tiled"), 1 << 20) == tiled
+    auto = KernelChoices(sel_impl="auto", sel_tiled_max_t=100)
+    assert selection_kernels(auto, 100) == tiled
+    assert selection_kernels(auto, 101) == gather
+    assert selection_kernels(None, 4096) == tiled  # the default threshold
+    assert selection_kernels(None, 4097) == gather
+    assert selection_kernels(KernelChoices(sel_impl="gather"), 16) == gather
+    assert selection_kernels(KernelChoices(sel_impl="tiled"), 1 << 20) == tiled
 
 
-@pytest.mark.parametrize("field,value", [("sel_impl", "dense"), ("sel_tile_q", 48),
-                                         ("sel_tile_q", 8), ("sel_tiled_max_t", -1)])
+@pytest.mark.parametrize("field,value", [("sel_tile_q", 48), ("sel_tile_q", 8)])
 def test_block_sizes_reject_bad_tiled_values(field, value):
     with pytest.raises(ValueError, match=f"BlockSizes.{field}"):
         BlockSizes(**{field: value})
@@ -242,7 +243,7 @@ def test_gpu_tiled_selection_bf16(T):
     args, cot, idx = _gpu_inputs(T, T)
     q, k, v = args[0], args[3], args[4]
     gs = args[7][..., 1].astype(jnp.float32)
-    bs = BlockSizes(sel_impl="tiled")
+    bs = BlockSizes()
     scale = 1.0 / math.sqrt(q.shape[-1])
 
     @jax.jit
@@ -275,7 +276,7 @@ def test_gpu_full_nsa_tiled_bf16(T):
     same block ids; output and all 8 input gradients, relative RMSE <= 5e-3."""
     args, cot, idx = _gpu_inputs(T + 7, T)
     out, grads = _nsa_fwd_bwd("pallas", args, cot, GPU_CFG, block_idx=idx,
-                              block_sizes=BlockSizes(sel_impl="tiled"))
+                              choices=KernelChoices(sel_impl="tiled"))
     assert out.dtype == jnp.bfloat16
     Hq, G, _ = SHAPE_125M
     h = Hq // G

@@ -48,7 +48,7 @@ out["shard_ok"] = bool(jnp.array_equal(y, xs * 2.0 + 1.0))
 
 def run(extra, devices):
     cfg = load_config("configs/tiny.yaml", SMALL + extra)
-    spec = ModelSpec(cfg.model, cfg.nsa, cfg.train.seed)
+    spec = ModelSpec(cfg.model, cfg.nsa, cfg.train.seed, cfg.exec)
     tx = make_optimizer(cfg.train)
     rows = np.random.default_rng(0).integers(0, 256, (3, 4, 65)).astype(np.int32)
     if devices == 1:
@@ -81,10 +81,10 @@ def run(extra, devices):
 
 LAYOUTS = {"data": ["mesh.data=2"], "fsdp": ["mesh.data=1", "mesh.fsdp=2"]}
 for impl, layouts in (("reference", ("data", "fsdp")), ("pallas", ("fsdp",))):
-    losses, norms, _ = run([f"model.nsa_impl={impl}"], 1)
+    losses, norms, _ = run([f"exec.nsa_impl={impl}"], 1)
     res = {"one": losses, "one_norm": norms}
     for name in layouts:
-        losses, norms, specs = run([f"model.nsa_impl={impl}", *LAYOUTS[name]], 2)
+        losses, norms, specs = run([f"exec.nsa_impl={impl}", *LAYOUTS[name]], 2)
         res[name], res[name + "_norm"], res[name + "_specs"] = losses, norms, specs
     out[impl] = res
 print("RESULT " + json.dumps(out))

@@ -263,7 +263,7 @@ def test_cli_subprocess_help_and_error(tmp_path, compile_cache):
 
 def test_profile_window():
     from nsa_jax.train.errors import TrainError
-    from nsa_jax.train.loop import profile_window
+    from nsa_jax.train.start import profile_window
 
     cfg = small_cfg("train.steps=100")
     assert profile_window(cfg, False, 0) is None

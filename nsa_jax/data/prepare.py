@@ -11,7 +11,6 @@ Bad input (ConfigError / DataError) prints one line ``error: ...`` and exits wit
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from typing import Iterator
@@ -23,6 +22,7 @@ from nsa_jax.data.errors import DataError
 from nsa_jax.data.shards import dtype_for_vocab, write_dataset
 from nsa_jax.data.text import doc_token_arrays
 from nsa_jax.data.tokenizer import get_tokenizer
+from nsa_jax.errors import EXIT_BAD_INPUT, EXIT_OK, OneLineParser, one_line, parse_args, report
 
 PLAIN_EVERY_S = 10.0
 
@@ -108,17 +108,19 @@ def prepare(cfg, out=None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m nsa_jax.data.prepare",
-                                 description="Pretokenize a text/hf source into token shards.")
+    ap = OneLineParser(prog="python -m nsa_jax.data.prepare",
+                       description="Pretokenize a text/hf source into token shards.")
     ap.add_argument("--config", required=True, help="YAML config (uses its data section)")
     ap.add_argument("overrides", nargs="*", help="section.key=value overrides")
-    args = ap.parse_args(argv)
+    ap.add_argument("--debug", action="store_true", help="show tracebacks with errors")
+    args, status = parse_args(ap, list(sys.argv[1:] if argv is None else argv))
+    if args is None:
+        return status
     try:
         prepare(load_config(args.config, args.overrides))
     except (ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return report(one_line(e), EXIT_BAD_INPUT, args.debug)
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -42,6 +42,22 @@ def compress(x: jax.Array, pos_emb: jax.Array, w1: jax.Array, b1: jax.Array, w2:
     return jnp.einsum("bcgH,HO->bcgO", h, w2.astype(dt)) + b2.astype(dt)
 
 
+def compress_block(x: jax.Array, pos_emb: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Array,
+                   b2: jax.Array, act=jax.nn.silu) -> jax.Array:
+    """φ of one block per batch row (Eq. 7 as written): x [B,l,G,D] -> [B,1,G,Dout].
+
+    The decoder's form: one [B*G, l*D] @ [l*D, H] matmul, nothing precomputed per step. The
+    position embedding is added in float32, then the block is rounded to x.dtype; equal to
+    :func:`compress` on the same block up to float rounding."""
+    B, l, G, D = x.shape
+    dt = x.dtype
+    blk = (x.astype(jnp.float32) + pos_emb.astype(jnp.float32)[None, :, None, :]).astype(dt)
+    flat = jnp.moveaxis(blk, 2, 1).reshape(B, G, l * D)
+    h = act(jnp.einsum("bgk,kh->bgh", flat, w1.astype(dt)) + b1.astype(dt))
+    out = jnp.einsum("bgh,ho->bgo", h, w2.astype(dt)) + b2.astype(dt)
+    return out[:, None]
+
+
 def compress_naive(x, pos_emb, w1, b1, w2, b2, cfg: NSAConfig, act=jax.nn.silu):
     """Literal Eq. 7 (gather each block, flatten, MLP). Used by the tests as a cross-check."""
     B, T, G, D = x.shape

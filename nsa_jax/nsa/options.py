@@ -11,6 +11,7 @@ import dataclasses
 SEL_IMPLS = ("auto", "gather", "tiled")
 SEL_BWDS = ("inverted", "atomic")
 SCORE_DOTS = ("ieee", "tf32x3")
+F32_DOTS = ("ieee", "tf32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,13 +23,21 @@ class KernelChoices:
     sel_bwd:            gather backward: "inverted" (block -> query index) or "atomic".
     cmp_bwd_split:      parts the query range of one compressed dK/dV tile is split into
                         (float32 atomic adds; 1 = plain stores).
-    score_dot:          GPU precision of the general scoring path's float32 dots.
+    score_dot:          GPU precision of the general scoring path's float32 dots (used when
+                        l'/d is not a power of two): "ieee" or "tf32x3" (three tf32 passes;
+                        measured 1.9x slower than ieee on an H200).
+    f32_dot:            GPU precision of every other matmul of the op on float32 inputs: "ieee"
+                        (exact float32 products, whatever ``jax_default_matmul_precision`` says:
+                        the Pallas dots and the window branch's XLA einsums) or "tf32" (tensor-
+                        core tf32, ~1e-3 relative; faster). bf16 inputs use bf16 tensor cores
+                        either way, and the CPU interpreter is exact either way.
     """
     sel_impl: str = "auto"
     sel_tiled_max_t: int = 4096
     sel_bwd: str = "inverted"
     cmp_bwd_split: int = 8
     score_dot: str = "ieee"
+    f32_dot: str = "ieee"
 
     def __post_init__(self):
         def fail(field, msg):
@@ -40,6 +49,8 @@ class KernelChoices:
             fail("sel_bwd", f"one of {list(SEL_BWDS)}, got {self.sel_bwd!r}")
         if self.score_dot not in SCORE_DOTS:
             fail("score_dot", f"one of {list(SCORE_DOTS)}, got {self.score_dot!r}")
+        if self.f32_dot not in F32_DOTS:
+            fail("f32_dot", f"one of {list(F32_DOTS)}, got {self.f32_dot!r}")
         if not isinstance(self.sel_tiled_max_t, int) or self.sel_tiled_max_t < 0:
             fail("sel_tiled_max_t", f"must be an integer >= 0, got {self.sel_tiled_max_t!r}")
         if not isinstance(self.cmp_bwd_split, int) or self.cmp_bwd_split < 1:

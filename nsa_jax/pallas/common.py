@@ -1,4 +1,5 @@
-"""Shared plumbing for the NSA Pallas kernels: backend choice, tile sizes, Triton API guards.
+"""Shared plumbing for the NSA Pallas kernels: backend choice, tile sizes, Triton API guards,
+and the tile math every attention kernel repeats (online softmax, P from the saved lse, dS).
 
 All kernels address their operands as whole-array refs and compute every index themselves
 (``ref[b, t, head, :]`` style), which lowers to the same pointer arithmetic under Pallas-Triton
@@ -17,8 +18,9 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+
+from nsa_jax.nsa.options import KernelChoices
 
 # jax 0.4.3x named it TritonCompilerParams; 0.5+ (incl. 0.10.x / 0.11.x) CompilerParams.
 _CompilerParams = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams")
@@ -26,6 +28,8 @@ _CompilerParams = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "Trit
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 MIN_DOT = 16  # smallest dot operand dimension Triton's tensor-core lowering accepts
+NEG_INF = float("-inf")  # masked logit; running max of a row that has seen no key
+POS_INF = float("inf")   # log-sum-exp of a row with no visible key (recomputed p = 0)
 
 
 def use_interpret() -> bool:
@@ -50,11 +54,16 @@ def dot(a, b, *, trans_a: bool = False, trans_b: bool = False, precision=None):
     return plgpu.dot(a, b, trans_a=trans_a, trans_b=trans_b, precision=precision)
 
 
-def dot_precision(dtype, interpret: bool):
-    """float32 operands on the GPU get IEEE dots (Triton's default would be tf32); bf16/f16
-    use the tensor cores' native precision; the CPU interpreter is exact either way."""
+def dot_precision(dtype, interpret: bool, choices: KernelChoices | None = None):
+    """Precision of a kernel's dots by operand dtype and ``choices.f32_dot``: float32 operands
+    on the GPU get IEEE dots ("ieee": HIGHEST -> Triton input_precision=ieee) or tf32
+    ("tf32": DEFAULT -> Triton tf32); bf16/f16 use the tensor cores' native precision (None
+    would follow ``jax_default_matmul_precision`` for float32, which is why it is never returned
+    for float32 on the GPU); the CPU interpreter is exact either way."""
     if interpret or jnp.dtype(dtype) != jnp.float32:
         return None
+    if choices_or_default(choices).f32_dot == "tf32":
+        return lax.Precision.DEFAULT
     return lax.Precision.HIGHEST
 
 
@@ -72,16 +81,72 @@ def idiv(a, b: int):
     return lax.div(a, jnp.int32(b))
 
 
-SCORE_DOTS = {"tf32x3": lax.DotAlgorithmPreset.TF32_TF32_F32_X3, "ieee": lax.Precision.HIGHEST}
+# ---- tile math shared by the attention kernels ------------------------------------------------
+# Logits are kept in base 2 (s * scale * log2(e)) so softmaxes use exp2 / log2.
+def softmax_init(rows: int, dv: int):
+    """Online-softmax state (running max m, running sum l, accumulator acc [rows, dv])."""
+    return (jnp.full((rows,), NEG_INF, jnp.float32), jnp.zeros((rows,), jnp.float32),
+            jnp.zeros((rows, dv), jnp.float32))
+
+
+def softmax_step(m, lsum, s):
+    """One online-softmax step (FlashAttention-2) over base-2 logits ``s`` [R, K], masked
+    entries -inf: -> (m_new, alpha, p, lsum_new). The caller rescales its accumulator by alpha
+    and adds p V. A row that has seen no key keeps m = -inf and gets p = 0 (no NaN)."""
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+    alpha = jnp.exp2(m - m_safe)
+    p = jnp.exp2(s - m_safe[:, None])
+    return m_new, alpha, p, lsum * alpha + jnp.sum(p, axis=1)
+
+
+def softmax_finish(m, lsum):
+    """-> (divisor for acc (1 where no key was seen), base-2 lse (+inf where none was))."""
+    has = lsum > 0
+    l_safe = jnp.where(has, lsum, 1.0)
+    return l_safe, jnp.where(has, m + jnp.log2(l_safe), POS_INF)
+
+
+def probs(s, mask, lse):
+    """P = exp2(s - lse) recomputed from the saved base-2 lse (backward passes); 0 where
+    ``mask`` (broadcast to s) is False or lse is +inf."""
+    return jnp.exp2(jnp.where(mask, s, NEG_INF) - lse[:, None])
+
+
+def dscores(p, do, v, gs, delta, prec):
+    """dS = P * (dP - delta) with dP = (dO V^T) * gs: the softmax backward of one tile.
+    ``gs`` [R] is the per-row output scale (branch gate) applied in float32 after the dot and
+    ``delta`` [R] = gs * rowsum(O * dO)."""
+    dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
+    return p * (dp - delta[:, None])
+
+
+def sel_sub_tiles(l_sel: int, sel_keys: int):
+    """Key sub-tile size BK and count for one selected block of l' keys (selection kernels)."""
+    bk = min(sel_keys, max(MIN_DOT, next_pow2(l_sel)))
+    return bk, cdiv(l_sel, bk)
+
+
+_SCORE_PRECISIONS = {"tf32x3": lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
+                     "ieee": lax.Precision.HIGHEST}  # by KernelChoices.score_dot
 
 
 def score_precision(name: str, interpret: bool):
-    return None if interpret else SCORE_DOTS[name]
+    return None if interpret else _SCORE_PRECISIONS[name]
+
+
+def choices_or_default(choices: KernelChoices | None) -> KernelChoices:
+    if choices is None:
+        return KernelChoices()
+    if not isinstance(choices, KernelChoices):
+        raise TypeError(f"choices must be a KernelChoices, got {type(choices).__name__}")
+    return choices
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-    """Tile sizes of the NSA kernels (all powers of two).
+    """Tile sizes and launch parameters of the NSA kernels (all tiles powers of two). Which
+    algorithm runs is a separate choice: ``nsa_jax.nsa.options.KernelChoices``.
 
     Rows of the compressed-attention and inverted selection-backward tiles are (query, head)
     pairs of one KV group: a tile holds ``rows // h`` queries times the group's h heads, so every
@@ -94,20 +159,8 @@ class BlockSizes:
     sel_keys:     keys per sub-tile of a selected block (l' is split or masked to this).
     sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
-    sel_bwd:      "inverted" (block -> query index, one atomic tile add per work item) or
-                  "atomic" (per-query programs atomically add every block's dK/dV); gather only.
-    sel_impl:     selection-attention kernels: "gather" (``selection.py``: one program per
-                  query gathers its n blocks; work ~T), "tiled" (``selection_tiled.py``:
-                  block-sparse flash attention over query tiles; work ~ the tiles' block
-                  unions, up to ~T^2) or "auto" (tiled when T <= sel_tiled_max_t).
-    sel_tiled_max_t: longest T for which "auto" picks the tiled kernels.
     sel_tile_q:   queries per tile of the tiled selection kernels (rows of one head).
     cmp_bwd_keys: compressed keys per tile in the compressed-attention backward (dQ and dK/dV).
-    cmp_bwd_split: parts the query range of one compressed dK/dV tile is split into (partial
-                  sums meet in float32 atomic adds; 1 = no split, plain stores).
-    score_dot:    GPU precision of the general scoring path's float32 dots (p @ W, head sum;
-                  used when l'/d is not a power of two): "ieee" or "tf32x3" (three tf32
-                  tensor-core passes; measured 1.9x slower than ieee on an H200).
     num_warps, num_stages: Triton launch parameters for the tile kernels; sel_warps and
                   sel_stages for the per-query selection kernels (16-row tiles); score_warps
                   for the scoring kernel.
@@ -118,13 +171,8 @@ class BlockSizes:
     sel_keys: int = 64
     sel_rows: int = 128
     sel_chunk: int = 1024
-    sel_bwd: str = "inverted"
-    sel_impl: str = "auto"
-    sel_tiled_max_t: int = 4096
     sel_tile_q: int = 64
     cmp_bwd_keys: int = 64
-    cmp_bwd_split: int = 8
-    score_dot: str = "ieee"
     num_warps: int = 4
     num_stages: int = 2
     sel_warps: int = 2
@@ -139,19 +187,6 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
-        if self.sel_bwd not in ("inverted", "atomic"):
-            raise ValueError(f"BlockSizes.sel_bwd: 'inverted' or 'atomic', got {self.sel_bwd!r}")
-        if self.sel_impl not in ("gather", "tiled", "auto"):
-            raise ValueError(f"BlockSizes.sel_impl: 'gather', 'tiled' or 'auto', "
-                             f"got {self.sel_impl!r}")
-        if self.sel_tiled_max_t < 0:
-            raise ValueError(f"BlockSizes.sel_tiled_max_t: must be >= 0, "
-                             f"got {self.sel_tiled_max_t}")
-        if self.score_dot not in SCORE_DOTS:
-            raise ValueError(f"BlockSizes.score_dot: one of {sorted(SCORE_DOTS)}, "
-                             f"got {self.score_dot!r}")
-        if self.cmp_bwd_split < 1:
-            raise ValueError(f"BlockSizes.cmp_bwd_split: must be >= 1, got {self.cmp_bwd_split}")
         for f in ("num_warps", "sel_warps", "score_warps"):
             v = getattr(self, f)
             if v not in (1, 2, 4, 8, 16):

@@ -15,8 +15,9 @@ Compressed block i covers tokens [i*d, i*d + l) and is visible to query t iff i*
   Output: scores [B,T,G,Ts] — no [B,T,Hq,Tc] probability tensor ever reaches memory;
 * backward: dQ per query tile and dK/dV per compressed-key tile (FlashAttention-2 style), from
   the saved lse and delta = rowsum(dO * O); the query range of a dK/dV tile can be split over
-  several programs whose partial sums meet in float32 atomic adds (``cmp_bwd_split``). A
-  cotangent on the returned lse is honoured (d lse / d s = p).
+  several programs whose partial sums meet in float32 atomic adds
+  (``KernelChoices.cmp_bwd_split``). A cotangent on the returned lse is honoured
+  (d lse / d s = p).
 """
 from __future__ import annotations
 
@@ -29,11 +30,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
-from nsa_jax.pallas.common import (LOG2E, MIN_DOT, BlockSizes, cdiv, compiler_params, dot,
-                                   dot_precision, idiv, load, next_pow2, score_precision, store)
-
-NEG_INF = float("-inf")
-POS_INF = float("inf")
+from nsa_jax.nsa.options import KernelChoices
+from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, cdiv,
+                                   choices_or_default, compiler_params, dot, dot_precision,
+                                   dscores, idiv, load,
+                                   next_pow2, probs, score_precision, softmax_finish,
+                                   softmax_init, softmax_step, store)
 
 
 def _tile_rows(h: int, bs: BlockSizes) -> int:
@@ -95,29 +97,22 @@ def _fwd_kernel(q_ref, k_ref, *refs, h, rows, bk, d, l, scale, prec, with_o):
         s = dot(q, k, trans_b=True, precision=prec) * c
         vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
         s = jnp.where(vis, s, NEG_INF)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-        alpha = jnp.exp2(m - m_safe)
-        p = jnp.exp2(s - m_safe[:, None])
-        lsum = lsum * alpha + jnp.sum(p, axis=1)
+        m, alpha, p, lsum = softmax_step(m, lsum, s)
         if with_o:
             v = load(v_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
-        return m_new, lsum, acc
+        return m, lsum, acc
 
-    init = (jnp.full((rows,), NEG_INF, jnp.float32), jnp.zeros((rows,), jnp.float32),
-            jnp.zeros((rows, Dv), jnp.float32))
-    m, lsum, acc = lax.fori_loop(0, idiv(n_vis + (bk - 1), bk), step, init)
-    has = lsum > 0
-    l_safe = jnp.where(has, lsum, 1.0)
-    lse = jnp.where(has, m + jnp.log2(l_safe), POS_INF)
+    m, lsum, acc = lax.fori_loop(0, idiv(n_vis + (bk - 1), bk), step, softmax_init(rows, Dv))
+    l_safe, lse = softmax_finish(m, lsum)
     t_st = jnp.where(ok, t, T)
     store(lse_ref.at[b, t_st, head], lse, ok)
     if with_o:
         _store_rows(o_ref, acc / l_safe[:, None], b, t, head, ok)
 
 
-def cmp_forward(q, kc, vc, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
+def cmp_forward(q, kc, vc, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool, *,
+                choices: KernelChoices | None = None):
     """-> (o float32 [B,T,Hq,Dv] or None when vc is None, lse2 float32 [B,T,Hq]); lse2 is the
     base-2 log-sum-exp of the scaled logits over visible blocks, +inf where none is visible."""
     B, T, Hq, Dk = q.shape
@@ -130,8 +125,8 @@ def cmp_forward(q, kc, vc, cfg: NSAConfig, bs: BlockSizes, scale: float, interpr
         o = jnp.zeros((B, T, Hq, Dv), jnp.float32) if with_o else None
         return o, jnp.full((B, T, Hq), POS_INF, jnp.float32)
     kern = functools.partial(_fwd_kernel, h=h, rows=rows, bk=bs.cmp_keys, d=cfg.stride_d,
-                             l=cfg.block_l, scale=scale, prec=dot_precision(q.dtype, interpret),
-                             with_o=with_o)
+                             l=cfg.block_l, scale=scale,
+                             prec=dot_precision(q.dtype, interpret, choices), with_o=with_o)
     lse_shape = jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)
     out_shape = [jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32), lse_shape] if with_o \
         else [lse_shape]
@@ -195,7 +190,7 @@ def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, hs, rows, S, r, step, bks
         k = load(k_ref.at[b, pl.ds(kt * step, bks), g, :], imask[:, None])
         s = dot(q, k, trans_b=True, precision=prec) * c
         vis = ok[:, None] & imask[None, :] & (ii[None, :] * d + (l - 1) <= t[:, None])
-        p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])  # p_cmp, Eq. 8
+        p = probs(s, vis, lse)  # p_cmp, Eq. 8
         first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
         if fast:
             pg = jnp.sum(p.reshape(bq, hs, bks), axis=1)  # [bq, step] summed over heads
@@ -227,9 +222,11 @@ def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, hs, rows, S, r, step, bks
     lax.fori_loop(n_steps + 1, n_tiles, zeros, None)
 
 
-def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
+def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool,
+                     *, choices: KernelChoices | None = None):
     """Group-shared selection-block importance [B,T,G,Ts] (Eq. 9-10) from the compressed
-    attention's lse; equals ``reference.block_scores(reference.cmp_probs(q, kc))``."""
+    attention's lse; equals ``reference.block_scores(reference.cmp_probs(q, kc))``. The general
+    path's float32 dots use ``choices.score_dot``."""
     B, T, Hq, Dk = q.shape
     Tc, G = kc.shape[1], kc.shape[2]
     Ts = cfg.num_sel_blocks(T)
@@ -248,8 +245,8 @@ def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, i
     kern = functools.partial(
         _score_kernel, h=h, hs=hs, rows=rows, S=S, r=r, step=step,
         bks=max(MIN_DOT, next_pow2(step)), d=cfg.stride_d, l=cfg.block_l, l_sel=cfg.sel_block,
-        scale=scale, prec=dot_precision(q.dtype, interpret),
-        sprec=score_precision(bs.score_dot, interpret), fast=fast)
+        scale=scale, prec=dot_precision(q.dtype, interpret, choices),
+        sprec=score_precision(choices_or_default(choices).score_dot, interpret), fast=fast)
     return pl.pallas_call(
         kern, grid=(cdiv(T, rows // hs), G, B),
         out_shape=jax.ShapeDtypeStruct((B, T, G, Ts), jnp.float32),
@@ -282,9 +279,8 @@ def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dq_r
         v = load(v_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
         s = dot(q, k, trans_b=True, precision=prec) * c
         vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
-        p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
-        dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
-        ds = p * (dp - delta[:, None])
+        p = probs(s, vis, lse)
+        ds = dscores(p, do, v, gs, delta, prec)
         return dq + dot(ds.astype(cdt), k, precision=prec)
 
     dq = lax.fori_loop(0, idiv(n_vis + (bk - 1), bk), step, jnp.zeros((rows, Dk), jnp.float32))
@@ -322,10 +318,9 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *re
         delta = load(delta_ref.at[b, t, head], ok)
         s = dot(q, k, trans_b=True, precision=prec) * c
         vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
-        p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
+        p = probs(s, vis, lse)
         dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-        dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
-        ds = p * (dp - delta[:, None])
+        ds = dscores(p, do, v, gs, delta, prec)
         dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
         return dk, dv
 
@@ -347,10 +342,11 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *re
 
 
 def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes, scale: float,
-                 interpret: bool):
+                 interpret: bool, *, choices: KernelChoices | None = None):
     """-> dq (float32), dk, dv (input dtypes) for output cotangent ``gs[..., None] * do`` and lse
     cotangent ``dlse`` (None = 0); ``gs`` [B,T,Hq] per-row float32 scale (None = 1), applied after
-    the dots so a bf16 ``do`` reaches them unrounded."""
+    the dots so a bf16 ``do`` reaches them unrounded. dK/dV tiles split their query range
+    ``choices.cmp_bwd_split`` ways."""
     B, T, Hq, Dk = q.shape
     Tc, G, Dv = kc.shape[1], kc.shape[2], vc.shape[-1]
     if Tc == 0:
@@ -363,7 +359,7 @@ def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes
     if dlse is not None:
         delta = delta - dlse.astype(jnp.float32) * LOG2E
     common = dict(h=h, rows=rows, d=cfg.stride_d, l=cfg.block_l, scale=scale,
-                  prec=dot_precision(q.dtype, interpret))
+                  prec=dot_precision(q.dtype, interpret, choices))
     cp = compiler_params(bs.num_warps, bs.num_stages)
     dq = pl.pallas_call(
         functools.partial(_bwd_dq_kernel, bk=bs.cmp_bwd_keys, **common),
@@ -371,7 +367,7 @@ def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32), compiler_params=cp,
         interpret=interpret, name="nsa_cmp_bwd_dq",
     )(q, kc, vc, do, gs, lse, delta)
-    bk, split = bs.cmp_bwd_keys, bs.cmp_bwd_split
+    bk, split = bs.cmp_bwd_keys, choices_or_default(choices).cmp_bwd_split
     n_kt = cdiv(Tc, bk)
     kern = functools.partial(_bwd_dkv_kernel, bk=bk, split=split, **common)
     if split == 1:

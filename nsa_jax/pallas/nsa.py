@@ -3,7 +3,7 @@
 Branches: compressed attention (``compressed``), block selection from the fused scores
 (``compressed.cmp_block_scores`` + ``topn.topn_pallas``), selected-block attention
 (``selection``) and the sliding window (``window``), gated and summed like the reference
-(``reference.combine``). Kernels run compiled on a GPU and through
+(``semantics.combine``). Kernels run compiled on a GPU and through
 the Pallas interpreter elsewhere (``jax.default_backend()``).
 """
 from __future__ import annotations
@@ -15,9 +15,11 @@ import math
 import jax
 import jax.numpy as jnp
 
-from nsa_jax.nsa import reference
+from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
-from nsa_jax.pallas.common import MIN_DOT, BlockSizes, next_pow2, use_interpret
+from nsa_jax.nsa.options import KernelChoices
+from nsa_jax.pallas.common import (MIN_DOT, BlockSizes, choices_or_default, next_pow2,
+                                   use_interpret)
 from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
 from nsa_jax.pallas.selection import sel_backward, sel_forward
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
@@ -44,7 +46,8 @@ def _block_sizes(q, G: int, block_sizes):
     return BlockSizes.for_shape(q.shape[2] // G, q.shape[-1])
 
 
-def block_scores_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None = None):
+def block_scores_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None = None, *,
+                        choices: KernelChoices | None = None):
     """Selection-block scores [B,T,G,Ts] (Eq. 9-10), computed without materialising p_cmp."""
     q = jax.lax.stop_gradient(q)
     k_cmp = jax.lax.stop_gradient(k_cmp)
@@ -54,19 +57,26 @@ def block_scores_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None
     Dkp, _ = _padded_dims(Dk, Dk)
     qp, kp = _pad_dim(q, Dkp), _pad_dim(k_cmp, Dkp)
     scale = 1.0 / math.sqrt(Dk)
-    _, lse = cmp_forward(qp, kp, None, cfg, bs, scale, interpret)
-    return cmp_block_scores(qp, kp, lse, cfg, bs, scale, interpret)
+    _, lse = cmp_forward(qp, kp, None, cfg, bs, scale, interpret, choices=choices)
+    return cmp_block_scores(qp, kp, lse, cfg, bs, scale, interpret, choices=choices)
 
 
-def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None = None):
-    """Selected block ids int32 [B,T,G,n_sel], ascending, -1 padded (== reference.select_blocks)."""
-    return topn_pallas(block_scores_pallas(q, k_cmp, cfg, block_sizes), cfg, use_interpret())
+def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None = None, *,
+                         choices: KernelChoices | None = None):
+    """Selected block ids int32 [B,T,G,n_sel], ascending, -1 padded (== the reference's
+    ``select_blocks``)."""
+    return topn_pallas(block_scores_pallas(q, k_cmp, cfg, block_sizes, choices=choices), cfg,
+                       use_interpret())
 
 
-def _sel_kernels(bs: BlockSizes, T: int):
-    """(forward, backward) of the selection branch by ``bs.sel_impl``: "auto" takes the tiled
-    (block-sparse flash) kernels up to ``bs.sel_tiled_max_t`` tokens, the gather ones above."""
-    tiled = bs.sel_impl == "tiled" or (bs.sel_impl == "auto" and T <= bs.sel_tiled_max_t)
+def selection_kernels(choices: KernelChoices | None, T: int):
+    """(forward, backward) of the selection branch by ``choices.sel_impl``: "auto" takes the
+    tiled (block-sparse flash) kernels up to ``choices.sel_tiled_max_t`` tokens, the gather ones
+    above. Both share one contract: ``fwd(q, k, v, idx, cfg, bs, scale, interpret) -> (o, lse)``
+    and ``bwd(q, k, v, idx, o, lse, do, gs, cfg, bs, scale, interpret, choices=) -> (dq, dk,
+    dv)``."""
+    ch = choices_or_default(choices)
+    tiled = ch.sel_impl == "tiled" or (ch.sel_impl == "auto" and T <= ch.sel_tiled_max_t)
     return (sel_tiled_forward, sel_tiled_backward) if tiled else (sel_forward, sel_backward)
 
 
@@ -74,22 +84,26 @@ def _sel_kernels(bs: BlockSizes, T: int):
 class _Static:
     cfg: NSAConfig
     bs: BlockSizes
+    choices: KernelChoices
     interpret: bool
     select: bool  # compute the selection (else block ids are an input)
 
 
 def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg: NSAConfig,
-                         block_idx=None, block_sizes: BlockSizes | None = None):
+                         block_idx=None, block_sizes: BlockSizes | None = None, *,
+                         choices: KernelChoices | None = None):
     """NSA attention output [B,T,Hq,Dv] in q's dtype; same contract as
     ``reference.nsa_attention_reference`` (``block_idx`` overrides the selection).
 
     One custom VJP spans the three branches and the gated sum (Eq. 5): the output cotangent
     reaches every kernel in its own dtype with the gate applied in float32 inside, and dQ is
-    summed over branches in float32 and rounded once.
+    summed over branches in float32 and rounded once. ``block_sizes``: tiles (None = by shape);
+    ``choices``: algorithms (None = ``KernelChoices()``).
     """
     B, T, _, _ = q.shape
     G = k_slc.shape[2]
-    st = _Static(cfg, _block_sizes(q, G, block_sizes), use_interpret(), block_idx is None)
+    st = _Static(cfg, _block_sizes(q, G, block_sizes), choices_or_default(choices),
+                 use_interpret(), block_idx is None)
     if block_idx is None:
         idx = jnp.zeros((B, T, G, 0), jnp.int32)  # placeholder; the forward selects
     else:
@@ -113,24 +127,25 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st: _Stati
     res = {}
     if "cmp" in br or ("slc" in br and st.select):
         vcp = _pad_dim(v_cmp, Dvp) if "cmp" in br else None
-        o_c, lse_c = cmp_forward(qp, kcp, vcp, cfg, bs, scale, interpret)
+        o_c, lse_c = cmp_forward(qp, kcp, vcp, cfg, bs, scale, interpret, choices=st.choices)
         if "cmp" in br:
             o_cmp = o_c[..., :Dv]
             res["cmp"] = (o_c, lse_c)
     if "slc" in br:
         if st.select:
-            idx = topn_pallas(cmp_block_scores(qp, kcp, lse_c, cfg, bs, scale, interpret), cfg,
-                              interpret)
-        sel_fwd = _sel_kernels(bs, q.shape[1])[0]
+            idx = topn_pallas(cmp_block_scores(qp, kcp, lse_c, cfg, bs, scale, interpret,
+                                               choices=st.choices), cfg, interpret)
+        sel_fwd = selection_kernels(st.choices, q.shape[1])[0]
         o_s, lse_s = sel_fwd(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, cfg, bs, scale,
-                             interpret)
+                             interpret, choices=st.choices)
         o_slc = o_s[..., :Dv]
         res["slc"] = (idx, o_s, lse_s)
     if "win" in br:
-        o_win, win_vjp = jax.vjp(lambda a, b, c: window_attention(a, b, c, cfg, interpret),
+        o_win, win_vjp = jax.vjp(lambda a, b, c: window_attention(a, b, c, cfg, interpret,
+                                                                  choices=st.choices),
                                  q, k_win, v_win)
         res["win"] = (o_win, win_vjp)
-    out = reference.combine(o_cmp, o_slc, o_win, gates, cfg, q.dtype)
+    out = semantics.combine(o_cmp, o_slc, o_win, gates, cfg, q.dtype)
     return out, (q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, res)
 
 
@@ -151,14 +166,15 @@ def _nsa_bwd(st: _Static, resid, dout):
         o_c, lse_c = res["cmp"]
         dgates[0] = jnp.sum(o_c[..., :Dv] * dout32, axis=-1)
         dq_c, dkc, dvc = cmp_backward(qp, _pad_dim(k_cmp, Dkp), _pad_dim(v_cmp, Dvp), o_c, lse_c,
-                                      dop, g[..., 0], None, cfg, bs, scale, interpret)
+                                      dop, g[..., 0], None, cfg, bs, scale, interpret,
+                                      choices=st.choices)
         dq = dq + dq_c
     if "slc" in res:
         idx, o_s, lse_s = res["slc"]
         dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
-        sel_bwd = _sel_kernels(bs, q.shape[1])[1]
+        sel_bwd = selection_kernels(st.choices, q.shape[1])[1]
         dq_s, dks, dvs = sel_bwd(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, o_s, lse_s,
-                                 dop, g[..., 1], cfg, bs, scale, interpret)
+                                 dop, g[..., 1], cfg, bs, scale, interpret, choices=st.choices)
         dq = dq + dq_s
     dq = dq[..., :Dk]
     if "win" in res:

@@ -7,7 +7,7 @@ s <= t. It writes o (float32) and the base-2 log-sum-exp per (t, head) for the b
 
 Backward: dQ comes from the same per-query program shape (recompute p from the saved lse,
 dS = P * (dO V^T - delta), dQ = dS K). dK/dV need the transpose: every key block receives
-gradient from the queries that selected it. Two ways are implemented (``BlockSizes.sel_bwd``):
+gradient from the queries that selected it. Two ways are implemented (``KernelChoices.sel_bwd``):
 
 * ``"atomic"``: the per-query dQ program also forms each selected block's dK/dV tile and
   atomically adds it to a float32 accumulator: n * l' * (Dk + Dv) atomic adds per (t, g).
@@ -37,11 +37,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
-from nsa_jax.pallas.common import (LOG2E, MIN_DOT, BlockSizes, cdiv, compiler_params, dot,
-                                   dot_precision, idiv, load, next_pow2, store)
-
-NEG_INF = float("-inf")
-POS_INF = float("inf")
+from nsa_jax.nsa.options import KernelChoices
+from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, cdiv,
+                                   compiler_params, dot, dot_precision, dscores, idiv, load,
+                                   choices_or_default, next_pow2, probs, sel_sub_tiles,
+                                   softmax_finish, softmax_init, softmax_step, store)
 
 
 def _head_rows(h: int):
@@ -50,9 +50,7 @@ def _head_rows(h: int):
 
 
 def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
-    """Key sub-tile size BK and count for one selected block of l' keys."""
-    bk = min(bs.sel_keys, max(MIN_DOT, next_pow2(cfg.sel_block)))
-    return bk, cdiv(cfg.sel_block, bk)
+    return sel_sub_tiles(cfg.sel_block, bs.sel_keys)
 
 
 # ---- forward ---------------------------------------------------------------------------------
@@ -80,28 +78,20 @@ def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, o_ref, lse_ref, *, h, n_sel, l_sel
             v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
             s = dot(q, k, trans_b=True, precision=prec) * c
             s = jnp.where(kmask[None, :], s, NEG_INF)
-            m_new = jnp.maximum(m, jnp.max(s, axis=1))
-            m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-            alpha = jnp.exp2(m - m_safe)
-            p = jnp.exp2(s - m_safe[:, None])
-            l = l * alpha + jnp.sum(p, axis=1)
+            m, alpha, p, l = softmax_step(m, l, s)
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
-            m = m_new
         return m, l, acc
 
-    init = (jnp.full((hp,), NEG_INF, jnp.float32), jnp.zeros((hp,), jnp.float32),
-            jnp.zeros((hp, Dv), jnp.float32))
-    m, l, acc = lax.fori_loop(0, n_sel, block, init)
-    has = l > 0
-    l_safe = jnp.where(has, l, 1.0)
+    m, l, acc = lax.fori_loop(0, n_sel, block, softmax_init(hp, Dv))
+    l_safe, lse = softmax_finish(m, l)
     o = acc / l_safe[:, None]
-    lse = jnp.where(has, m + jnp.log2(l_safe), POS_INF)
     head_st = jnp.where(row_ok, head, o_ref.shape[2])  # masked rows -> out of bounds
     store(o_ref.at[b, t, head_st[:, None], dv_[None, :]], o, row_ok[:, None])
     store(lse_ref.at[b, t, head_st], lse, row_ok)
 
 
-def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
+def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool, *,
+                choices: KernelChoices | None = None):
     """-> o float32 [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of scaled logits,
     +inf for a row with no visible key)."""
     B, T, Hq, Dk = q.shape
@@ -110,7 +100,7 @@ def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, inte
     bk, n_sub = _sub_tiles(cfg, bs)
     kernel = functools.partial(_fwd_kernel, h=h, n_sel=idx.shape[-1], l_sel=cfg.sel_block,
                                bk=bk, n_sub=n_sub, scale=scale,
-                               prec=dot_precision(q.dtype, interpret))
+                               prec=dot_precision(q.dtype, interpret, choices))
     return pl.pallas_call(
         kernel, grid=(T, G, B),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
@@ -152,9 +142,8 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
             k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
             v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
             s = dot(q, k, trans_b=True, precision=prec) * c
-            p = jnp.exp2(jnp.where(kmask[None, :], s, NEG_INF) - lse[:, None])
-            dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
-            ds = p * (dp - delta[:, None])
+            p = probs(s, kmask[None, :], lse)
+            ds = dscores(p, do, v, gs, delta, prec)
             dq = dq + dot(ds.astype(cdt), k, precision=prec)
             if atomic:
                 dv_t = dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
@@ -207,10 +196,9 @@ def _bwd_kv_kernel(meta_ref, qt_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
             delta = load(delta_ref.at[b, t_safe, head], row_ok)
             s = dot(q, k, trans_b=True, precision=prec) * c
             mask = row_ok[:, None] & kvalid[None, :] & (kpos[None, :] <= t_safe[:, None])
-            p = jnp.exp2(jnp.where(mask, s, NEG_INF) - lse[:, None])
+            p = probs(s, mask, lse)
             dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-            dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
-            ds = p * (dp - delta[:, None])
+            ds = dscores(p, do, v, gs, delta, prec)
             dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
             return dk, dv
 
@@ -258,8 +246,9 @@ def inverted_index(idx, T: int, Ts: int, chunk: int):
 
 
 def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, scale: float,
-                 interpret: bool):
-    """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``.
+                 interpret: bool, *, choices: KernelChoices | None = None):
+    """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
+    dK/dV by ``choices.sel_bwd`` ("inverted" or "atomic").
 
     ``do`` [B,T,Hq,Dv] is the cotangent as it arrives (bf16 stays bf16: it feeds the dots
     unrounded) and ``gs`` [B,T,Hq] float32 a per-row scale (the branch gate; None = 1) applied in
@@ -270,7 +259,7 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     h = Hq // G
     n = idx.shape[-1]
     bk, n_sub = _sub_tiles(cfg, bs)
-    prec = dot_precision(q.dtype, interpret)
+    prec = dot_precision(q.dtype, interpret, choices)
     Ts = cfg.num_sel_blocks(T)
     T_acc = Ts * cfg.sel_block + bk  # every atomic tile [j*l' + sub*bk, +bk) stays in bounds
     if gs is None:
@@ -278,7 +267,7 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     gs = gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
-    atomic = bs.sel_bwd == "atomic"
+    atomic = choices_or_default(choices).sel_bwd == "atomic"
     common = dict(h=h, n_sel=n, l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale, prec=prec)
     dq_shape = jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32)
     if atomic:

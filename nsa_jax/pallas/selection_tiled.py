@@ -30,7 +30,7 @@ differ. At short T most visible blocks are selected anyway (with n = 16, l' = 64
 t < 1024 selects all of its blocks) and the tiled kernels do near-dense causal work at full
 tensor-core tile height with each K/V tile read once per (tile, head) instead of once per query;
 at long T the union approaches all visible blocks (random-like selections) and the work grows
-~T^2 while the gather kernels grow ~T. ``nsa.py`` picks between them (``BlockSizes.sel_impl``).
+~T^2 while the gather kernels grow ~T. ``nsa.py`` picks between them (``KernelChoices.sel_impl``).
 """
 from __future__ import annotations
 
@@ -42,17 +42,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
-from nsa_jax.pallas.common import (LOG2E, MIN_DOT, BlockSizes, cdiv, compiler_params, dot,
-                                   dot_precision, idiv, load, next_pow2, store)
-
-NEG_INF = float("-inf")
-POS_INF = float("inf")
+from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, cdiv, compiler_params,
+                                   dot, dot_precision, dscores, idiv, load, next_pow2, probs,
+                                   sel_sub_tiles, softmax_finish, softmax_init, softmax_step,
+                                   store)
 
 
 def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
-    """Key sub-tile size BK and count for one selected block of l' keys."""
-    bk = min(bs.sel_keys, max(MIN_DOT, next_pow2(cfg.sel_block)))
-    return bk, cdiv(cfg.sel_block, bk)
+    return sel_sub_tiles(cfg.sel_block, bs.sel_keys)
 
 
 def tile_index(idx, T: int, cfg: NSAConfig, bq: int):
@@ -137,21 +134,12 @@ def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, o_ref, lse
             s = dot(q, k, trans_b=True, precision=prec) * c
             vis = member[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
             s = jnp.where(vis, s, NEG_INF)
-            m_new = jnp.maximum(m, jnp.max(s, axis=1))
-            m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-            alpha = jnp.exp2(m - m_safe)
-            p = jnp.exp2(s - m_safe[:, None])
-            lsum = lsum * alpha + jnp.sum(p, axis=1)
+            m, alpha, p, lsum = softmax_step(m, lsum, s)
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
-            m = m_new
         return m, lsum, acc
 
-    init = (jnp.full((bq,), NEG_INF, jnp.float32), jnp.zeros((bq,), jnp.float32),
-            jnp.zeros((bq, Dv), jnp.float32))
-    m, lsum, acc = lax.fori_loop(0, bcount_ref[b, g, qt], block, init)
-    has = lsum > 0
-    l_safe = jnp.where(has, lsum, 1.0)
-    lse = jnp.where(has, m + jnp.log2(l_safe), POS_INF)
+    m, lsum, acc = lax.fori_loop(0, bcount_ref[b, g, qt], block, softmax_init(bq, Dv))
+    l_safe, lse = softmax_finish(m, lsum)
     t_st = jnp.where(ok, t, T)  # masked rows -> out of bounds (dropped)
     dv_ = jnp.arange(Dv)
     store(o_ref.at[b, t_st[:, None], hd, dv_[None, :]], acc / l_safe[:, None], ok[:, None])
@@ -159,16 +147,18 @@ def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, o_ref, lse
 
 
 def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float,
-                      interpret: bool):
+                      interpret: bool, *, choices=None):
     """-> o float32 [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of scaled logits,
-    +inf for a row with no visible key); same as ``selection.sel_forward``."""
+    +inf for a row with no visible key); same as ``selection.sel_forward`` (``choices``:
+    ``KernelChoices``, None = defaults)."""
     B, T, Hq, _ = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     bq = bs.sel_tile_q
     bk, n_sub = _sub_tiles(cfg, bs)
     blocks, bcount, _, _ = tile_index(idx, T, cfg, bq)
     kern = functools.partial(_fwd_kernel, h=Hq // G, bq=bq, l_sel=cfg.sel_block, bk=bk,
-                             n_sub=n_sub, scale=scale, prec=dot_precision(q.dtype, interpret))
+                             n_sub=n_sub, scale=scale,
+                             prec=dot_precision(q.dtype, interpret, choices))
     return pl.pallas_call(
         kern, grid=(Hq, B, cdiv(T, bq)),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
@@ -207,9 +197,8 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
             v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
             s = dot(q, k, trans_b=True, precision=prec) * c
             vis = member[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
-            p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
-            dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
-            ds = p * (dp - delta[:, None])
+            p = probs(s, vis, lse)
+            ds = dscores(p, do, v, gs, delta, prec)
             dq = dq + dot(ds.astype(cdt), k, precision=prec)
         return dq
 
@@ -254,10 +243,9 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
                 lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
                 delta = load(delta_ref.at[b, rows, hd], ok)
                 s = dot(q, k, trans_b=True, precision=prec) * c
-                p = jnp.exp2(jnp.where(vis, s, NEG_INF) - lse[:, None])
+                p = probs(s, vis, lse)
                 dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-                dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
-                ds = p * (dp - delta[:, None])
+                ds = dscores(p, do, v, gs, delta, prec)
                 dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
                 return dk, dv
 
@@ -270,19 +258,21 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
         store(dv_ref.at[b, k_st[:, None], g, dv_[None, :]], dv, kvalid[:, None])
 
 
-def _bwd_common(q, k, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool):
+def _bwd_common(q, k, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool,
+                choices=None):
     bk, n_sub = _sub_tiles(cfg, bs)
     return dict(h=q.shape[2] // k.shape[2], bq=bs.sel_tile_q, l_sel=cfg.sel_block, bk=bk,
-                n_sub=n_sub, scale=scale, prec=dot_precision(q.dtype, interpret))
+                n_sub=n_sub, scale=scale, prec=dot_precision(q.dtype, interpret, choices))
 
 
 def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAConfig,
-                     bs: BlockSizes, scale: float, interpret: bool):
+                     bs: BlockSizes, scale: float, interpret: bool, *, choices=None):
     """dQ float32 [B,T,Hq,Dk] (kernel ``nsa_sel_tiled_bwd_dq``) from ``tile_index``'s per-tile
     lists, float32 ``gs`` and ``delta = gs * rowsum(o * do)``."""
     B, T, Hq, Dk = q.shape
     return pl.pallas_call(
-        functools.partial(_bwd_dq_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret)),
+        functools.partial(_bwd_dq_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret,
+                                                                 choices)),
         grid=(Hq, B, cdiv(T, bs.sel_tile_q)),
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
@@ -291,13 +281,14 @@ def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAC
 
 
 def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAConfig,
-                      bs: BlockSizes, scale: float, interpret: bool):
+                      bs: BlockSizes, scale: float, interpret: bool, *, choices=None):
     """dK, dV float32 [B,T,G,D] (kernel ``nsa_sel_tiled_bwd_dkv``) from ``tile_index``'s
     per-block tile lists; other arguments as ``sel_tiled_bwd_dq``."""
     B, T, G, Dk = k.shape
     Dv = v.shape[-1]
     return pl.pallas_call(
-        functools.partial(_bwd_dkv_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret)),
+        functools.partial(_bwd_dkv_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret,
+                                                                 choices)),
         grid=(G, B, cfg.num_sel_blocks(T)),
         out_shape=[jax.ShapeDtypeStruct((B, T, G, Dk), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, G, Dv), jnp.float32)],
@@ -307,15 +298,15 @@ def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAC
 
 
 def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,
-                       scale: float, interpret: bool):
+                       scale: float, interpret: bool, *, choices=None):
     """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
     same contract as ``selection.sel_backward`` (``do`` in its own dtype, ``gs`` [B,T,Hq] float32
-    per-row scale, None = 1)."""
+    per-row scale, None = 1); ``choices.f32_dot`` sets float32 dot precision."""
     B, T, Hq, _ = q.shape
     gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
     blocks, bcount, tiles, tcount = tile_index(idx, T, cfg, bs.sel_tile_q)
     args = (do, gs, lse, delta, cfg, bs, scale, interpret)
-    dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, *args)
-    dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args)
+    dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, *args, choices=choices)
+    dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args, choices=choices)
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)

@@ -1,15 +1,17 @@
 """Top-n block selection with forced blocks (NSA §3.3.2, Eq. 11): a Pallas kernel.
 
-Same result as ``reference.topn_from_scores``: block j is a candidate for query t iff
-j*l' <= t; the first ``n_init`` and the ``n_local`` most recent candidates are forced (they count
-within n); the remaining slots take the highest scores, ties to the lower index; ids come out
-ascending with -1 in unused slots.
+Same result as ``semantics.topn_from_scores`` at t = the row's position: block j is a
+candidate for query t iff j*l' <= t; the first ``n_init`` and the ``n_local`` most recent
+candidates are forced (they count within n); the remaining slots take the highest scores, ties
+to the lower index; ids come out ascending with -1 in unused slots.
 
 One program takes a few (b, t, g) rows of the score tensor and runs n rounds of
 "take the row maximum (lowest index among equals), mask it out" over the whole row, with forced
 blocks at +inf and non-candidates at -inf. The chosen set is then written in ascending order
-through a prefix count (rank of each chosen block). Measured on an H200 at T=65536, G=4
-(Ts=1024): 3.7 ms, against 26.0 ms for ``reference.topn_from_scores`` (``lax.top_k``) under jit.
+through a prefix count (rank of each chosen block). Rows longer than ``MAX_ROW`` (Ts padded;
+T > ~1M tokens at l' = 64) do not fit one program and go through ``semantics.topn_from_scores``
+(``lax.top_k``, same result). Measured on an H200 at T=65536, G=4
+(Ts=1024): 3.7 ms, against 26.0 ms for ``semantics.topn_from_scores`` (``lax.top_k``) under jit.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from nsa_jax.nsa import reference
+from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import compiler_params, idiv, load, next_pow2, store
 
@@ -63,11 +65,11 @@ def _topn_kernel(sc_ref, ids_ref, *, rows, tsp, T, G, k, n_sel, n_init, n_local,
 
 
 def topn_pallas(scores, cfg: NSAConfig, interpret: bool):
-    """scores [B,T,G,Ts] -> int32 [B,T,G,n_sel] (== ``reference.topn_from_scores``)."""
+    """scores [B,T,G,Ts] -> int32 [B,T,G,n_sel] (== ``semantics.topn_from_scores``)."""
     B, T, G, Ts = scores.shape
     tsp = next_pow2(Ts)
     if tsp > MAX_ROW:
-        return reference.topn_from_scores(scores, cfg)
+        return semantics.topn_from_scores(scores, jnp.arange(T)[None, :, None], cfg)
     rows = max(1, min(64, ROW_ELEMS // tsp))
     N = B * T * G
     kern = functools.partial(_topn_kernel, rows=rows, tsp=tsp, T=T, G=G, k=min(cfg.n_sel, Ts),

@@ -3,7 +3,9 @@
 On a GPU with bf16/fp16 inputs this is cuDNN's fused attention with a local window
 (``jax.nn.dot_product_attention(is_causal=True, local_window_size=(w - 1, 0),
 implementation="cudnn")``), which skips the tiles outside the band in forward and backward.
-Elsewhere (CPU, float32) it is the reference's masked attention.
+Elsewhere (CPU, float32) it is masked attention in XLA over ``semantics.window_visible``, with
+its matmuls at the precision ``KernelChoices.f32_dot`` names (IEEE by default, so float32 runs
+on a GPU do not silently drop to tf32).
 """
 from __future__ import annotations
 
@@ -11,9 +13,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
-from nsa_jax.nsa import reference
+from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
+from nsa_jax.nsa.options import KernelChoices
+from nsa_jax.pallas.common import choices_or_default
 
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -23,7 +28,28 @@ def uses_cudnn(q, v, interpret: bool) -> bool:
         and q.shape[-1] % 8 == 0 and v.shape[-1] == q.shape[-1]
 
 
-def window_attention(q, k, v, cfg: NSAConfig, interpret: bool):
+def xla_precision(choices: KernelChoices | None):
+    """XLA matmul precision of the window branch's float32 einsums by ``choices.f32_dot``."""
+    return lax.Precision.DEFAULT if choices_or_default(choices).f32_dot == "tf32" \
+        else lax.Precision.HIGHEST
+
+
+def _masked_window(q, k, v, cfg: NSAConfig, precision):
+    """Masked softmax attention over the window (float32), O(T^2) memory."""
+    B, T, Hq, Dk = q.shape
+    G = k.shape[2]
+    qg = q.reshape(B, T, G, Hq // G, Dk).astype(jnp.float32)
+    s = jnp.einsum("btghd,bsgd->btghs", qg, k.astype(jnp.float32),
+                   precision=precision) * (1.0 / math.sqrt(Dk))
+    t = jnp.arange(T)
+    vis = semantics.window_visible(t[:, None], t[None, :], cfg.window)[None, :, None, None, :]
+    p = semantics.masked_softmax(s, vis)
+    o = jnp.einsum("btghs,bsgd->btghd", p, v.astype(jnp.float32), precision=precision)
+    return o.reshape(B, T, Hq, v.shape[-1])
+
+
+def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
+                     choices: KernelChoices | None = None):
     """q [B,T,Hq,D], k/v [B,T,G,D] -> o float32 [B,T,Hq,Dv]."""
     if uses_cudnn(q, v, interpret):
         T = q.shape[1]
@@ -38,4 +64,4 @@ def window_attention(q, k, v, cfg: NSAConfig, interpret: bool):
             q, k, v, is_causal=True, scale=1.0 / math.sqrt(q.shape[-1]),
             local_window_size=(cfg.window - 1, 0), implementation="cudnn")
         return o[:, :T].astype(jnp.float32)
-    return reference.window_attention(q, k, v, cfg)
+    return _masked_window(q, k, v, cfg, xla_precision(choices))

@@ -15,14 +15,14 @@ exit statuses).
 """
 from __future__ import annotations
 
-__all__ = ["load_for_inference", "train", "CheckpointError", "CorruptCheckpoint", "DataFailed",
+__all__ = ["load_for_inference", "restore_for_inference", "train", "CheckpointError", "CorruptCheckpoint", "DataFailed",
            "TrainError", "TrainingFailed", "WriteFailed"]
 
 
 def __getattr__(name):  # keep `python -m nsa_jax.train --help` free of jax imports
-    if name == "load_for_inference":
-        from nsa_jax.train.checkpoint import load_for_inference
-        return load_for_inference
+    if name in ("load_for_inference", "restore_for_inference"):
+        from nsa_jax.train import inference
+        return getattr(inference, name)
     if name == "train":
         from nsa_jax.train.loop import train
         return train

@@ -14,35 +14,28 @@ save is never listed; the next writer removes it). The manager keeps the newest
 ``train.ckpt_keep``; older ones are deleted only after a newer one is complete. A write that
 fails (e.g. a full disk) raises :class:`WriteFailed` at the next save or wait.
 
-Restoring checks shapes and checksums. :func:`newest_usable` walks from the newest step down: a
-checkpoint that cannot be read back intact (:class:`CorruptCheckpoint`) is named in a warning and
-the previous one is tried; :func:`quarantine` then moves the bad ones out of the way.
-:func:`load_for_inference` restores the newest usable ``params`` into a fresh ``NSALM``.
+Restoring checks shapes and checksums; a checkpoint that cannot be read back intact raises
+:class:`CorruptCheckpoint` (one line, the innermost reason). Choosing among checkpoints (fall
+back past corrupt ones, move them aside, the config check) is :mod:`nsa_jax.train.recovery`;
+restoring weights for generation is :mod:`nsa_jax.train.inference` (``load_for_inference`` is
+also importable from here).
 """
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
-import sys
 from pathlib import Path
-from typing import Callable, TypeVar
 
 import jax
 import orbax.checkpoint as ocp
-import yaml
 
-from nsa_jax.config import Config, ConfigError, load_config
+from nsa_jax.errors import quiet_orbax_reads, root_reason, warn  # noqa: F401 (warn: re-export)
 from nsa_jax.train.checksum import checksums, first_mismatch
 from nsa_jax.train.errors import CheckpointError, CorruptCheckpoint, WriteFailed
-from nsa_jax.train.files import os_reason
 from nsa_jax.train.optim import path_str
 
-T = TypeVar("T")
-
 ITEMS = ("params", "train", "meta")
-# Keys that choose how the same function is computed; a checkpoint may resume under others.
-EXECUTION_ONLY_KEYS = frozenset({"model.nsa_impl", "model.dense_impl", "model.remat"})
-_MISSING = "<missing>"
 
 
 def checkpoint_dir(run_dir) -> Path:
@@ -66,20 +59,11 @@ def _absl_quiet(enabled: bool):
         log.setLevel(level)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
-
-
-def _root_reason(e: BaseException) -> str:
-    """The OSError's reason (e.g. ``No space left on device``) if one is in the chain."""
-    seen, cur = set(), e
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if isinstance(cur, OSError) and cur.strerror:
-            return os_reason(cur)
-        cur = cur.__cause__ or cur.__context__
-    return _first_line(e)
+def _reason(e: BaseException) -> str:
+    """The innermost cause of a failed orbax call, short; the tasks orbax left behind for it
+    are collected now, while their noise is filtered (:func:`quiet_orbax_reads`)."""
+    gc.collect()
+    return root_reason(e)
 
 
 def _train_item(state) -> dict:
@@ -87,16 +71,11 @@ def _train_item(state) -> dict:
             "bad_steps": state.bad_steps, "skipped": state.skipped}
 
 
-def warn(msg: str) -> None:
-    """One ``warning: ...`` line on stderr."""
-    sys.stderr.write(f"warning: {msg}\n")
-    sys.stderr.flush()
-
-
 class Checkpointer:
     """Thin wrapper over ``ocp.CheckpointManager`` with the three items above."""
 
     def __init__(self, directory, keep: int | None = None, read_only: bool = False):
+        quiet_orbax_reads()
         self.dir = Path(directory).absolute()
         opts = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=not read_only, read_only=read_only,
@@ -107,7 +86,7 @@ class Checkpointer:
                 self.mgr = ocp.CheckpointManager(self.dir, item_handlers=_handlers(),
                                                  options=opts)
         except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"{self.dir}: cannot open checkpoints ({_first_line(e)})") from None
+            raise CheckpointError(f"{self.dir}: cannot open checkpoints ({_reason(e)})") from None
         self._pending: int | None = None
 
     def steps(self) -> list[int]:
@@ -138,9 +117,7 @@ class Checkpointer:
         self._pending = step
 
     def _write_failed(self, step: int, e: BaseException) -> WriteFailed:
-        reason = _root_reason(e)
-        if len(reason) > 200:
-            reason = reason[:200] + "..."
+        reason = root_reason(e)
         return WriteFailed(f"checkpoint step {step}: cannot write {self.step_dir(step)} "
                            f"({reason})")
 
@@ -162,7 +139,7 @@ class Checkpointer:
             meta = self.mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
         except Exception as e:  # noqa: BLE001
             raise CorruptCheckpoint(f"{self.step_dir(step)}: unreadable checkpoint "
-                                    f"({_first_line(e)})") from None
+                                    f"({_reason(e)})") from None
         if not isinstance(meta, dict) or "step" not in meta:
             raise CorruptCheckpoint(f"{self.step_dir(step)}/meta: not a checkpoint of this "
                                     f"trainer")
@@ -186,7 +163,7 @@ class Checkpointer:
             md = self.mgr.item_metadata(step)[item]
         except Exception as e:  # noqa: BLE001
             raise CorruptCheckpoint(f"{self.step_dir(step)}/{item}: unreadable checkpoint "
-                                    f"({_first_line(e)})") from None
+                                    f"({_reason(e)})") from None
         if md is None:
             raise CorruptCheckpoint(f"{self.step_dir(step)}/{item}: missing from the "
                                     f"checkpoint")
@@ -217,7 +194,7 @@ class Checkpointer:
                 params=ocp.args.StandardRestore(abstract_params))).params
         except Exception as e:  # noqa: BLE001
             raise CorruptCheckpoint(f"{self.step_dir(step)}/params: cannot restore "
-                                    f"({_first_line(e)})") from None
+                                    f"({_reason(e)})") from None
         self._verify(step, "params", meta, params)
         return params
 
@@ -235,7 +212,7 @@ class Checkpointer:
                 train=ocp.args.StandardRestore(train_abs)))
         except Exception as e:  # noqa: BLE001
             raise CorruptCheckpoint(f"{self.step_dir(step)}: cannot restore "
-                                    f"({_first_line(e)})") from None
+                                    f"({_reason(e)})") from None
         self._verify(step, "params", meta, r.params)
         self._verify(step, "train", meta, r.train)
         t = r.train
@@ -243,143 +220,10 @@ class Checkpointer:
                           bad_steps=t["bad_steps"], skipped=t["skipped"])
 
 
-# ---- choosing a checkpoint -----------------------------------------------------------------
-def newest_usable(ck: Checkpointer, load: Callable[[int], T], steps: list[int] | None = None,
-                  say: Callable[[str], None] = warn) -> tuple[int, T, list[int]]:
-    """``(step, load(step), bad_steps)`` for the newest step whose ``load`` succeeds.
-
-    A :class:`CorruptCheckpoint` is reported through ``say`` (naming the bad step directory)
-    and the next older step is tried; any other error propagates. Raises
-    :class:`CheckpointError` (one line, no warnings) when no step loads."""
-    steps = sorted(ck.steps() if steps is None else steps)
-    bad, first, notes = [], None, []
-    for step in reversed(steps):
-        try:
-            result = load(step)
-        except CorruptCheckpoint as e:
-            bad.append(step)
-            first = first or e
-            older = [s for s in steps if s < step]
-            notes.append(f"{e}; " + (f"falling back to step {older[-1]}" if older
-                                     else "no older checkpoint to fall back to"))
-            continue
-        for note in notes:
-            say(note)
-        return step, result, bad
-    if first is None:
-        raise CheckpointError(f"{ck.dir}: no checkpoint")
-    more = f"; the {len(bad) - 1} older one(s) are unusable too" if len(bad) > 1 else ""
-    raise CheckpointError(f"{ck.dir}: no usable checkpoint: {first}{more}")
 
 
-def quarantine(ck_dir, steps: list[int], run_dir) -> list[Path]:
-    """Move the step directories ``steps`` to ``<run_dir>/corrupt_checkpoints/`` (kept for
-    inspection, out of the manager's way). Returns the new paths."""
-    out = []
-    dest_root = Path(run_dir) / "corrupt_checkpoints"
-    for step in steps:
-        src = Path(ck_dir) / str(step)
-        if not src.exists():
-            continue
-        dest_root.mkdir(exist_ok=True)
-        dest, i = dest_root / str(step), 1
-        while dest.exists():
-            i += 1
-            dest = dest_root / f"{step}-{i}"
-        src.rename(dest)
-        out.append(dest)
-    return out
-
-
-# ---- config compatibility ------------------------------------------------------------------
-def _norm(v):
-    if isinstance(v, (list, tuple)):
-        return [_norm(x) for x in v]
-    if isinstance(v, bool) or v is None or isinstance(v, str):
-        return v
-    if isinstance(v, (int, float)):
-        return float(v)
-    return v
-
-
-def config_mismatch(saved: dict, cfg: Config) -> str | None:
-    """First ``section.key`` of model/nsa where ``saved`` (a config dict) differs from ``cfg``."""
-    cur = cfg.to_dict()
-    for sec in ("model", "nsa"):
-        old = saved.get(sec) or {}
-        if not isinstance(old, dict):
-            return f"{sec}: saved section is not a mapping"
-        for k in sorted(set(old) | set(cur[sec])):
-            key = f"{sec}.{k}"
-            if key in EXECUTION_ONLY_KEYS:
-                continue
-            a, b = old.get(k, _MISSING), cur[sec].get(k, _MISSING)
-            if _norm(a) != _norm(b):
-                return f"{key}: the checkpoint was trained with {key}={a!r}, this config has {b!r}"
-    return None
-
-
-def read_saved_config(path: Path) -> dict:
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise CheckpointError(f"{path}: cannot read the saved config ({_first_line(e)})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path}: the saved config is not a mapping")
-    return raw
-
-
-def check_compatible(run_dir, cfg: Config, meta: dict | None = None) -> None:
-    """Refuse a resume whose model/nsa sections differ from the run's saved ``config.yaml``."""
-    path = Path(run_dir) / "config.yaml"
-    if path.is_file():
-        saved, where = read_saved_config(path), path
-    elif meta is not None and isinstance(meta.get("config"), dict):
-        saved, where = meta["config"], checkpoint_dir(run_dir)
-    else:
-        raise CheckpointError(f"{path}: missing; cannot check the checkpoint matches this config")
-    diff = config_mismatch(saved, cfg)
-    if diff:
-        raise CheckpointError(f"incompatible checkpoint in {where}: {diff}")
-
-
-# ---- inference -----------------------------------------------------------------------------
-def load_for_inference(run_dir, step: int | None = None):
-    """``(Config, NSALM)`` from a run directory: its ``config.yaml`` and newest (or ``step``)
-    checkpoint's parameters, on the first local device. Raises :class:`CheckpointError` naming
-    the path when something is missing or does not match."""
-    from nsa_jax.train.state import ModelSpec
-
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise CheckpointError(f"{run_dir}: run directory not found")
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.is_file():
-        raise CheckpointError(f"{cfg_path}: not found (is {run_dir} a training run directory?)")
-    try:
-        cfg = load_config(cfg_path)
-    except ConfigError as e:
-        raise CheckpointError(str(e) if str(cfg_path) in str(e) else f"{cfg_path}: {e}") from None
-    ck_dir = checkpoint_dir(run_dir)
-    if not ck_dir.is_dir():
-        raise CheckpointError(f"{ck_dir}: no checkpoints directory")
-    ck = Checkpointer(ck_dir, read_only=True)
-    try:
-        steps = ck.steps()
-        if not steps:
-            raise CheckpointError(f"{ck_dir}: no checkpoint")
-        if step is not None and step not in steps:
-            raise CheckpointError(f"{ck_dir}: no checkpoint for step {step} (have {steps})")
-        spec = ModelSpec(cfg.model, cfg.nsa, cfg.train.seed)
-        sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
-                              spec.abstract_params)
-
-        def load(s):
-            return ck.restore_params(s, target, ck.read_meta(s))
-
-        # the newest usable one (with a warning for each bad one), or exactly ``step``
-        _, params, _ = newest_usable(ck, load, steps if step is None else [step])
-    finally:
-        ck.close()
-    return cfg, spec.model(params)
+def __getattr__(name):   # moved to nsa_jax.train.inference; still importable from here
+    if name in ("load_for_inference", "restore_for_inference"):
+        from nsa_jax.train import inference
+        return getattr(inference, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

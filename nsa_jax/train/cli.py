@@ -13,15 +13,16 @@ Exit statuses (every error is one line ``error: ...`` on stderr naming the key o
 * 3 -- the watchdog: no progress for ``run.watchdog_s`` seconds (stacks dumped).
 * 130 -- Ctrl-C before training started. A second SIGTERM/SIGINT during training ends the
   process at once with the signal's default action (status 143 / 130 in a shell).
+
+The statuses and the one-line helpers are shared with the other CLIs (:mod:`nsa_jax.errors`).
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 
-EXIT_BAD_INPUT = 2
-EXIT_FAILED = 1
+from nsa_jax.errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, OneLineParser,
+                            one_line, parse_args, report)
 
 EPILOG = """\
 outputs (in run.dir, default runs/<config-name>-<timestamp>):
@@ -49,17 +50,40 @@ multi-process (one process per host; single-process runs need none of these):
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, status 2
-        sys.stderr.write(f"error: {message} (see --help)\n")
-        raise SystemExit(EXIT_BAD_INPUT)
+class Once(argparse.Action):
+    """An option that may be given once (a second ``--config`` would silently win)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} given twice; give one (override single keys with "
+                         f"section.key=value)")
+        setattr(namespace, self.dest, values)
+
+
+class HelpWithKeys(argparse.Action):
+    """``--help``: the usage, then every config key with its default (imports the config)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None):
+        super().__init__(option_strings, dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from nsa_jax.config import describe_keys
+
+        parser.print_help()
+        print("\nconfig keys (section.key=default; override any with section.key=value):")
+        print(describe_keys())
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m nsa_jax.train",
-                description="Train an NSA (or dense) language model from a YAML config.",
-                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, metavar="PATH", help="YAML config, e.g. configs/tiny.yaml")
+    p = OneLineParser(prog="python -m nsa_jax.train", add_help=False,
+                      description="Train an NSA (or dense) language model from a YAML config.",
+                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-h", "--help", action=HelpWithKeys,
+                   help="show this help, then every config key with its default, and exit")
+    p.add_argument("--config", required=True, action=Once, metavar="PATH",
+                   help="YAML config, e.g. configs/tiny.yaml")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="config overrides with dotted keys, e.g. train.steps=100 run.resume=true")
     p.add_argument("--profile", action="store_true",
@@ -77,37 +101,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
+    args, status = parse_args(build_parser(), argv)
+    if args is None:
+        return status
 
     from nsa_jax.config import ConfigError, load_config
     from nsa_jax.data import DataError
-    from nsa_jax.train.errors import TrainError, TrainingFailed, one_line
-
-    def report(e: BaseException, status: int, prefix: str = "", suffix: str = "") -> int:
-        if args.debug:
-            traceback.print_exc()
-        sys.stderr.write(f"error: {prefix}{one_line(e)}{suffix}\n")
-        sys.stderr.flush()
-        return status
+    from nsa_jax.train.errors import TrainError, TrainingFailed
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        notes: list[str] = []
+        cfg = load_config(args.config, args.overrides, notes=notes)
         from nsa_jax.train.mesh import init_distributed
         init_distributed(args.distributed, args.coordinator, args.num_processes, args.process_id)
         from nsa_jax.train.loop import train
-        train(cfg, profile=args.profile, argv=["python", "-m", "nsa_jax.train", *argv])
+        train(cfg, profile=args.profile, argv=["python", "-m", "nsa_jax.train", *argv],
+              notes=notes)
         return 0
     except (ConfigError, DataError, TrainError) as e:
-        return report(e, EXIT_BAD_INPUT)
+        return report(one_line(e), EXIT_BAD_INPUT, args.debug)
     except TrainingFailed as e:
-        return report(e, EXIT_FAILED)
+        return report(one_line(e), EXIT_FAILED, args.debug)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted (the newest complete checkpoint is intact; resume with "
                          "run.resume=true)\n")
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - a bug: one line unless --debug
         hint = "" if args.debug else " (rerun with --debug for the traceback)"
-        return report(e, EXIT_FAILED, prefix=f"internal error: {type(e).__name__}: ", suffix=hint)
+        return report(f"internal error: {type(e).__name__}: {one_line(e)}{hint}", EXIT_FAILED,
+                      args.debug)

@@ -9,9 +9,12 @@
   checkpoint of the last completed step was written), or run outputs that cannot be written
   (:class:`WriteFailed`, e.g. a full disk).
 
-Every message is one line naming the config key or path.
+Every message is one line naming the config key or path. Exit statuses and the helpers that
+make one-line messages are in :mod:`nsa_jax.errors`, shared by every CLI.
 """
 from __future__ import annotations
+
+from nsa_jax.errors import one_line  # noqa: F401  (re-exported; the helpers live in nsa_jax.errors)
 
 
 class TrainError(ValueError):
@@ -36,8 +39,3 @@ class DataFailed(TrainingFailed):
 
 class WriteFailed(TrainingFailed):
     """A run output (checkpoint, metrics, heartbeat) could not be written, e.g. a full disk."""
-
-
-def one_line(e: BaseException) -> str:
-    """An exception's message on one line (for ``error: ...`` lines)."""
-    return " ".join(str(e).split()) or type(e).__name__

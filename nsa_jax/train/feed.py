@@ -21,14 +21,10 @@ import numpy as np
 
 from nsa_jax.data import DataError, build_loader
 from nsa_jax.data.retry import is_transient
+from nsa_jax.errors import brief
 from nsa_jax.train.errors import DataFailed
 
 POLL_S = 0.25
-
-
-def _first_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 class BatchFeed:
@@ -52,7 +48,7 @@ class BatchFeed:
                 after = (f" after data.retries={self.retries} retries"
                          if self.retries is not None and is_transient(e) else "")
                 raise DataFailed(f"data: reading {self.what} failed{after} "
-                                 f"({_first_line(e)})") from e
+                                 f"({brief(e)})") from e
             if batch is not None:
                 return batch
             if stop is not None and stop():
@@ -75,4 +71,4 @@ def open_loader(cfg, split: str, *args):
             raise
         after = f" after data.retries={cfg.data.retries} retries" if cfg.data.source == "hf" else ""
         raise DataFailed(f"data: opening the {split} data (data.source={cfg.data.source}) "
-                         f"failed{after} ({type(e).__name__}: {' '.join(str(e).split())})") from e
+                         f"failed{after} ({brief(e)})") from e

@@ -20,11 +20,3 @@ def atomic_write_text(path, text: str) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-
-
-def os_reason(e: BaseException) -> str:
-    """``No space left on device`` for an OSError, else ``Type: message`` (first line)."""
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")

@@ -54,7 +54,7 @@ class MetricsLog:
             self._append(json.dumps(clean, allow_nan=False) + "\n")
         except OSError as e:
             from nsa_jax.train.errors import WriteFailed
-            from nsa_jax.train.files import os_reason
+            from nsa_jax.errors import os_reason
 
             raise WriteFailed(f"run.dir: cannot write {self.path} ({os_reason(e)})") from e
 
@@ -111,6 +111,25 @@ def _num(x, digits: int = 4) -> str:
     return f"{x:.{digits}f}" if x is not None else "nan"
 
 
+def _skipped(entry: dict) -> str:
+    """`` | skipped N (bad streak M)`` when steps were skipped for non-finite values."""
+    n, streak = entry.get("skipped_steps") or 0, entry.get("bad_steps") or 0
+    if not n:
+        return ""
+    return f" | skipped {n} non-finite step(s)" + (f", {streak} in a row now" if streak else "")
+
+
+def final_line(last: dict, steps: int, checkpoint, wall_s: float) -> str:
+    """The ``done:`` line: loss, eval loss, skipped steps, training time and wall time
+    (start-up and compilation included), the final checkpoint."""
+    n = last.get("skipped_steps") or 0
+    status = "done" if not n else f"done with {n} of {steps} steps skipped (non-finite)"
+    return (f"{status}: step {steps} | loss {_num(last.get('loss'))}"
+            + (f" | eval_loss {last['eval_loss']:.4f}" if "eval_loss" in last else "")
+            + f" | trained {fmt_duration(last.get('elapsed_s', 0.0))}, {fmt_duration(wall_s)} "
+            f"with start-up and compilation | checkpoint {checkpoint}")
+
+
 def fmt_duration(s: float) -> str:
     if not math.isfinite(s):
         return "?"
@@ -146,8 +165,9 @@ class Progress:
         if not self.enabled:
             return
         if self.bar is not None:
+            extra = {"skipped": entry["skipped_steps"]} if entry.get("skipped_steps") else {}
             self.bar.set_postfix(loss=f"{entry['loss_avg']:.4f}",
-                                 tok_s=f"{entry['tokens_per_s']:,.0f}", refresh=True)
+                                 tok_s=f"{entry['tokens_per_s']:,.0f}", **extra, refresh=True)
             return
         s = entry["step"]
         rate = (s - self._s0) / max(time.perf_counter() - self._t0, 1e-9)
@@ -155,7 +175,8 @@ class Progress:
         self.line(f"step {s}/{self.total} | loss {_num(entry['loss'])} (avg "
                   f"{_num(entry['loss_avg'])}) | lr {entry['lr']:.3e} | "
                   f"grad_norm {_num(entry['grad_norm'], 3)} | {entry['tokens_per_s']:,.0f} tok/s | "
-                  f"elapsed {fmt_duration(entry['elapsed_s'])} | ETA {fmt_duration(eta)}")
+                  f"elapsed {fmt_duration(entry['elapsed_s'])} | ETA {fmt_duration(eta)}"
+                  + _skipped(entry))
 
     def line(self, text: str) -> None:
         if not self.enabled:

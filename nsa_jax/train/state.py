@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nsa_jax.config import ModelConfig
+from nsa_jax.config import ExecConfig, ModelConfig
 from nsa_jax.model import build_model
 from nsa_jax.nsa import NSAConfig
 
@@ -31,9 +31,10 @@ class TrainState(NamedTuple):
 class ModelSpec:
     """Static description of one model: graphdef, abstract parameters, init and rebuild."""
 
-    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, seed: int = 0):
-        self.mcfg, self.ncfg, self.seed = mcfg, ncfg, seed
-        abstract = nnx.eval_shape(lambda: build_model(mcfg, ncfg, seed))
+    def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, seed: int = 0,
+                 xcfg: ExecConfig | None = None):
+        self.mcfg, self.ncfg, self.seed, self.xcfg = mcfg, ncfg, seed, xcfg
+        abstract = nnx.eval_shape(lambda: build_model(mcfg, ncfg, seed, xcfg))
         self.graphdef, self._abstract_state, rest = nnx.split(abstract, nnx.Param, ...)
         if jax.tree.leaves(rest):
             raise TypeError("NSALM has non-Param variables; the trainer only carries nnx.Param")
@@ -41,7 +42,7 @@ class ModelSpec:
 
     def init_params(self):
         """Fresh parameters (call under ``jax.jit`` with ``out_shardings`` to place them)."""
-        model = build_model(self.mcfg, self.ncfg, self.seed)
+        model = build_model(self.mcfg, self.ncfg, self.seed, self.xcfg)
         return nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[1])
 
     def model(self, params):

@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -25,10 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from nsa_jax.errors import EXIT_HUNG, os_reason
 from nsa_jax.train.errors import WriteFailed
-from nsa_jax.train.files import os_reason
-
-EXIT_HUNG = 3
 
 
 def _name(stem: str, ext: str, process_index: int) -> str:
@@ -124,6 +123,9 @@ class Watchdog:
                 faulthandler.unregister(signal.SIGUSR1)
             self._stacks.close()
             self._stacks = None
+            with contextlib.suppress(OSError):   # kept only when stacks were dumped into it
+                if self.stacks_path.stat().st_size == 0:
+                    self.stacks_path.unlink()
         if self._hb_fd is not None:
             os.close(self._hb_fd)
             self._hb_fd = None

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Kernel checks + peers on the device machine (repo root; carry .whl and .peers):
+#   bench/kernels_gpu.sh [tests] [peers] [peers-smoke]
+# tests: every @gpu kernel test; peers: bench/peers.py (fla-core from .whl, XunhaoLai from
+# .peers/xunhao) at the bench and 125m shapes, T = 16k and 64k. Logs in $OUT/kernels.log.
+set -u
+OUT=${OUT:-/tmp/nsa_kernels_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+LOG="$OUT/kernels.log"
+rc=0
+if [[ -d .whl ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 || rc=1
+  export PYTHONPATH=/tmp/site:.
+else
+  export PYTHONPATH=.
+fi
+peer=(); [[ -d .peers/xunhao ]] && peer=(--peer-src .peers/xunhao)
+for stage in "$@"; do
+  echo "== $stage" | tee -a "$LOG"
+  case $stage in
+    tests)
+      python3 -m pytest -q -p no:xdist -m gpu tests/test_pallas_gpu.py tests/test_pallas_tiled.py \
+        tests/test_decode.py -rfE -s >> "$LOG" 2>&1 || rc=1
+      grep -E "^(FAILED|ERROR)|passed|failed|f32_dot|ieee|tf32" "$LOG" | tail -n 20 ;;
+    peers-smoke)
+      python3 bench/peers.py --smoke "${peer[@]}" --out "$OUT/peers_smoke.json" >> "$LOG" 2>&1 \
+        || rc=1
+      tail -n 15 "$LOG" ;;
+    peers)
+      timeout 480 python3 bench/peers.py --shapes bench 125m --T 16384 65536 "${peer[@]}" \
+        --out "$OUT/peers_h200.json" >> "$LOG" 2>&1 || rc=1
+      sed -n '/^shape/,$p' "$LOG" | tail -n 40 ;;
+  esac
+done
+exit $rc

@@ -1,0 +1,383 @@
+"""NSA attention of one new token per batch row over the KV caches: Pallas kernels.
+
+The kernel twin of :func:`nsa_jax.nsa.decoding.nsa_decode_attention` (same cache layout, same
+rules from :mod:`nsa_jax.nsa.semantics`). A step's cost follows the keys NSA reads, not the
+context: the visible compressed keys (T/d), the n selected blocks (n·l') and the window (w).
+
+Every program handles all h query heads of one KV group (rows padded to >= 16 for the tensor
+cores), so each K/V tile is read once per group. Decoding has only B x G (row, group) pairs, too
+few programs to fill a GPU, so both kernels also split over keys (flash-decoding) and write
+partial softmax states (m, l, acc) that a small XLA epilogue merges:
+
+1. ``_cmp_kernel`` (grid B x G x splits): compressed attention (Eq. 8) over the *visible*
+   compressed blocks only — the loop stops at the last visible tile, nothing past t is read. It
+   also writes the scaled logits of the visible blocks.
+   ``_select_kernel`` (grid B x G) merges the splits' log-sum-exp, forms the group-summed block
+   scores (Eq. 9-10) from those logits and picks the top-n with the forced blocks (Eq. 11), the
+   rules of :mod:`nsa_jax.nsa.semantics` (ties to the lower index).
+2. ``_slc_win_kernel`` (grid B x G x (n_sel + window tiles)): one program per selected block (loaded
+   by index; keys past t masked) or per tile of the window ring buffer.
+3. The epilogue merges the partial states per branch and mixes them with the gates (Eq. 5).
+
+Logits are kept in base 2 (scaled by log2 e) inside the kernels, as in the training kernels.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from nsa_jax.nsa import semantics
+from nsa_jax.nsa.config import NSAConfig
+from nsa_jax.pallas.common import (LOG2E, MIN_DOT, cdiv, compiler_params, dot, dot_precision,
+                                   load, next_pow2, store, use_interpret)
+
+NEG_INF = float("-inf")
+CMP_KEYS = 64          # compressed keys per tile
+WIN_KEYS = 64          # window slots per program
+TARGET_PROGRAMS = 264  # ~2 programs per SM of an H100/H200 (132 SMs)
+
+
+def _rows(h: int) -> int:
+    return max(MIN_DOT, next_pow2(h))
+
+
+def _online(carry, s, v, prec):
+    """One online-softmax update (base 2): s [hp, K] logits (-inf = masked), v [K, Dv]."""
+    m, l, acc = carry
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+    alpha = jnp.exp2(m - m_safe)
+    p = jnp.exp2(s - m_safe[:, None])
+    l = l * alpha + jnp.sum(p, axis=1)
+    acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
+    return m_new, l, acc
+
+
+def _init(hp, Dv):
+    return (jnp.full((hp,), NEG_INF, jnp.float32), jnp.zeros((hp,), jnp.float32),
+            jnp.zeros((hp, Dv), jnp.float32))
+
+
+def _store_state(m_ref, l_ref, o_ref, b, g, sp, state, h):
+    m, l, acc = state
+    hp = m.shape[0]
+    r = jnp.arange(hp)
+    ok = r < h
+    rs = jnp.where(ok, r, h)                      # masked rows -> out of bounds (dropped)
+    dv = jnp.arange(acc.shape[1])
+    store(m_ref.at[b, g, sp, rs], m, ok)
+    store(l_ref.at[b, g, sp, rs], l, ok)
+    store(o_ref.at[b, g, sp, rs[:, None], dv[None, :]], acc, ok[:, None])
+
+
+def _load_q(q_ref, b, g, h):
+    hp = _rows(h)
+    r = jnp.arange(hp)
+    ok = r < h
+    dk = jnp.arange(q_ref.shape[-1])
+    return load(q_ref.at[b, g, jnp.where(ok, r, 0)[:, None], dk[None, :]], ok[:, None])
+
+
+# ---- 1. compressed attention + logits of the visible blocks ---------------------------------
+def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, o_ref, *, h, l_cmp, d_cmp,
+                splits, bk, scale, prec):
+    b, g, sp = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    Tc = k_ref.shape[2]
+    t = t_ref[b]
+    nvis = jnp.where(t + 1 >= l_cmp, (t + 1 - l_cmp) // d_cmp + 1, 0)   # Eq. 8: complete blocks
+    nvis = jnp.minimum(nvis, Tc)
+    n_tiles = (nvis + bk - 1) // bk
+    per = (n_tiles + splits - 1) // splits
+    lo = jnp.minimum(sp * per, n_tiles)
+    hi = jnp.minimum(lo + per, n_tiles)
+    q = _load_q(q_ref, b, g, h)
+    hp = q.shape[0]
+    r = jnp.arange(hp)
+    rs = jnp.where(r < h, r, h)
+    c = scale * LOG2E
+
+    def tile(i, carry):
+        idx = i * bk + jnp.arange(bk)
+        ok = idx < nvis
+        k = load(k_ref.at[b, g, pl.ds(i * bk, bk), :], ok[:, None])
+        v = load(v_ref.at[b, g, pl.ds(i * bk, bk), :], ok[:, None])
+        s = jnp.where(ok[None, :], dot(q, k, trans_b=True, precision=prec) * c, NEG_INF)
+        store(s_ref.at[b, g, rs[:, None], jnp.where(ok, idx, Tc)[None, :]], s,
+              (r < h)[:, None] & ok[None, :])
+        return _online(carry, s, v, prec)
+
+    state = lax.fori_loop(lo, hi, tile, _init(hp, v_ref.shape[-1]))
+    _store_state(m_ref, l_ref, o_ref, b, g, sp, state, h)
+
+
+def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret):
+    B, G, h, _ = q.shape
+    Tc, Dv = k_cmp.shape[2], v_cmp.shape[-1]
+    hp = _rows(h)
+    kern = functools.partial(_cmp_kernel, h=h, l_cmp=cfg.block_l, d_cmp=cfg.stride_d,
+                             splits=splits, bk=bk, scale=scale,
+                             prec=dot_precision(q.dtype, interpret))
+    f32 = jnp.float32
+    return pl.pallas_call(
+        kern, grid=(B, G, splits),
+        out_shape=[jax.ShapeDtypeStruct((B, G, h, Tc), f32),
+                   jax.ShapeDtypeStruct((B, G, splits, h), f32),
+                   jax.ShapeDtypeStruct((B, G, splits, h), f32),
+                   jax.ShapeDtypeStruct((B, G, splits, h, Dv), f32)],
+        compiler_params=compiler_params(4 if hp * Dv > 4096 else 2, 2),
+        interpret=interpret, name="nsa_decode_cmp",
+    )(t, q, k_cmp, v_cmp)
+
+
+# ---- 1b. block scores and top-n ------------------------------------------------------------
+SEL_CHUNK = 256        # selection blocks per scoring program
+
+
+def _lse(m_ref, l_ref, b, g, h, nsp):
+    """Merge the compressed kernel's partial states of (b, g) into a base-2 lse per head [hp]."""
+    S = m_ref.shape[2]
+    hp = _rows(h)
+    rr, sp = jnp.arange(hp), jnp.arange(nsp)
+    ok = (rr < h)[None, :] & (sp < S)[:, None]
+    at = (jnp.minimum(sp, S - 1)[:, None], jnp.where(rr < h, rr, 0)[None, :])
+    m = load(m_ref.at[b, g, at[0], at[1]], ok, NEG_INF)           # [nsp, hp]
+    l = load(l_ref.at[b, g, at[0], at[1]], ok, 0.0)
+    M = jnp.max(m, axis=0)
+    Ms = jnp.where(M == NEG_INF, 0.0, M)
+    L = jnp.sum(l * jnp.exp2(m - Ms[None, :]), axis=0)
+    return Ms + jnp.log2(jnp.where(L > 0, L, 1.0))
+
+
+def _score_kernel(t_ref, s_ref, m_ref, l_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp, nsp, n_sel,
+                  n_init, n_local, l_cmp, d_cmp, l_sel, ts):
+    """Group-summed block scores (Eq. 9-10) of one chunk of selection blocks of one (row, group),
+    forced / non-candidate blocks at +-inf (Eq. 11), and the chunk's top-n (value, id) pairs."""
+    b, g, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    Tc, Ts = s_ref.shape[-1], ts
+    t = t_ref[b]
+    nvis = jnp.minimum(jnp.where(t + 1 >= l_cmp, (t + 1 - l_cmp) // d_cmp + 1, 0), Tc)
+    lse = _lse(m_ref, l_ref, b, g, h, nsp)
+    rr = jnp.arange(lse.shape[0])
+    j = c * cs + jnp.arange(cs)
+    k = jnp.arange(mmp)
+    score = jnp.zeros((cs,), jnp.float32)
+    for hh in range(h):
+        lse_h = jnp.sum(jnp.where(rr == hh, lse, 0.0))
+        for u in range(r):                       # chunk c collects p_{c-u}; block j sums chunks
+            i = j[:, None] * mm + k[None, :] - u
+            okp = (k < mm)[None, :] & (i >= 0) & (i < nvis)
+            sv = load(s_ref.at[b, g, hh, jnp.clip(i, 0, Tc - 1)], okp, NEG_INF)
+            score = score + jnp.sum(jnp.where(okp, jnp.exp2(sv - lse_h), 0.0), axis=1)
+    cur = t // l_sel
+    cand = j <= cur
+    forced = cand & ((j < n_init) | (j > cur - n_local))
+    sc = jnp.where(forced, float("inf"), jnp.where(cand, score, NEG_INF))
+    slot = jnp.arange(next_pow2(n_sel))
+
+    def pick(i, carry):
+        sc, vals, ids = carry
+        mx = jnp.max(sc)
+        jm = jnp.min(jnp.where(sc == mx, j, Ts))          # ties to the lower index
+        vals = jnp.where(slot == i, mx, vals)
+        ids = jnp.where(slot == i, jnp.where(mx > NEG_INF, jm, Ts), ids)
+        return jnp.where(j == jm, NEG_INF, sc), vals, ids
+
+    init = (sc, jnp.full(slot.shape, NEG_INF, jnp.float32), jnp.full(slot.shape, Ts, jnp.int32))
+    _, vals, ids = lax.fori_loop(0, n_sel, pick, init)
+    okw = slot < n_sel
+    at = jnp.where(okw, c * n_sel + slot, val_ref.shape[-1])
+    store(val_ref.at[b, g, at], vals, okw)
+    store(idx_ref.at[b, g, at], ids, okw)
+
+
+def _topn_merge_kernel(val_ref, idx_ref, ids_ref, *, n_sel, kp):
+    """Top-n over the chunks' candidates (value desc, id asc), written as ascending ids with -1
+    in unused slots."""
+    b, g = pl.program_id(0), pl.program_id(1)
+    K = val_ref.shape[-1]
+    e = jnp.arange(kp)
+    ok = e < K
+    vals = load(val_ref.at[b, g, jnp.minimum(e, K - 1)], ok, NEG_INF)
+    cid = load(idx_ref.at[b, g, jnp.minimum(e, K - 1)], ok, 0)
+    cid = jnp.where(ok & (vals > NEG_INF), cid, 2 ** 30)
+    slot = jnp.arange(next_pow2(n_sel))
+
+    def pick(i, carry):
+        vals, win = carry
+        mx = jnp.max(vals)
+        jm = jnp.min(jnp.where(vals == mx, cid, 2 ** 30))
+        win = jnp.where(slot == i, jnp.where(mx > NEG_INF, jm, 2 ** 30), win)
+        return jnp.where(cid == jm, NEG_INF, vals), win
+
+    _, win = lax.fori_loop(0, n_sel, pick, (vals, jnp.full(slot.shape, 2 ** 30, jnp.int32)))
+    rank = jnp.sum((win[None, :] < win[:, None]).astype(jnp.int32), axis=1)   # ascending order
+    valid = (win < 2 ** 30) & (slot < n_sel)
+    store(ids_ref.at[b, g, jnp.where(valid, rank, n_sel)], win, valid)
+    count = jnp.sum(valid.astype(jnp.int32))
+    pad = (slot >= count) & (slot < n_sel)
+    store(ids_ref.at[b, g, jnp.where(pad, slot, n_sel)], jnp.full(slot.shape, -1, jnp.int32), pad)
+
+
+def _select_call(t, s, m, l, cfg, Ts, sel_chunk, interpret):
+    """Selected block ids [B,G,n_sel] from the compressed kernel's outputs (two launches: chunk
+    scores + chunk top-n over B x G x chunks programs, then the merge)."""
+    B, G, h, _ = s.shape
+    r, mm = cfg.block_l // cfg.stride_d, cfg.sel_block // cfg.stride_d
+    cs = max(sel_chunk if Ts > sel_chunk else next_pow2(Ts), next_pow2(cfg.n_sel))
+    C = cdiv(Ts, cs)
+    K = C * cfg.n_sel
+    kern = functools.partial(_score_kernel, h=h, r=r, mm=mm, cs=cs, mmp=next_pow2(mm),
+                             nsp=next_pow2(m.shape[2]), n_sel=cfg.n_sel, n_init=cfg.n_init,
+                             n_local=cfg.n_local, l_cmp=cfg.block_l, d_cmp=cfg.stride_d,
+                             l_sel=cfg.sel_block, ts=Ts)
+    vals, idx = pl.pallas_call(
+        kern, grid=(B, G, C),
+        out_shape=[jax.ShapeDtypeStruct((B, G, K), jnp.float32),
+                   jax.ShapeDtypeStruct((B, G, K), jnp.int32)],
+        compiler_params=compiler_params(4, 1), interpret=interpret, name="nsa_decode_score",
+    )(t, s, m, l)
+    merge = functools.partial(_topn_merge_kernel, n_sel=cfg.n_sel, kp=next_pow2(K))
+    return pl.pallas_call(
+        merge, grid=(B, G),
+        out_shape=jax.ShapeDtypeStruct((B, G, cfg.n_sel), jnp.int32),
+        compiler_params=compiler_params(2, 1), interpret=interpret, name="nsa_decode_topn",
+    )(vals, idx)
+
+
+# ---- 2. selected blocks and window tiles ----------------------------------------------------
+def _slc_win_kernel(t_ref, ids_ref, q_ref, ks_ref, vs_ref, kw_ref, vw_ref, m_ref, l_ref, o_ref,
+                    *, h, n_slc, has_win, l_sel, window, bw, scale, prec):
+    b, g, u = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    t = t_ref[b]
+    q = _load_q(q_ref, b, g, h)
+    c = scale * LOG2E
+    hp = q.shape[0]
+    Dv = o_ref.shape[-1]
+
+    def attend(k_ref, v_ref, start, ok, nk):
+        k = load(k_ref.at[b, g, pl.ds(start, nk), :], ok[:, None])
+        v = load(v_ref.at[b, g, pl.ds(start, nk), :], ok[:, None])
+        s = jnp.where(ok[None, :], dot(q, k, trans_b=True, precision=prec) * c, NEG_INF)
+        return _online(_init(hp, Dv), s, v, prec)
+
+    if n_slc:
+        @pl.when(u < n_slc)
+        def _():
+            j = ids_ref[b, g, jnp.minimum(u, n_slc - 1)]
+            base = jnp.maximum(j, 0) * l_sel
+            nk = max(MIN_DOT, next_pow2(l_sel))
+            off = jnp.arange(nk)
+            ok = (j >= 0) & (off < l_sel) & (base + off <= t)
+            _store_state(m_ref, l_ref, o_ref, b, g, u, attend(ks_ref, vs_ref, base, ok, nk), h)
+
+    if has_win:
+        @pl.when(u >= n_slc)
+        def _():
+            W = kw_ref.shape[2]
+            slot = (u - n_slc) * bw + jnp.arange(bw)
+            pos = t - lax.rem(t - slot + W, W)     # position held by each ring slot
+            ok = (slot < W) & (pos >= 0) & (pos > t - window)
+            st = attend(kw_ref, vw_ref, (u - n_slc) * bw, ok, bw)
+            _store_state(m_ref, l_ref, o_ref, b, g, u, st, h)
+
+
+def _slc_win_call(t, ids, q, kv, cfg, bw, scale, interpret):
+    B, G, h, _ = q.shape
+    has_slc, has_win = "k_slc" in kv and ids is not None, "k_win" in kv
+    n_slc = ids.shape[-1] if has_slc else 0
+    n_win = cdiv(kv["k_win"].shape[2], bw) if has_win else 0
+    Dv = (kv["v_slc"] if has_slc else kv["v_win"]).shape[-1]
+    units = n_slc + n_win
+    kern = functools.partial(_slc_win_kernel, h=h, n_slc=n_slc, has_win=has_win,
+                             l_sel=cfg.sel_block, window=cfg.window, bw=bw, scale=scale,
+                             prec=dot_precision(q.dtype, interpret))
+    dummy = jnp.zeros((B, G, 1, q.shape[-1]), q.dtype)     # stands in for an ablated branch
+    args = [t, ids if has_slc else jnp.zeros((B, G, 1), jnp.int32), q]
+    args += [kv["k_slc"], kv["v_slc"]] if has_slc else [dummy, dummy]
+    args += [kv["k_win"], kv["v_win"]] if has_win else [dummy, dummy]
+    f32 = jnp.float32
+    return pl.pallas_call(
+        kern, grid=(B, G, units),
+        out_shape=[jax.ShapeDtypeStruct((B, G, units, h), f32),
+                   jax.ShapeDtypeStruct((B, G, units, h), f32),
+                   jax.ShapeDtypeStruct((B, G, units, h, Dv), f32)],
+        compiler_params=compiler_params(4 if _rows(h) * Dv > 4096 else 2, 2),
+        interpret=interpret, name="nsa_decode_slc_win",
+    )(*args)
+
+
+# ---- 3. epilogue ----------------------------------------------------------------------------
+def _merge(m, l, o):
+    """Partial softmax states over axis 2 -> (o [B,G,h,Dv] normalised, lse2 [B,G,h]); rows with
+    no visible key give o = 0 and lse2 = -inf."""
+    M = jnp.max(m, axis=2)
+    Ms = jnp.where(M == NEG_INF, 0.0, M)
+    w = jnp.exp2(m - Ms[:, :, None])
+    L = jnp.sum(l * w, axis=2)
+    acc = jnp.sum(o * w[..., None], axis=2)
+    Ls = jnp.where(L > 0, L, 1.0)
+    return acc / Ls[..., None], jnp.where(L > 0, Ms + jnp.log2(Ls), NEG_INF)
+
+
+def _splits(B: int, G: int, Tc: int, bk: int) -> int:
+    """Key splits of the compressed kernel: enough (row, group, split) programs to fill the GPU,
+    at most one per tile."""
+    return int(max(1, min(cdiv(Tc, bk), cdiv(TARGET_PROGRAMS, B * G))))
+
+
+def _pad_last(x, D):
+    return x if x.shape[-1] == D else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, D - x.shape[-1])])
+
+
+def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = CMP_KEYS,
+                      win_keys: int = WIN_KEYS, splits: int | None = None,
+                      sel_chunk: int = SEL_CHUNK):
+    """q [B,Hq,Dk] at positions t [B] over the caches ``kv`` (layout in
+    :mod:`nsa_jax.nsa.decoding`, tokens 0..t[b] written); gates [B,Hq,3] -> [B,Hq,Dv] in q.dtype.
+
+    ``cmp_keys`` compressed keys per tile, ``win_keys`` window slots per program (powers of two
+    >= 16); ``splits`` programs per (row, group) over the compressed keys (default: enough to fill
+    the GPU); ``sel_chunk`` selection blocks per scoring program (a power of two). Head dims that are not a power of two >= 16 are zero-padded (a copy of the caches:
+    fine for tests, slow for real models, which use 64 or 128)."""
+    B, Hq, Dk = q.shape
+    t = jnp.broadcast_to(jnp.asarray(t, jnp.int32), (B,))
+    br = cfg.branches
+    G = next(kv[k] for k in ("k_cmp", "k_slc", "k_win") if k in kv).shape[1]
+    h = Hq // G
+    Dv = next(kv[k] for k in ("v_cmp", "v_slc", "v_win") if k in kv).shape[-1]
+    Dkp, Dvp = max(MIN_DOT, next_pow2(Dk)), max(MIN_DOT, next_pow2(Dv))
+    if (Dkp, Dvp) != (Dk, Dv):
+        kv = {k: _pad_last(x, Dkp if k.startswith("k") else Dvp) for k, x in kv.items()}
+    interpret = use_interpret()
+    scale = 1.0 / math.sqrt(Dk)
+    qg = _pad_last(q.reshape(B, G, h, Dk).astype(next(iter(kv.values())).dtype), Dkp)
+    o_cmp = o_slc = o_win = None
+    ids = None
+    if "cmp" in br or "slc" in br:
+        Tc = kv["k_cmp"].shape[2]
+        ns = splits or _splits(B, G, Tc, cmp_keys)
+        s, m, l, o = _cmp_call(t, qg, kv["k_cmp"], kv["v_cmp"], cfg, ns, cmp_keys, scale,
+                               interpret)
+        o_c, lse = _merge(m, l, o)
+        if "cmp" in br:
+            o_cmp = o_c
+        if "slc" in br:
+            ids = _select_call(t, s, m, l, cfg, kv["k_slc"].shape[2] // cfg.sel_block, sel_chunk,
+                               interpret)
+    if "slc" in br or "win" in br:
+        m, l, o = _slc_win_call(t, ids, qg, kv, cfg, win_keys, scale, interpret)
+        n_slc = ids.shape[-1] if ids is not None else 0
+        if "slc" in br:
+            o_slc = _merge(m[:, :, :n_slc], l[:, :, :n_slc], o[:, :, :n_slc])[0]
+        if "win" in br:
+            o_win = _merge(m[:, :, n_slc:], l[:, :, n_slc:], o[:, :, n_slc:])[0]
+
+    def flat(x):
+        return None if x is None else x[..., :Dv].reshape(B, Hq, Dv)
+
+    return semantics.combine(flat(o_cmp), flat(o_slc), flat(o_win), gates, cfg, q.dtype)
