@@ -196,8 +196,14 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{f}: must be >= 1, got {getattr(self, f)}")
 
     @classmethod
-    def for_shape(cls, h: int, head_dim: int) -> "BlockSizes":
-        """Defaults by group size h and head dim: 128 rows (query, head) per tile; 8 warps once
-        tiles carry 128-wide heads."""
+    def for_shape(cls, h: int, head_dim: int, itemsize: int = 2) -> "BlockSizes":
+        """Defaults by group size h, head dim and operand bytes: 128 rows (query, head) per tile;
+        8 warps once tiles carry 128-wide heads. float32 operands with 128-wide heads get half
+        the rows and keys and one pipeline stage (the bf16 tiles need 256 KB of shared memory in
+        float32, more than an H100/H200 SM has: seen on an H200, "requested 262144, available
+        232448")."""
         warps = 8 if head_dim >= 128 else 4
+        if itemsize >= 4 and head_dim >= 128:
+            return cls(num_warps=warps, cmp_rows=64, cmp_keys=64, sel_rows=64, sel_tile_q=32,
+                       cmp_bwd_keys=32, num_stages=1)
         return cls(num_warps=warps)

@@ -43,7 +43,7 @@ def _block_sizes(q, G: int, block_sizes):
         if not isinstance(block_sizes, BlockSizes):
             raise TypeError(f"block_sizes must be a BlockSizes, got {type(block_sizes).__name__}")
         return block_sizes
-    return BlockSizes.for_shape(q.shape[2] // G, q.shape[-1])
+    return BlockSizes.for_shape(q.shape[2] // G, q.shape[-1], jnp.dtype(q.dtype).itemsize)
 
 
 def block_scores_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None = None, *,
