@@ -117,3 +117,9 @@ def test_bad_segment_ids_name_the_argument(bad, msg):
     with pytest.raises(ValueError, match="segment_ids") as e:
         _nsa_attention(*args, CFG, segment_ids=bad(seg))
     assert msg in str(e.value)
+
+
+def test_pallas_says_packed_documents_are_not_there_yet():
+    args, seg = packed_inputs(0, [[20, 20]], 4, 2, 8, 8, CFG)
+    with pytest.raises(NotImplementedError, match="segment_ids"):
+        _nsa_attention(*args, CFG, impl="pallas", segment_ids=seg)

@@ -130,6 +130,21 @@ def check_segment_ids(segment_ids, shape, name: str = "segment_ids") -> None:
                          f"row {b} goes from {a[b, t - 1]} to {a[b, t]} at token {t}")
 
 
+def document_starts(segment_ids) -> jax.Array:
+    """int32 [B,T]: the first token of each token's document (segment ids [B,T])."""
+    seg = jnp.asarray(segment_ids)
+    B, T = seg.shape
+    t = jnp.arange(T, dtype=jnp.int32)
+    first = jnp.concatenate([jnp.ones((B, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    return jax.lax.cummax(jnp.where(first, t, 0), axis=1)
+
+
+def document_positions(segment_ids) -> jax.Array:
+    """int32 [B,T]: positions restarting at 0 at each document's first token."""
+    T = jnp.shape(segment_ids)[-1]
+    return jnp.arange(T, dtype=jnp.int32) - document_starts(segment_ids)
+
+
 def segment_layout(segment_ids, cfg: NSAConfig) -> SegmentLayout:
     """The :class:`SegmentLayout` of segment_ids int [B,T] (non-decreasing per row)."""
     seg = jnp.asarray(segment_ids)
@@ -137,7 +152,7 @@ def segment_layout(segment_ids, cfg: NSAConfig) -> SegmentLayout:
     Tc = cfg.num_cmp_blocks(T)
     t = jnp.arange(T, dtype=jnp.int32)
     first = jnp.concatenate([jnp.ones((B, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
-    start = jax.lax.cummax(jnp.where(first, t, 0), axis=1)
+    start = document_starts(seg)
     last = jnp.concatenate([seg[:, 1:] != seg[:, :-1], jnp.ones((B, 1), bool)], axis=1)
     end = jax.lax.cummin(jnp.where(last, t + 1, T), axis=1, reverse=True)  # one past the doc
     n_doc = num_cmp_blocks(end - start, cfg).astype(jnp.int32)              # Tc(L) per token
