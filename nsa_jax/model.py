@@ -21,7 +21,7 @@ from flax import nnx
 
 from nsa_jax import decode as kvcache
 from nsa_jax.config import ExecConfig, ModelConfig
-from nsa_jax.nsa import NSAConfig, nsa_attention
+from nsa_jax.nsa import NSAConfig, nsa_attention, semantics
 from nsa_jax.nsa.decoding import dense_decode_attention
 from nsa_jax.nsa.compression import compress, compress_block
 from nsa_jax.nsa.rope import apply_rope, cmp_positions
@@ -50,6 +50,40 @@ def nsa_decode(q, kv, t, gates, cfg: NSAConfig, impl: str):
     return nsa_decode_attention(q, kv, t, gates, cfg)
 
 
+def _no_packed_cache(cache, segment_ids):
+    if cache is not None and segment_ids is not None:
+        raise ValueError("segment_ids: packed documents are not supported with a KV cache "
+                         "(decoding runs one document per row)")
+
+
+def dense_packed_attention(q, k, v, segment_ids, impl: str):
+    """Causal attention inside each document: q [B,T,H,D], k/v [B,T,G,D], segment_ids [B,T].
+
+    ``cudnn``: cuDNN's packed (THD) layout, one segment per document: per-row segment lengths
+    and offsets [B, M] padded with -1, M = T (an upper bound on the documents of a row); no
+    [T, T] mask. ``xla``: an explicit [B,1,T,T] same-document mask (CPU and tests)."""
+    B, T = segment_ids.shape
+    if impl != "cudnn":
+        mask = semantics.same_document(segment_ids, segment_ids)[:, None]
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
+                                            implementation=impl)
+    from jax._src.cudnn.fused_attention_stablehlo import MaskType
+    from jax._src.cudnn.fused_attention_stablehlo import dot_product_attention as cudnn_attn
+    t = jnp.arange(T, dtype=jnp.int32)
+    first = semantics.document_starts(segment_ids) == t                         # [B,T]
+    rank = jnp.cumsum(first, axis=1) - 1                                        # doc index
+    n_docs = rank[:, -1] + 1
+    starts = jnp.full((B, T + 1), -1, jnp.int32).at[
+        jnp.arange(B)[:, None], jnp.where(first, rank, T + 1)].set(t, mode="drop")
+    starts = starts.at[jnp.arange(B), n_docs].set(T)                            # end marker
+    m = jnp.arange(T)[None, :]
+    lengths = jnp.where(m < n_docs[:, None], starts[:, 1:] - starts[:, :-1], -1)
+    offsets = jnp.where(jnp.arange(T + 1)[None, :] <= n_docs[:, None], starts, -1)
+    return cudnn_attn(q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets,
+                      kv_offsets=offsets, scale=1.0 / math.sqrt(q.shape[-1]),
+                      mask_type=MaskType.PADDING_CAUSAL)
+
+
 def _normal(std):
     return nnx.initializers.normal(stddev=std)
 
@@ -70,9 +104,9 @@ class Compressor(nnx.Module):
                                                              jnp.float32))
         self.b2 = nnx.Param(jnp.zeros((dim_out,), jnp.float32))
 
-    def __call__(self, x):  # [B,T,G,D] -> [B,Tc,G,Dout]
+    def __call__(self, x, src=None):  # [B,T,G,D] -> [B,Tc,G,Dout]; src: packed documents
         return compress(x.astype(self.dtype), self.pos_emb[...], self.w1[...], self.b1[...],
-                        self.w2[...], self.b2[...], self.cfg)
+                        self.w2[...], self.b2[...], self.cfg, src=src)
 
     def block(self, x):  # one block per row: [B,l,G,D] -> [B,1,G,Dout] (decoding)
         return compress_block(x.astype(self.dtype), self.pos_emb[...], self.w1[...],
@@ -133,6 +167,21 @@ class NSAAttention(nnx.Module):
             k_cmp = apply_rope(k_cmp, pos, self.mcfg.rope_theta)
         return k_cmp, v_cmp
 
+    def compress_documents(self, k_c, v_c, positions, layout: semantics.SegmentLayout):
+        """Packed documents: φ over each document's own blocks into the per-document slot
+        layout (``layout.cmp_src``), then RoPE on the key in slot c at the position of its
+        block's last token, ``positions[cmp_src[c] + l - 1]`` (document-relative
+        i*d + l - 1 with the default positions). -> (k_cmp, v_cmp) [B,Tc,G,D]."""
+        k_cmp = self.phi_k(k_c, layout.cmp_src)
+        v_cmp = self.phi_v(v_c, layout.cmp_src)
+        B, T = k_c.shape[:2]
+        if k_cmp.shape[1]:
+            pos = jnp.broadcast_to(jnp.asarray(positions), (B, T))
+            last = jnp.minimum(layout.cmp_src + self.ncfg.block_l - 1, T - 1)
+            k_cmp = apply_rope(k_cmp, jnp.take_along_axis(pos, last, axis=1),
+                               self.mcfg.rope_theta)
+        return k_cmp, v_cmp
+
     def compress_block(self, kb, vb, offset):
         """φ of one block per row (un-rotated [B,l,G,D] starting at offset [B]) + RoPE at its
         last position: the decoder's emission. -> (k_cmp, v_cmp) [B,1,G,D]."""
@@ -145,22 +194,32 @@ class NSAAttention(nnx.Module):
         k_cmp, v_cmp = self.compress_kv(k_c, v_c)
         return q, k_cmp, v_cmp, k_s, v_s, k_w, v_w, gates
 
-    def __call__(self, x, positions, cache: kvcache.LayerCache | None = None):
+    def __call__(self, x, positions, cache: kvcache.LayerCache | None = None, segment_ids=None):
         """x [B,S,dim] -> (out [B,S,dim], cache).
 
         Without a cache: the parallel (training) forward. With one: S == 1 appends one token per
         row at position ``cache.pos`` and attends over the cache (decode step); S > 1 is a prefill
-        of an empty cache with ``cache.n`` valid tokens per row.
+        of an empty cache with ``cache.n`` valid tokens per row. ``segment_ids`` [B,S] packs
+        documents (no cache): each attends only inside itself (:mod:`nsa_jax.nsa.semantics`).
         """
         B, S, _ = x.shape
         impl = resolve_nsa_impl(self.xcfg.nsa_impl)
+        _no_packed_cache(cache, segment_ids)
         if cache is not None and S == 1:
             return self._decode(x, cache, resolve_nsa_impl(self.xcfg.decode_impl))
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
-        k_cmp, v_cmp = self.compress_kv(k_c, v_c)
+        if segment_ids is None:
+            k_cmp, v_cmp = self.compress_kv(k_c, v_c)
+        else:
+            k_cmp, v_cmp = self.compress_documents(
+                k_c, v_c, positions, semantics.segment_layout(segment_ids, self.ncfg))
         args = (q, k_cmp, v_cmp, k_s, v_s, k_w, v_w, gates)
-        o = batch_parallel(lambda *a: nsa_attention(*a, self.ncfg, impl=impl,
-                                                          choices=self.xcfg.kernel), *args)
+        kw = dict(impl=impl, choices=self.xcfg.kernel)
+        if segment_ids is None:
+            o = batch_parallel(lambda *a: nsa_attention(*a, self.ncfg, **kw), *args)
+        else:
+            o = batch_parallel(lambda *a: nsa_attention(*a[:-1], self.ncfg, segment_ids=a[-1],
+                                                        **kw), *args, segment_ids)
         out = self.wo(o.reshape(B, S, -1).astype(self.dtype))
         if cache is None:
             return out, None
@@ -208,9 +267,11 @@ class DenseAttention(nnx.Module):
         k = apply_rope(kv[:, :, 0], positions, m.rope_theta)
         return q, k, kv[:, :, 1]
 
-    def __call__(self, x, positions, cache: kvcache.LayerCache | None = None):
-        """x [B,S,dim] -> (out, cache); cache modes as in :meth:`NSAAttention.__call__`."""
+    def __call__(self, x, positions, cache: kvcache.LayerCache | None = None, segment_ids=None):
+        """x [B,S,dim] -> (out, cache); cache modes and ``segment_ids`` as in
+        :meth:`NSAAttention.__call__`."""
         B, S, _ = x.shape
+        _no_packed_cache(cache, segment_ids)
         if cache is not None and S == 1:
             t = cache.pos
             q, k, v = self.project(x, t[:, None])
@@ -219,8 +280,12 @@ class DenseAttention(nnx.Module):
             return self.wo(o.reshape(B, 1, -1)), dataclasses.replace(cache, kv=kv)
         q, k, v = self.project(x, positions)
         impl = self.impl()
-        o = batch_parallel(lambda q, k, v: jax.nn.dot_product_attention(
-            q, k, v, is_causal=True, implementation=impl), q, k, v)
+        if segment_ids is None:
+            o = batch_parallel(lambda q, k, v: jax.nn.dot_product_attention(
+                q, k, v, is_causal=True, implementation=impl), q, k, v)
+        else:
+            o = batch_parallel(lambda q, k, v, seg: dense_packed_attention(q, k, v, seg, impl),
+                               q, k, v, segment_ids)
         out = self.wo(o.reshape(B, S, -1))
         if cache is None:
             return out, None
@@ -251,9 +316,9 @@ class Block(nnx.Module):
         self.norm2 = nnx.RMSNorm(mcfg.dim, epsilon=mcfg.norm_eps, dtype=dt, rngs=rngs)
         self.mlp = SwiGLU(mcfg, rngs=rngs)
 
-    def __call__(self, x, positions, cache: kvcache.LayerCache | None = None):
+    def __call__(self, x, positions, cache: kvcache.LayerCache | None = None, segment_ids=None):
         """-> (x, cache): the attention's cache passes through (None in training)."""
-        a, cache = self.attn(self.norm1(x), positions, cache)
+        a, cache = self.attn(self.norm1(x), positions, cache, segment_ids)
         x = x + a
         return x + self.mlp(self.norm2(x)), cache
 
@@ -275,16 +340,28 @@ class NSALM(nnx.Module):
             self.head = nnx.Linear(mcfg.dim, mcfg.vocab_size, use_bias=False, dtype=dt,
                                    kernel_init=_normal(mcfg.init_std), rngs=rngs)
 
-    def __call__(self, tokens, positions=None):
+    def __call__(self, tokens, positions=None, segment_ids=None):
+        """tokens int [B,T] -> final hidden [B,T,dim].
+
+        positions: [T] or [B,T] RoPE positions (default 0..T-1, or restarting at 0 in each
+        document with ``segment_ids``). segment_ids: int32 [B,T], non-decreasing along each
+        row, one id per document: packed documents, each attended as if alone (both
+        ``attention: nsa`` and ``dense``).
+        """
         T = tokens.shape[1]
+        if segment_ids is not None:
+            semantics.check_segment_ids(segment_ids, tokens.shape)
+            segment_ids = jnp.asarray(segment_ids, jnp.int32)
         if positions is None:
-            positions = jnp.arange(T)
+            positions = (jnp.arange(T) if segment_ids is None
+                         else semantics.document_positions(segment_ids))
         x = self.embed(tokens)
         for blk in self.blocks:
             if self.xcfg.remat == "block":
-                x = nnx.remat(lambda b, y, p: b(y, p)[0])(blk, x, positions)
+                x = nnx.remat(lambda b, y, p, s: b(y, p, None, s)[0])(blk, x, positions,
+                                                                       segment_ids)
             else:
-                x = blk(x, positions)[0]
+                x = blk(x, positions, None, segment_ids)[0]
         return self.norm(x)
 
     def extend(self, tokens, cache, lengths=None):
@@ -314,8 +391,8 @@ class NSALM(nnx.Module):
             return self.embed.attend(h)
         return self.head(h)
 
-    def logits(self, tokens, positions=None):
-        return self.head_logits(self(tokens, positions)).astype(jnp.float32)
+    def logits(self, tokens, positions=None, segment_ids=None):
+        return self.head_logits(self(tokens, positions, segment_ids)).astype(jnp.float32)
 
 
 def chunked_cross_entropy(h, w_out, targets, chunk: int, loss_mask=None):
@@ -348,12 +425,21 @@ def chunked_cross_entropy(h, w_out, targets, chunk: int, loss_mask=None):
     return total, jnp.sum(mask)
 
 
-def lm_loss(model: NSALM, tokens, loss_mask=None):
+def lm_loss(model: NSALM, tokens, loss_mask=None, segment_ids=None):
     """Mean next-token cross-entropy. tokens [B, T+1]: inputs tokens[:, :-1], targets tokens[:, 1:].
 
-    Uses :func:`chunked_cross_entropy` with ``model.loss_chunk`` tokens per chunk."""
+    ``loss_mask`` [B, T] weights the targets. ``segment_ids`` [B, T+1] packs documents: the
+    model sees ``segment_ids[:, :-1]`` and a target from another document than its input (the
+    first token of the next document) does not count, so each document's loss is its loss
+    alone. Uses :func:`chunked_cross_entropy` with ``model.loss_chunk`` tokens per chunk."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    h = model(inputs)
+    seg = None
+    if segment_ids is not None:
+        semantics.check_segment_ids(segment_ids, tokens.shape)
+        seg = segment_ids[:, :-1]
+        same = (segment_ids[:, 1:] == seg).astype(jnp.float32)
+        loss_mask = same if loss_mask is None else loss_mask * same
+    h = model(inputs, segment_ids=seg)
     if model.mcfg.tie_embeddings:
         w_out = model.embed.embedding[...].T
     else:

@@ -15,7 +15,7 @@ import enum
 
 import jax
 
-from nsa_jax.nsa import reference
+from nsa_jax.nsa import reference, semantics
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 
@@ -88,7 +88,8 @@ def _check_options(backend: Backend, choices, block_sizes):
 
 def nsa_attention(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg: NSAConfig,
                   impl: str | Backend = "reference", *, block_idx=None,
-                  choices: KernelChoices | None = None, block_sizes=None) -> jax.Array:
+                  choices: KernelChoices | None = None, block_sizes=None,
+                  segment_ids=None) -> jax.Array:
     """NSA attention output [B,T,Hq,Dv].
 
     q [B,T,Hq,Dk]; k_cmp [B,Tc,G,Dk], v_cmp [B,Tc,G,Dv] (already compressed by φ);
@@ -100,27 +101,40 @@ def nsa_attention(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg: NSACo
     choices:     ``KernelChoices``, how the kernels compute (never what); the reference
                  ignores them, so one config serves every backend. None = defaults.
     block_sizes: ``nsa_jax.pallas.BlockSizes`` tile sizes; pallas only.
+    segment_ids: int32 [B,T], non-decreasing per row, one id per document: packed documents,
+                 each attended as its own sequence (``nsa_jax.nsa.semantics``). k_cmp/v_cmp
+                 are then in the per-document slot layout (``semantics.segment_layout``;
+                 ``compression.compress(..., src=layout.cmp_src)`` makes it) and block ids
+                 (``block_idx``, ``select_blocks``) are document-relative. None: one document
+                 per row.
     """
     if not isinstance(cfg, NSAConfig):
         raise TypeError(f"cfg must be an NSAConfig, got {type(cfg).__name__}")
     backend = resolve_impl(impl)
     _check_options(backend, choices, block_sizes)
     _check_shapes(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg)
+    if segment_ids is not None:
+        semantics.check_segment_ids(segment_ids, q.shape[:2])
     args = (q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg)
     if backend is Backend.PALLAS:
         from nsa_jax.pallas.nsa import nsa_attention_pallas
         return nsa_attention_pallas(*args, block_idx=block_idx, block_sizes=block_sizes,
-                                    choices=choices)
-    return reference.nsa_attention_reference(*args, block_idx=block_idx)
+                                    choices=choices, segment_ids=segment_ids)
+    return reference.nsa_attention_reference(*args, block_idx=block_idx,
+                                             segment_ids=segment_ids)
 
 
 def select_blocks(q, k_cmp, cfg: NSAConfig, impl: str | Backend = "reference", *,
-                  choices: KernelChoices | None = None, block_sizes=None) -> jax.Array:
-    """Selected block ids, int32 [B,T,G,n_sel], ascending, -1 for unused slots at the end.
-    ``impl``, ``choices`` and ``block_sizes`` as in ``nsa_attention``."""
+                  choices: KernelChoices | None = None, block_sizes=None,
+                  segment_ids=None) -> jax.Array:
+    """Selected block ids, int32 [B,T,G,n_sel], ascending, -1 for unused slots at the end
+    (document-relative with ``segment_ids``). Other arguments as in ``nsa_attention``."""
     backend = resolve_impl(impl)
     _check_options(backend, choices, block_sizes)
+    if segment_ids is not None:
+        semantics.check_segment_ids(segment_ids, q.shape[:2])
     if backend is Backend.PALLAS:
         from nsa_jax.pallas.nsa import select_blocks_pallas
-        return select_blocks_pallas(q, k_cmp, cfg, block_sizes, choices=choices)
-    return reference.select_blocks(q, k_cmp, cfg)
+        return select_blocks_pallas(q, k_cmp, cfg, block_sizes, choices=choices,
+                                    segment_ids=segment_ids)
+    return reference.select_blocks(q, k_cmp, cfg, segment_ids)

@@ -16,11 +16,15 @@ from nsa_jax.nsa.config import NSAConfig
 
 
 def compress(x: jax.Array, pos_emb: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Array,
-             b2: jax.Array, cfg: NSAConfig, act=jax.nn.silu) -> jax.Array:
+             b2: jax.Array, cfg: NSAConfig, act=jax.nn.silu, src=None) -> jax.Array:
     """x [B,T,G,D] -> [B,Tc,G,Dout].
 
     pos_emb [l,D]; w1 [l*D, H] (flattened block row-major: token-major, then feature); b1 [H];
     w2 [H, Dout]; b2 [Dout]. Computes in x.dtype.
+
+    ``src`` int32 [B,Tc] (packed documents: ``semantics.segment_layout(...).cmp_src``): slot c
+    compresses tokens [src[c], src[c] + l) instead of [c*d, c*d + l); each of the r = l/d
+    stride chunks is then one gather of Tc*d rows.
     """
     B, T, G, D = x.shape
     l, d = cfg.block_l, cfg.stride_d
@@ -33,11 +37,18 @@ def compress(x: jax.Array, pos_emb: jax.Array, w1: jax.Array, b1: jax.Array, w2:
     w1r = w1.reshape(l, D, H).astype(dt)
     bias = b1.astype(jnp.float32) + jnp.einsum("lD,lDH->H", pos_emb.astype(jnp.float32),
                                                w1.reshape(l, D, H).astype(jnp.float32))
-    n_chunks = Tc - 1 + r
-    chunks = x[:, : n_chunks * d].reshape(B, n_chunks, d, G, D)
+    if src is None:
+        n_chunks = Tc - 1 + r
+        chunks = x[:, : n_chunks * d].reshape(B, n_chunks, d, G, D)
+        chunk = lambda m: chunks[:, m:m + Tc]
+    else:
+        def chunk(m):  # [B,Tc,d,G,D]: tokens src + m*d + e, e < d
+            i = (jnp.asarray(src)[:, :, None] + m * d + jnp.arange(d)).reshape(B, Tc * d)
+            i = jnp.minimum(i, T - 1)[:, :, None, None]
+            return jnp.take_along_axis(x, i, axis=1).reshape(B, Tc, d, G, D)
     h = bias.astype(dt)
     for m in range(r):
-        h = h + jnp.einsum("bcegD,eDH->bcgH", chunks[:, m:m + Tc], w1r[m * d:(m + 1) * d])
+        h = h + jnp.einsum("bcegD,eDH->bcgH", chunk(m), w1r[m * d:(m + 1) * d])
     h = act(h)
     return jnp.einsum("bcgH,HO->bcgO", h, w2.astype(dt)) + b2.astype(dt)
 

@@ -61,10 +61,31 @@ def block_scores_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None
     return cmp_block_scores(qp, kp, lse, cfg, bs, scale, interpret, choices=choices)
 
 
+def _no_segments(segment_ids):
+    """Packed documents are not in the kernels yet (issue #16, step 3): say so rather than
+    attend across document boundaries or fall back to the O(T^2) reference.
+
+    Plan (the layout of :mod:`nsa_jax.nsa.semantics` keeps every kernel a per-row bound, no
+    [T, T] mask): pass ``SegmentLayout.start``, ``rel`` and ``cmp_lo`` [B,T] int32 to the kernels.
+    compressed fwd/bwd and scoring: a row sees slots [cmp_lo, cmp_lo + Tc(rel + 1)), i.e. the
+    visibility test ``i*d + l - 1 <= t`` becomes ``0 <= i - lo`` and ``(i - lo)*d + l - 1 <= rel``
+    and the key loop starts at min(lo) of the tile; scoring maps slot i to document block
+    i - lo (its selection block is (i - lo)*d // l'); dK/dV tiles walk queries from the first
+    token of the slot's document. top-n: positions ``rel`` instead of t. selection (gather and
+    tiled): block j is keys [start + j*l', start + (j+1)*l') (an unaligned pl.ds load, masked by
+    s >= start and s <= t). window: cuDNN's packed layout with its sliding window, or s >= start
+    in a masked kernel."""
+    if segment_ids is not None:
+        raise NotImplementedError(
+            "segment_ids: packed documents are not implemented in the Pallas kernels yet; "
+            "use impl='reference' (exec.nsa_impl=reference) for packed rows")
+
+
 def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None = None, *,
-                         choices: KernelChoices | None = None):
+                         choices: KernelChoices | None = None, segment_ids=None):
     """Selected block ids int32 [B,T,G,n_sel], ascending, -1 padded (== the reference's
     ``select_blocks``)."""
+    _no_segments(segment_ids)
     return topn_pallas(block_scores_pallas(q, k_cmp, cfg, block_sizes, choices=choices), cfg,
                        use_interpret())
 
@@ -91,15 +112,17 @@ class _Static:
 
 def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg: NSAConfig,
                          block_idx=None, block_sizes: BlockSizes | None = None, *,
-                         choices: KernelChoices | None = None):
+                         choices: KernelChoices | None = None, segment_ids=None):
     """NSA attention output [B,T,Hq,Dv] in q's dtype; same contract as
     ``reference.nsa_attention_reference`` (``block_idx`` overrides the selection).
 
     One custom VJP spans the three branches and the gated sum (Eq. 5): the output cotangent
     reaches every kernel in its own dtype with the gate applied in float32 inside, and dQ is
     summed over branches in float32 and rounded once. ``block_sizes``: tiles (None = by shape);
-    ``choices``: algorithms (None = ``KernelChoices()``).
+    ``choices``: algorithms (None = ``KernelChoices()``). ``segment_ids``: not implemented yet
+    (raises NotImplementedError naming it).
     """
+    _no_segments(segment_ids)
     B, T, _, _ = q.shape
     G = k_slc.shape[2]
     st = _Static(cfg, _block_sizes(q, G, block_sizes), choices_or_default(choices),

@@ -1,0 +1,74 @@
+"""Packed documents (issue #16): attention time with and without packing, forward + backward.
+
+So far the dense path only (cuDNN's packed layout against plain causal cuDNN); the NSA kernels
+do not take ``segment_ids`` yet. Prints one JSON line per (T, mode) and the packed/unpacked
+speed ratio (target >= 0.9).
+
+    python bench/packed.py --T 8192 65536
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import timed  # noqa: E402
+
+from nsa_jax.model import dense_packed_attention  # noqa: E402
+
+
+def doc_lengths(T: int, mean: int, seed: int = 0) -> list[int]:
+    """Geometric-ish document lengths (mean ``mean``) filling T tokens; the last one is cut."""
+    rng = np.random.default_rng(seed)
+    out, n = [], 0
+    while n < T:
+        L = int(min(T - n, max(1, rng.exponential(mean))))
+        out.append(L)
+        n += L
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--T", type=int, nargs="+", default=[8192, 65536])
+    p.add_argument("--mean-doc", type=int, default=2048)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--groups", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--reps", type=int, default=20)
+    a = p.parse_args(argv)
+    for T in a.T:
+        lengths = doc_lengths(T, a.mean_doc)
+        seg = jnp.asarray(np.repeat(np.arange(len(lengths)), lengths)[None], jnp.int32)
+        rng = np.random.default_rng(1)
+        q, k, v, ct = (jnp.asarray(rng.standard_normal((1, T, n, a.head_dim)), jnp.bfloat16)
+                       for n in (a.heads, a.groups, a.groups, a.heads))
+
+        def fb(attn):
+            def f(q, k, v, ct):
+                o, vjp = jax.vjp(attn, q, k, v)
+                return o, vjp(ct)
+            return jax.jit(f)
+
+        plain = fb(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                                 implementation="cudnn"))
+        packed = fb(lambda q, k, v: dense_packed_attention(q, k, v, seg, "cudnn"))
+        ms = {}
+        for name, fn in (("unpacked", plain), ("packed", packed)):
+            ms[name] = timed(fn, [(q, k, v, ct)], a.reps)
+            print(json.dumps({"attention": "dense", "T": T, "mode": name, "docs": len(lengths),
+                              "fwd_bwd_ms": round(ms[name], 3),
+                              "device": jax.devices()[0].device_kind}), flush=True)
+        # packed attends only inside documents: less work, so >= 1 is expected; >= 0.9 required
+        print(json.dumps({"attention": "dense", "T": T,
+                          "packed_speed_over_unpacked": round(ms["unpacked"] / ms["packed"], 3)}))
+
+
+if __name__ == "__main__":
+    main()

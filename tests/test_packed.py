@@ -1,0 +1,125 @@
+"""Packed documents (segment_ids): a packed row equals each document run alone (reference)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nsa_bruteforce import brute_nsa
+from nsa_jax.nsa import NSAConfig, semantics
+from nsa_jax.nsa import nsa_attention as _nsa_attention
+from nsa_jax.nsa import select_blocks as _select_blocks
+from nsa_jax.nsa.compression import compress, compress_naive
+from nsa_testutil import rel_err
+from packed_util import NAMES, alone, cotangent, packed_inputs, segments
+
+nsa_attention = jax.jit(_nsa_attention, static_argnames=("cfg", "impl"))
+select_blocks = jax.jit(_select_blocks, static_argnames=("cfg", "impl"))
+
+CFG = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=3, window=8)
+# lengths 1, < l, = l', not a multiple of l', and a last document cut by the row end;
+# row 2: one long document, then two short ones
+LENGTHS = [[1, 5, 16, 21, 13], [40, 7, 9]]
+
+
+def test_segment_layout_small():
+    seg = segments([[1, 5, 16, 21, 13]])
+    lay = semantics.segment_layout(seg, CFG)
+    starts = np.repeat([0, 1, 6, 22, 43], [1, 5, 16, 21, 13])
+    np.testing.assert_array_equal(lay.start[0], starts)
+    np.testing.assert_array_equal(lay.rel[0], np.arange(56) - starts)
+    # Tc per document: 0, 0, 3, 4, 2 -> offsets 0, 0, 0, 3, 7; 9 of Tc(56) = 13 slots used
+    np.testing.assert_array_equal(lay.cmp_lo[0], np.repeat([0, 0, 0, 3, 7], [1, 5, 16, 21, 13]))
+    np.testing.assert_array_equal(lay.cmp_ok[0], np.arange(13) < 9)
+    np.testing.assert_array_equal(lay.cmp_src[0, :9], [6, 10, 14, 22, 26, 30, 34, 43, 47])
+
+
+def test_reference_packed_matches_bruteforce():
+    args, seg = packed_inputs(0, LENGTHS, 4, 2, 8, 6, CFG)
+    c = CFG
+    want, want_sel = brute_nsa(*[np.asarray(a) for a in args], c.block_l, c.stride_d,
+                               c.sel_block, c.n_sel, c.window, seg=np.asarray(seg))
+    np.testing.assert_array_equal(np.asarray(select_blocks(args[0], args[1], CFG,
+                                                           segment_ids=seg)), want_sel)
+    got = nsa_attention(*args, CFG, segment_ids=seg)
+    assert rel_err(got, want) < 1e-5
+
+
+def _check_packed_equals_alone(attn, args, seg, cfg, tol):
+    """Values and every input's gradient of a packed batch equal the documents run alone."""
+    ct = cotangent(1, args[0].shape[:3] + (args[6].shape[-1],))
+    out, vjp = jax.vjp(lambda *a: attn(*a, seg), *args)
+    grads = vjp(ct)
+    for b in range(seg.shape[0]):
+        used = 0
+        for start, L, off, doc in alone(args, seg, cfg, b):
+            o1, vjp1 = jax.vjp(lambda *a: attn(*a, None), *doc)
+            g1 = vjp1(ct[b:b + 1, start:start + L])
+            assert rel_err(out[b:b + 1, start:start + L], o1) < tol, (b, start, L)
+            Tc = doc[1].shape[1]
+            used = off + Tc
+            for name, g, ga in zip(NAMES, grads, g1):
+                gp = g[b:b + 1, off:off + Tc] if name in ("k_cmp", "v_cmp") \
+                    else g[b:b + 1, start:start + L]
+                assert rel_err(gp, ga) < tol or np.abs(np.asarray(ga)).max() == 0 and \
+                    np.abs(np.asarray(gp)).max() < tol, (b, start, L, name)
+        for i in (1, 2):  # padding slots: no query sees them
+            assert np.all(np.asarray(grads[i][b, used:]) == 0)
+
+
+def test_reference_packed_equals_each_document_alone():
+    args, seg = packed_inputs(2, LENGTHS[:1], 4, 2, 8, 8, CFG)
+    attn = jax.jit(lambda *a: _nsa_attention(*a[:8], CFG, segment_ids=a[8]))
+    _check_packed_equals_alone(attn, args, seg, CFG, 2e-5)
+
+
+def test_no_gradient_crosses_a_document_boundary():
+    """Cotangent on one document only: every other document's inputs get exactly zero."""
+    args, seg = packed_inputs(3, [LENGTHS[0]], 4, 2, 8, 8, CFG)
+    docs = alone(args, seg, CFG, 0)
+    start, L, off, doc = docs[3]
+    ct = jnp.zeros(args[0].shape).at[:, start:start + L].set(1.0)
+    _, vjp = jax.vjp(lambda *a: nsa_attention(*a, CFG, segment_ids=seg), *args)
+    grads = vjp(ct)
+    Tc = doc[1].shape[1]
+    for name, g in zip(NAMES, grads):
+        g = np.asarray(g)
+        if name in ("k_cmp", "v_cmp"):
+            outside = np.concatenate([g[:, :off], g[:, off + Tc:]], axis=1)
+        else:
+            outside = np.concatenate([g[:, :start], g[:, start + L:]], axis=1)
+            assert np.abs(g[:, start:start + L]).sum() > 0, name
+        assert np.all(outside == 0.0), name
+
+
+def test_compress_with_sources_matches_each_document():
+    B, T, G, D, H = 1, 56, 2, 4, 8
+    ks = jax.random.split(jax.random.PRNGKey(5), 6)
+    x = jax.random.normal(ks[0], (B, T, G, D))
+    w = (jax.random.normal(ks[1], (CFG.block_l, D)), jax.random.normal(ks[2], (CFG.block_l * D, H)),
+         jax.random.normal(ks[3], (H,)), jax.random.normal(ks[4], (H, D)),
+         jax.random.normal(ks[5], (D,)))
+    seg = segments([LENGTHS[0]])
+    lay = semantics.segment_layout(seg, CFG)
+    got = compress(x, *w, CFG, src=lay.cmp_src)
+    for start, L, off, _ in alone((x,) * 8, seg, CFG, 0):
+        if L >= CFG.block_l:
+            want = compress_naive(x[:, start:start + L], *w, CFG)
+            assert rel_err(got[:, off:off + want.shape[1]], want) < 1e-5
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (lambda s: s[:, ::-1], "non-decreasing"),
+    (lambda s: s[:, :-1], "shape"),
+    (lambda s: s.astype(jnp.float32), "integer"),
+])
+def test_bad_segment_ids_name_the_argument(bad, msg):
+    args, seg = packed_inputs(0, [[20, 20]], 4, 2, 8, 8, CFG)
+    with pytest.raises(ValueError, match="segment_ids") as e:
+        _nsa_attention(*args, CFG, segment_ids=bad(seg))
+    assert msg in str(e.value)
+
+
+def test_pallas_says_packed_documents_are_not_there_yet():
+    args, seg = packed_inputs(0, [[20, 20]], 4, 2, 8, 8, CFG)
+    with pytest.raises(NotImplementedError, match="segment_ids"):
+        _nsa_attention(*args, CFG, impl="pallas", segment_ids=seg)
