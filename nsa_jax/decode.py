@@ -15,8 +15,10 @@ since selection scores come from it).
 Appending token t: its selection K/V go to index t, its window K/V to ring slot ``t % W``, its
 un-rotated cmp-branch K/V to ring slot ``t % l``; when t is the last token of compressed block
 ``i = (t - l + 1) / d`` (Eq. 7), φ runs on the ring (in token order) and the key is rotated at t.
-φ runs at every step and the write keeps the old value when no block ends at t: no branch, so
-one compiled step serves rows at any positions.
+φ runs at every step; when no block ends at t its output goes to the compressed cache's last
+slot, a scratch slot that no position up to ``max_len`` can see (``cache_sizes`` allocates one
+more than the blocks ``max_len`` tokens hold): no branch and no read of the old value, so one
+compiled step serves rows at any positions.
 """
 from __future__ import annotations
 
@@ -73,7 +75,7 @@ def _align(n: int) -> int:
 def cache_sizes(cfg: NSAConfig, max_len: int) -> dict[str, int]:
     """Sequence lengths of the NSA caches for ``max_len`` tokens."""
     return {
-        "cmp": _align(cfg.num_cmp_blocks(max_len)),
+        "cmp": _align(cfg.num_cmp_blocks(max_len) + 1),   # + the scratch slot (last)
         "slc": cfg.num_sel_blocks(max_len) * cfg.sel_block,
         "win": min(cfg.window, max_len),
         "raw": cfg.block_l,
@@ -186,9 +188,10 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, k_c, v_c, k_s, v_s, k_w, v
         kb = _gsd(gather_rows(kv["kc_raw"], slots))              # [B,l,G,D], un-rotated
         vb = _gsd(gather_rows(kv["vc_raw"], slots))
         kc, vc = compress(kb, vb, jnp.maximum(start, 0))          # [B,1,G,D]
-        i = jnp.minimum(jnp.maximum(start, 0) // d, kv["k_cmp"].shape[2] - 1)
-        kv["k_cmp"] = write_rows(kv["k_cmp"], kc[:, 0], i, mask=emit)
-        kv["v_cmp"] = write_rows(kv["v_cmp"], vc[:, 0], i, mask=emit)
+        scratch = kv["k_cmp"].shape[2] - 1        # never visible: see cache_sizes
+        i = jnp.where(emit, jnp.maximum(start, 0) // d, scratch)
+        kv["k_cmp"] = write_rows(kv["k_cmp"], kc[:, 0], i)
+        kv["v_cmp"] = write_rows(kv["v_cmp"], vc[:, 0], i)
     return kv
 
 

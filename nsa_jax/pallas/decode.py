@@ -17,7 +17,8 @@ partial softmax states (m, l, acc) that a small XLA epilogue merges:
    rules of :mod:`nsa_jax.nsa.semantics` (ties to the lower index).
 2. ``_slc_win_kernel`` (grid B x G x (n_sel + window tiles)): one program per selected block (loaded
    by index; keys past t masked) or per tile of the window ring buffer.
-3. The epilogue merges the partial states per branch and mixes them with the gates (Eq. 5).
+3. ``_finish_kernel`` (grid B x G) merges each branch's partial states and mixes them with the
+   gates (Eq. 5), one program per (row, group) over all its partials at once.
 
 Logits are kept in base 2 (scaled by log2 e) inside the kernels, as in the training kernels.
 """
@@ -312,16 +313,55 @@ def _slc_win_call(t, ids, q, kv, cfg, bw, scale, interpret):
 
 
 # ---- 3. epilogue ----------------------------------------------------------------------------
-def _merge(m, l, o):
-    """Partial softmax states over axis 2 -> (o [B,G,h,Dv] normalised, lse2 [B,G,h]); rows with
-    no visible key give o = 0 and lse2 = -inf."""
-    M = jnp.max(m, axis=2)
-    Ms = jnp.where(M == NEG_INF, 0.0, M)
-    w = jnp.exp2(m - Ms[:, :, None])
-    L = jnp.sum(l * w, axis=2)
-    acc = jnp.sum(o * w[..., None], axis=2)
-    Ls = jnp.where(L > 0, L, 1.0)
-    return acc / Ls[..., None], jnp.where(L > 0, Ms + jnp.log2(Ls), NEG_INF)
+def _branch(m_ref, l_ref, o_ref, b, g, hh, lo, hi, pp):
+    """Merge partial states lo..hi-1 (axis 2) of head hh -> normalised o [Dv] (0 if empty)."""
+    p = lo + jnp.arange(pp)
+    ok = p < hi
+    ps = jnp.where(ok, p, lo)
+    m = load(m_ref.at[b, g, ps, hh], ok, NEG_INF)
+    l = load(l_ref.at[b, g, ps, hh], ok, 0.0)
+    M = jnp.max(m)
+    w = jnp.exp2(m - jnp.where(M == NEG_INF, 0.0, M))
+    L = jnp.sum(l * w)
+    dv = jnp.arange(o_ref.shape[-1])
+    o = load(o_ref.at[b, g, ps[:, None], hh, dv[None, :]], ok[:, None], 0.0)
+    acc = jnp.sum(o * w[:, None], axis=0)
+    return acc / jnp.where(L > 0, L, 1.0)
+
+
+def _finish_kernel(g_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_ref, *, h, n_slc,
+                   has_cmp, has_slc, has_win, pc, ps_):
+    """Merge every branch's partial states and mix them with the gates (Eq. 5) for the h heads of
+    one (row, group): out = sum_c g_c o_c."""
+    b, g = pl.program_id(0), pl.program_id(1)
+    U = ms_ref.shape[2]
+    dv = jnp.arange(out_ref.shape[-1])
+    for hh in range(h):
+        out = jnp.zeros(dv.shape, jnp.float32)
+        if has_cmp:
+            out += g_ref[b, g, hh, 0] * _branch(mc_ref, lc_ref, oc_ref, b, g, hh, 0,
+                                                 mc_ref.shape[2], pc)
+        if has_slc:
+            out += g_ref[b, g, hh, 1] * _branch(ms_ref, ls_ref, os_ref, b, g, hh, 0, n_slc, ps_)
+        if has_win:
+            out += g_ref[b, g, hh, 2] * _branch(ms_ref, ls_ref, os_ref, b, g, hh, n_slc, U, ps_)
+        store(out_ref.at[b, g, hh, dv], out, dv >= 0)
+
+
+def _finish_call(gates, cmp_parts, sw_parts, n_slc, br, dtype, interpret):
+    B, G, h, _ = gates.shape
+    dummy = [jnp.zeros((B, G, 1, h), jnp.float32), jnp.zeros((B, G, 1, h), jnp.float32)]
+    mc, lc, oc = cmp_parts if cmp_parts is not None else dummy + [jnp.zeros((B, G, 1, h, 16))]
+    ms, ls, os_ = sw_parts if sw_parts is not None else dummy + [jnp.zeros((B, G, 1, h, 16))]
+    Dv = (oc if cmp_parts is not None else os_).shape[-1]
+    kern = functools.partial(_finish_kernel, h=h, n_slc=n_slc, has_cmp="cmp" in br,
+                             has_slc="slc" in br, has_win="win" in br,
+                             pc=next_pow2(mc.shape[2]), ps_=next_pow2(ms.shape[2]))
+    return pl.pallas_call(
+        kern, grid=(B, G),
+        out_shape=jax.ShapeDtypeStruct((B, G, h, Dv), dtype),
+        compiler_params=compiler_params(4, 1), interpret=interpret, name="nsa_decode_finish",
+    )(gates.astype(jnp.float32), mc, lc, oc, ms, ls, os_)
 
 
 def _splits(B: int, G: int, Tc: int, bk: int) -> int:
@@ -356,28 +396,19 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
     interpret = use_interpret()
     scale = 1.0 / math.sqrt(Dk)
     qg = _pad_last(q.reshape(B, G, h, Dk).astype(next(iter(kv.values())).dtype), Dkp)
-    o_cmp = o_slc = o_win = None
-    ids = None
+    ids = cmp_parts = sw_parts = None
     if "cmp" in br or "slc" in br:
         Tc = kv["k_cmp"].shape[2]
         ns = splits or _splits(B, G, Tc, cmp_keys)
         s, m, l, o = _cmp_call(t, qg, kv["k_cmp"], kv["v_cmp"], cfg, ns, cmp_keys, scale,
                                interpret)
-        o_c, lse = _merge(m, l, o)
-        if "cmp" in br:
-            o_cmp = o_c
+        cmp_parts = (m, l, o)
         if "slc" in br:
             ids = _select_call(t, s, m, l, cfg, kv["k_slc"].shape[2] // cfg.sel_block, sel_chunk,
                                interpret)
     if "slc" in br or "win" in br:
-        m, l, o = _slc_win_call(t, ids, qg, kv, cfg, win_keys, scale, interpret)
-        n_slc = ids.shape[-1] if ids is not None else 0
-        if "slc" in br:
-            o_slc = _merge(m[:, :, :n_slc], l[:, :, :n_slc], o[:, :, :n_slc])[0]
-        if "win" in br:
-            o_win = _merge(m[:, :, n_slc:], l[:, :, n_slc:], o[:, :, n_slc:])[0]
-
-    def flat(x):
-        return None if x is None else x[..., :Dv].reshape(B, Hq, Dv)
-
-    return semantics.combine(flat(o_cmp), flat(o_slc), flat(o_win), gates, cfg, q.dtype)
+        sw_parts = _slc_win_call(t, ids, qg, kv, cfg, win_keys, scale, interpret)
+    n_slc = ids.shape[-1] if ids is not None else 0
+    o = _finish_call(gates.reshape(B, G, h, 3), cmp_parts if "cmp" in br else None, sw_parts,
+                     n_slc, br, q.dtype, interpret)
+    return o[..., :Dv].reshape(B, Hq, Dv)
