@@ -313,20 +313,20 @@ def _slc_win_call(t, ids, q, kv, cfg, bw, scale, interpret):
 
 
 # ---- 3. epilogue ----------------------------------------------------------------------------
-def _branch(m_ref, l_ref, o_ref, b, g, hh, lo, hi, pp):
-    """Merge partial states lo..hi-1 (axis 2) of head hh -> normalised o [Dv] (0 if empty)."""
+def _weights(m_ref, l_ref, b, g, lo, hi, pp, h):
+    """Merge weights of partial states lo..hi-1 (axis 2) for all heads at once: (w [pp, hp],
+    1 / L [hp]) with w = 2^(m - max m); heads with no visible key get 1 / L = 0."""
     p = lo + jnp.arange(pp)
-    ok = p < hi
-    ps = jnp.where(ok, p, lo)
-    m = load(m_ref.at[b, g, ps, hh], ok, NEG_INF)
-    l = load(l_ref.at[b, g, ps, hh], ok, 0.0)
-    M = jnp.max(m)
-    w = jnp.exp2(m - jnp.where(M == NEG_INF, 0.0, M))
-    L = jnp.sum(l * w)
-    dv = jnp.arange(o_ref.shape[-1])
-    o = load(o_ref.at[b, g, ps[:, None], hh, dv[None, :]], ok[:, None], 0.0)
-    acc = jnp.sum(o * w[:, None], axis=0)
-    return acc / jnp.where(L > 0, L, 1.0)
+    hp = max(8, next_pow2(h))
+    r = jnp.arange(hp)
+    ok = (p < hi)[:, None] & (r < h)[None, :]
+    at = (jnp.where(p < hi, p, lo)[:, None], jnp.where(r < h, r, 0)[None, :])
+    m = load(m_ref.at[b, g, at[0], at[1]], ok, NEG_INF)
+    l = load(l_ref.at[b, g, at[0], at[1]], ok, 0.0)
+    M = jnp.max(m, axis=0)
+    w = jnp.exp2(m - jnp.where(M == NEG_INF, 0.0, M)[None, :])
+    L = jnp.sum(l * w, axis=0)
+    return w, jnp.where(L > 0, 1.0 / jnp.where(L > 0, L, 1.0), 0.0)
 
 
 def _finish_kernel(g_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_ref, *, h, n_slc,
@@ -336,15 +336,33 @@ def _finish_kernel(g_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_re
     b, g = pl.program_id(0), pl.program_id(1)
     U = ms_ref.shape[2]
     dv = jnp.arange(out_ref.shape[-1])
+    hp = max(8, next_pow2(h))
+    r = jnp.arange(hp)
+    # (partials, gate column, lo, hi, padded count) per enabled branch
+    parts = []
+    if has_cmp:
+        parts.append(((mc_ref, lc_ref, oc_ref), 0, 0, mc_ref.shape[2], pc))
+    if has_slc:
+        parts.append(((ms_ref, ls_ref, os_ref), 1, 0, n_slc, ps_))
+    if has_win:
+        parts.append(((ms_ref, ls_ref, os_ref), 2, n_slc, U, ps_))
+    gates = load(g_ref.at[b, g, jnp.where(r < h, r, 0)[:, None], jnp.arange(4)[None, :]],
+                 (r < h)[:, None] & (jnp.arange(4) < 3)[None, :], 0.0)      # [hp, 4]
+    # per head: weight column and scale of each branch, then one pass over its partials
+    merged = []
+    for (m_ref, l_ref, o_ref), c, lo, hi, pp in parts:
+        w, inv = _weights(m_ref, l_ref, b, g, lo, hi, pp, h)
+        coef = inv * jnp.sum(jnp.where(jnp.arange(4)[None, :] == c, gates, 0.0), axis=1)
+        merged.append((o_ref, w * coef[None, :], lo, hi, pp))
     for hh in range(h):
         out = jnp.zeros(dv.shape, jnp.float32)
-        if has_cmp:
-            out += g_ref[b, g, hh, 0] * _branch(mc_ref, lc_ref, oc_ref, b, g, hh, 0,
-                                                 mc_ref.shape[2], pc)
-        if has_slc:
-            out += g_ref[b, g, hh, 1] * _branch(ms_ref, ls_ref, os_ref, b, g, hh, 0, n_slc, ps_)
-        if has_win:
-            out += g_ref[b, g, hh, 2] * _branch(ms_ref, ls_ref, os_ref, b, g, hh, n_slc, U, ps_)
+        for o_ref, wc, lo, hi, pp in merged:
+            p = lo + jnp.arange(pp)
+            ok = p < hi
+            o = load(o_ref.at[b, g, jnp.where(ok, p, lo)[:, None], hh, dv[None, :]],
+                     ok[:, None], 0.0)
+            wh = jnp.sum(jnp.where(r[None, :] == hh, wc, 0.0), axis=1)          # [pp]
+            out += jnp.sum(o * wh[:, None], axis=0)
         store(out_ref.at[b, g, hh, dv], out, dv >= 0)
 
 
@@ -364,10 +382,13 @@ def _finish_call(gates, cmp_parts, sw_parts, n_slc, br, dtype, interpret):
     )(gates.astype(jnp.float32), mc, lc, oc, ms, ls, os_)
 
 
+MAX_SPLITS = 32        # partial states per (row, group) that the select and finish kernels merge
+
+
 def _splits(B: int, G: int, Tc: int, bk: int) -> int:
     """Key splits of the compressed kernel: enough (row, group, split) programs to fill the GPU,
-    at most one per tile."""
-    return int(max(1, min(cdiv(Tc, bk), cdiv(TARGET_PROGRAMS, B * G))))
+    at most one per tile and MAX_SPLITS (each split is a partial state to merge later)."""
+    return int(max(1, min(cdiv(Tc, bk), cdiv(TARGET_PROGRAMS, B * G), MAX_SPLITS)))
 
 
 def _pad_last(x, D):
