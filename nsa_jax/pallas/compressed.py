@@ -82,6 +82,19 @@ def _packed_range(lo_ref, rel_ref, b, t_first, t_last, d: int, l: int, Tc: int):
     return lo_ref[b, t_first], lo_ref[b, t_last] + _num_visible(rel_ref[b, t_last], d, l, Tc)
 
 
+def _tile_keys(seg_refs, b, qt, bq: int, t, ok, d: int, l: int, T: int, Tc: int, bk: int):
+    """Key loop of a query tile (rows at t, valid ok): -> (first key tile, end of the visible
+    slots, per-row lo (None unpacked), per-row position for Eq. 8 (t, or r(t) packed)).
+    ``seg_refs``: (cmp_lo, rel) refs of packed rows, None unpacked."""
+    t_last = jnp.minimum(qt * bq + bq - 1, T - 1)
+    if seg_refs is None:
+        return 0, _num_visible(t_last, d, l, Tc), None, t
+    lo_ref, rel_ref = seg_refs
+    lo, rel = _seg_rows(lo_ref, rel_ref, b, t, ok)
+    first, n_vis = _packed_range(lo_ref, rel_ref, b, qt * bq, t_last, d, l, Tc)
+    return idiv(first, bk), n_vis, lo, rel
+
+
 def _visible(i, t, ok, imask, d: int, l: int, lo=None):
     """[rows, keys] bool: row (position t, valid ok) sees slot i (Eq. 8); packed: t is r(t) and
     slot i is document block i - lo."""
@@ -105,7 +118,9 @@ def _store_rows(ref, val, b, t, head, ok):
 # ---- forward ---------------------------------------------------------------------------------
 def _fwd_kernel(q_ref, k_ref, *refs, h, rows, bk, d, l, scale, prec, with_o, packed=False):
     if packed:
-        lo_ref, rel_ref, *refs = refs
+        seg_refs, refs = refs[:2], refs[2:]
+    else:
+        seg_refs = None
     if with_o:
         v_ref, o_ref, lse_ref = refs
     else:
@@ -115,14 +130,7 @@ def _fwd_kernel(q_ref, k_ref, *refs, h, rows, bk, d, l, scale, prec, with_o, pac
     bq = rows // h
     _, head, t, ok = _rows(qt, g, h, rows, T)
     q = _load_rows(q_ref, b, t, head, ok, Dk)
-    t_last = jnp.minimum(qt * bq + bq - 1, T - 1)
-    kt0, lo, tv = 0, None, t
-    if packed:
-        lo, tv = _seg_rows(lo_ref, rel_ref, b, t, ok)
-        first, n_vis = _packed_range(lo_ref, rel_ref, b, qt * bq, t_last, d, l, Tc)
-        kt0 = idiv(first, bk)
-    else:
-        n_vis = _num_visible(t_last, d, l, Tc)
+    kt0, n_vis, lo, tv = _tile_keys(seg_refs, b, qt, bq, t, ok, d, l, T, Tc, bk)
     c = scale * LOG2E
     Dv = v_ref.shape[-1] if with_o else MIN_DOT
 
@@ -333,10 +341,8 @@ def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, i
 # ---- backward --------------------------------------------------------------------------------
 def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *refs, h, rows,
                    bk, d, l, scale, prec, packed=False):
-    if packed:
-        lo_ref, rel_ref, dq_ref = refs
-    else:
-        (dq_ref,) = refs
+    seg_refs = refs[:2] if packed else None
+    dq_ref = refs[-1]
     qt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     T, Tc = q_ref.shape[1], k_ref.shape[1]
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
@@ -348,14 +354,7 @@ def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *ref
     gs = load(gs_ref.at[b, t, head], ok)
     lse = load(lse_ref.at[b, t, head], ok, POS_INF)
     delta = load(delta_ref.at[b, t, head], ok)
-    t_last = jnp.minimum(qt * bq + bq - 1, T - 1)
-    kt0, lo, tv = 0, None, t
-    if packed:
-        lo, tv = _seg_rows(lo_ref, rel_ref, b, t, ok)
-        first, n_vis = _packed_range(lo_ref, rel_ref, b, qt * bq, t_last, d, l, Tc)
-        kt0 = idiv(first, bk)
-    else:
-        n_vis = _num_visible(t_last, d, l, Tc)
+    kt0, n_vis, lo, tv = _tile_keys(seg_refs, b, qt, bq, t, ok, d, l, T, Tc, bk)
     c = scale * LOG2E
 
     def step(kt, dq):
