@@ -226,6 +226,8 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
     q_ok = (u < bq) & (tq < T)
     tq_st = jnp.where(q_ok, tq, T)
     col = jnp.arange(S)
+    if not packed:
+        n_vis = _num_visible(jnp.minimum(qt * bq + bq - 1, T - 1), d, l, Tc)
     c = scale * LOG2E
     if not fast:
         # A[u, row] = 1 iff the row belongs to query u of the tile: the head sum (Eq. 10).
@@ -283,7 +285,7 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
         lax.fori_loop(n_steps + 1, n_tiles, zeros, None)
 
     if not packed:
-        scores(ok, q_ok, t, None, _num_visible(jnp.minimum(qt * bq + bq - 1, T - 1), d, l, Tc))
+        scores(ok, q_ok, t, None, n_vis)
         return
     rel = load(rel_ref.at[b, t], ok)
     st_r = load(st_ref.at[b, t], ok, -1)
