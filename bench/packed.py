@@ -1,10 +1,11 @@
 """Packed documents (issue #16): attention time with and without packing, forward + backward.
 
-So far the dense path only (cuDNN's packed layout against plain causal cuDNN); the NSA kernels
-do not take ``segment_ids`` yet. Prints one JSON line per (T, mode) and the packed/unpacked
-speed ratio (target >= 0.9).
+Dense: cuDNN's packed layout against plain causal cuDNN. NSA: ``nsa_attention(impl="pallas")``
+with ``segment_ids`` against the same call without (bf16, the 125M shape by default: 12 heads,
+2 KV groups, D=64, paper NSA config). Prints one JSON line per (attention, T, mode) and the
+packed/unpacked speed ratio (target >= 0.9).
 
-    python bench/packed.py --T 8192 65536
+    python bench/packed.py --T 8192 65536 [--attention dense nsa]
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels import timed  # noqa: E402
 
 from nsa_jax.model import dense_packed_attention  # noqa: E402
+from nsa_jax.nsa import NSAConfig, nsa_attention  # noqa: E402
 
 
 def doc_lengths(T: int, mean: int, seed: int = 0) -> list[int]:
@@ -34,6 +36,36 @@ def doc_lengths(T: int, mean: int, seed: int = 0) -> list[int]:
     return out
 
 
+def nsa_bench(a, T, seg, docs):
+    """NSA fwd+bwd through the Pallas kernels, packed (segment_ids) and unpacked."""
+    cfg = NSAConfig()
+    rng = np.random.default_rng(2)
+    Tc = cfg.num_cmp_blocks(T)
+    n = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
+    H, G, D = a.heads, a.groups, a.head_dim
+    args = (n(1, T, H, D), n(1, Tc, G, D), n(1, Tc, G, D), n(1, T, G, D), n(1, T, G, D),
+            n(1, T, G, D), n(1, T, G, D),
+            jax.nn.sigmoid(n(1, T, H, 3).astype(jnp.float32)).astype(jnp.bfloat16))
+    ct = n(1, T, H, D)
+
+    def fb(seg_ids):
+        def f(args, ct):
+            o, vjp = jax.vjp(lambda *x: nsa_attention(*x, cfg, impl="pallas",
+                                                      segment_ids=seg_ids), *args)
+            return o, vjp(ct)
+        return jax.jit(f)
+
+    ms = {}
+    for name, fn in (("unpacked", fb(None)), ("packed", fb(seg))):
+        ms[name] = timed(fn, [(args, ct)], a.reps)
+        print(json.dumps({"attention": "nsa", "T": T, "mode": name, "docs": docs,
+                          "fwd_bwd_ms": round(ms[name], 3),
+                          "device": jax.devices()[0].device_kind}), flush=True)
+    print(json.dumps({"attention": "nsa", "T": T,
+                      "packed_speed_over_unpacked": round(ms["unpacked"] / ms["packed"], 3)}),
+          flush=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, nargs="+", default=[8192, 65536])
@@ -42,10 +74,15 @@ def main(argv=None):
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--attention", nargs="+", default=["dense", "nsa"], choices=["dense", "nsa"])
     a = p.parse_args(argv)
     for T in a.T:
         lengths = doc_lengths(T, a.mean_doc)
         seg = jnp.asarray(np.repeat(np.arange(len(lengths)), lengths)[None], jnp.int32)
+        if "nsa" in a.attention:
+            nsa_bench(a, T, seg, len(lengths))
+        if "dense" not in a.attention:
+            continue
         rng = np.random.default_rng(1)
         q, k, v, ct = (jnp.asarray(rng.standard_normal((1, T, n, a.head_dim)), jnp.bfloat16)
                        for n in (a.heads, a.groups, a.groups, a.heads))

@@ -62,23 +62,13 @@ def dense_packed_attention(q, k, v, segment_ids, impl: str):
     ``cudnn``: cuDNN's packed (THD) layout, one segment per document: per-row segment lengths
     and offsets [B, M] padded with -1, M = T (an upper bound on the documents of a row); no
     [T, T] mask. ``xla``: an explicit [B,1,T,T] same-document mask (CPU and tests)."""
-    B, T = segment_ids.shape
     if impl != "cudnn":
         mask = semantics.same_document(segment_ids, segment_ids)[:, None]
         return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
                                             implementation=impl)
     from jax._src.cudnn.fused_attention_stablehlo import MaskType
     from jax._src.cudnn.fused_attention_stablehlo import dot_product_attention as cudnn_attn
-    t = jnp.arange(T, dtype=jnp.int32)
-    first = semantics.document_starts(segment_ids) == t                         # [B,T]
-    rank = jnp.cumsum(first, axis=1) - 1                                        # doc index
-    n_docs = rank[:, -1] + 1
-    starts = jnp.full((B, T + 1), -1, jnp.int32).at[
-        jnp.arange(B)[:, None], jnp.where(first, rank, T + 1)].set(t, mode="drop")
-    starts = starts.at[jnp.arange(B), n_docs].set(T)                            # end marker
-    m = jnp.arange(T)[None, :]
-    lengths = jnp.where(m < n_docs[:, None], starts[:, 1:] - starts[:, :-1], -1)
-    offsets = jnp.where(jnp.arange(T + 1)[None, :] <= n_docs[:, None], starts, -1)
+    lengths, offsets = semantics.packed_segments(semantics.document_positions(segment_ids))
     return cudnn_attn(q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets,
                       kv_offsets=offsets, scale=1.0 / math.sqrt(q.shape[-1]),
                       mask_type=MaskType.PADDING_CAUSAL)

@@ -281,6 +281,26 @@ def window_visible(t, s, window: int, start=None) -> jax.Array:
     return vis
 
 
+def packed_segments(rel) -> tuple[jax.Array, jax.Array]:
+    """cuDNN's packed (THD) description of packed rows from their document-relative positions
+    ``rel`` [B,T] (:func:`document_positions`): (lengths [B,T], offsets [B,T+1]) int32, one
+    entry per document in row order (its length; its first token, then T after the last
+    document), -1 padded; T bounds the documents of a row. O(T), no [T, T] mask."""
+    rel = jnp.asarray(rel)
+    B, T = rel.shape
+    t = jnp.arange(T, dtype=jnp.int32)
+    first = rel == 0
+    rank = jnp.cumsum(first, axis=1) - 1                                        # doc index
+    n_docs = rank[:, -1] + 1
+    starts = jnp.full((B, T + 1), -1, jnp.int32).at[
+        jnp.arange(B)[:, None], jnp.where(first, rank, T + 1)].set(t, mode="drop")
+    starts = starts.at[jnp.arange(B), n_docs].set(T)                            # end marker
+    m = jnp.arange(T)[None, :]
+    lengths = jnp.where(m < n_docs[:, None], starts[:, 1:] - starts[:, :-1], -1)
+    offsets = jnp.where(jnp.arange(T + 1)[None, :] <= n_docs[:, None], starts, -1)
+    return lengths.astype(jnp.int32), offsets.astype(jnp.int32)
+
+
 def same_document(seg_q, seg_k) -> jax.Array:
     """[..., Tq, Tk] bool from segment ids [..., Tq] and [..., Tk] (the dense path's mask)."""
     return jnp.asarray(seg_q)[..., :, None] == jnp.asarray(seg_k)[..., None, :]

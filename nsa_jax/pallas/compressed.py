@@ -18,6 +18,15 @@ Compressed block i covers tokens [i*d, i*d + l) and is visible to query t iff i*
   several programs whose partial sums meet in float32 atomic adds
   (``KernelChoices.cmp_bwd_split``). A cotangent on the returned lse is honoured
   (d lse / d s = p).
+
+Packed documents (``seg``, a ``semantics.SegmentLayout``; None = one document per row, which
+compiles exactly the unpacked kernels): the query at t sees slot i iff 0 <= i - lo(t) and
+(i - lo(t))*d + l - 1 <= r(t) (Eq. 8 in document-relative coordinates, lo = ``cmp_lo``,
+r = ``rel``). The visible slots of a tile are the one range [lo(first row), lo(last row) +
+Tc(r(last row) + 1)) (both ends are non-decreasing in t), so the forward and dQ loops only move
+their start; the dK/dV tile of slots walks the query tiles from the first token that sees its
+first slot to the end of its last slot's document; scoring runs once per document of a query
+tile, in that document's coordinates (block i - lo, selection block (i - lo)*d // l').
 """
 from __future__ import annotations
 
@@ -63,6 +72,38 @@ def _num_visible(t, d: int, l: int, Tc: int):
     return jnp.where(t >= l - 1, jnp.minimum(n, Tc), 0)
 
 
+def _seg_rows(lo_ref, rel_ref, b, t, ok):
+    """Per-row (cmp_lo, rel) of a packed row (0 where masked)."""
+    return load(lo_ref.at[b, t], ok), load(rel_ref.at[b, t], ok)
+
+
+def _packed_range(lo_ref, rel_ref, b, t_first, t_last, d: int, l: int, Tc: int):
+    """Slots [lo(t_first), lo(t_last) + Tc(r(t_last) + 1)) seen by queries t_first..t_last."""
+    return lo_ref[b, t_first], lo_ref[b, t_last] + _num_visible(rel_ref[b, t_last], d, l, Tc)
+
+
+def _tile_keys(seg_refs, b, qt, bq: int, t, ok, d: int, l: int, T: int, Tc: int, bk: int):
+    """Key loop of a query tile (rows at t, valid ok): -> (first key tile, end of the visible
+    slots, per-row lo (None unpacked), per-row position for Eq. 8 (t, or r(t) packed)).
+    ``seg_refs``: (cmp_lo, rel) refs of packed rows, None unpacked."""
+    t_last = jnp.minimum(qt * bq + bq - 1, T - 1)
+    if seg_refs is None:
+        return 0, _num_visible(t_last, d, l, Tc), None, t
+    lo_ref, rel_ref = seg_refs
+    lo, rel = _seg_rows(lo_ref, rel_ref, b, t, ok)
+    first, n_vis = _packed_range(lo_ref, rel_ref, b, qt * bq, t_last, d, l, Tc)
+    return idiv(first, bk), n_vis, lo, rel
+
+
+def _visible(i, t, ok, imask, d: int, l: int, lo=None):
+    """[rows, keys] bool: row (position t, valid ok) sees slot i (Eq. 8); packed: t is r(t) and
+    slot i is document block i - lo."""
+    if lo is None:
+        return ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
+    blk = i[None, :] - lo[:, None]
+    return ok[:, None] & imask[None, :] & (blk >= 0) & (blk * d + (l - 1) <= t[:, None])
+
+
 def _load_rows(ref, b, t, head, ok, D):
     dd = jnp.arange(D)
     return load(ref.at[b, t[:, None], head[:, None], dd[None, :]], ok[:, None])
@@ -75,7 +116,11 @@ def _store_rows(ref, val, b, t, head, ok):
 
 
 # ---- forward ---------------------------------------------------------------------------------
-def _fwd_kernel(q_ref, k_ref, *refs, h, rows, bk, d, l, scale, prec, with_o):
+def _fwd_kernel(q_ref, k_ref, *refs, h, rows, bk, d, l, scale, prec, with_o, packed=False):
+    if packed:
+        seg_refs, refs = refs[:2], refs[2:]
+    else:
+        seg_refs = None
     if with_o:
         v_ref, o_ref, lse_ref = refs
     else:
@@ -85,7 +130,7 @@ def _fwd_kernel(q_ref, k_ref, *refs, h, rows, bk, d, l, scale, prec, with_o):
     bq = rows // h
     _, head, t, ok = _rows(qt, g, h, rows, T)
     q = _load_rows(q_ref, b, t, head, ok, Dk)
-    n_vis = _num_visible(jnp.minimum(qt * bq + bq - 1, T - 1), d, l, Tc)
+    kt0, n_vis, lo, tv = _tile_keys(seg_refs, b, qt, bq, t, ok, d, l, T, Tc, bk)
     c = scale * LOG2E
     Dv = v_ref.shape[-1] if with_o else MIN_DOT
 
@@ -95,7 +140,7 @@ def _fwd_kernel(q_ref, k_ref, *refs, h, rows, bk, d, l, scale, prec, with_o):
         imask = i < n_vis
         k = load(k_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
         s = dot(q, k, trans_b=True, precision=prec) * c
-        vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
+        vis = _visible(i, tv, ok, imask, d, l, lo)
         s = jnp.where(vis, s, NEG_INF)
         m, alpha, p, lsum = softmax_step(m, lsum, s)
         if with_o:
@@ -103,7 +148,7 @@ def _fwd_kernel(q_ref, k_ref, *refs, h, rows, bk, d, l, scale, prec, with_o):
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
         return m, lsum, acc
 
-    m, lsum, acc = lax.fori_loop(0, idiv(n_vis + (bk - 1), bk), step, softmax_init(rows, Dv))
+    m, lsum, acc = lax.fori_loop(kt0, idiv(n_vis + (bk - 1), bk), step, softmax_init(rows, Dv))
     l_safe, lse = softmax_finish(m, lsum)
     t_st = jnp.where(ok, t, T)
     store(lse_ref.at[b, t_st, head], lse, ok)
@@ -112,9 +157,10 @@ def _fwd_kernel(q_ref, k_ref, *refs, h, rows, bk, d, l, scale, prec, with_o):
 
 
 def cmp_forward(q, kc, vc, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool, *,
-                choices: KernelChoices | None = None):
+                choices: KernelChoices | None = None, seg=None):
     """-> (o float32 [B,T,Hq,Dv] or None when vc is None, lse2 float32 [B,T,Hq]); lse2 is the
-    base-2 log-sum-exp of the scaled logits over visible blocks, +inf where none is visible."""
+    base-2 log-sum-exp of the scaled logits over visible blocks, +inf where none is visible.
+    ``seg``: a ``semantics.SegmentLayout`` for packed rows (kc/vc in its slot layout)."""
     B, T, Hq, Dk = q.shape
     Tc, G = kc.shape[1], kc.shape[2]
     h = Hq // G
@@ -126,7 +172,8 @@ def cmp_forward(q, kc, vc, cfg: NSAConfig, bs: BlockSizes, scale: float, interpr
         return o, jnp.full((B, T, Hq), POS_INF, jnp.float32)
     kern = functools.partial(_fwd_kernel, h=h, rows=rows, bk=bs.cmp_keys, d=cfg.stride_d,
                              l=cfg.block_l, scale=scale,
-                             prec=dot_precision(q.dtype, interpret, choices), with_o=with_o)
+                             prec=dot_precision(q.dtype, interpret, choices), with_o=with_o,
+                             packed=seg is not None)
     lse_shape = jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)
     out_shape = [jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32), lse_shape] if with_o \
         else [lse_shape]
@@ -134,7 +181,7 @@ def cmp_forward(q, kc, vc, cfg: NSAConfig, bs: BlockSizes, scale: float, interpr
         kern, grid=(cdiv(T, rows // h), G, B), out_shape=out_shape,
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_cmp_fwd" if with_o else "nsa_cmp_lse",
-    )(*((q, kc, vc) if with_o else (q, kc)))
+    )(q, kc, *(() if seg is None else (seg.cmp_lo, seg.rel)), *((vc,) if with_o else ()))
     return (res[0], res[1]) if with_o else (None, res[0])
 
 
@@ -146,8 +193,8 @@ def _overlap(i, j, d: int, l: int, l_sel: int):
     return jnp.maximum(hi - lo, 0).astype(jnp.float32) / d
 
 
-def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, hs, rows, S, r, step, bks, d, l, l_sel,
-                  scale, prec, sprec, fast):
+def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d, l, l_sel,
+                  scale, prec, sprec, fast, packed=False):
     """Eq. 8-10 for one tile of queries x the h heads of group g.
 
     Row layout: query qi = row // hs, head = row % hs (hs = h, or h padded to a power of two on
@@ -156,7 +203,16 @@ def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, hs, rows, S, r, step, bks
     a compressed block that spills into the next selection block is moved one column by a
     [bq, S, S] 0/1 contraction. General path: two float32 dots (p @ W, then a 0/1 head-sum
     matrix). A step's spill into the next step's first block is carried as a vector.
+
+    Packed (refs start with cmp_lo, rel, start [B,T]): one pass per document of the tile, each
+    the unpacked computation in that document's coordinates (slot lo + i is its block i, the
+    query's position is r(t)) over the rows of that document only; each pass writes every score
+    column of its rows.
     """
+    if packed:
+        lo_ref, rel_ref, st_ref, sc_ref = refs
+    else:
+        (sc_ref,) = refs
     qt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     T, Tc, Dk = q_ref.shape[1], k_ref.shape[1], q_ref.shape[-1]
     Ts = sc_ref.shape[-1]
@@ -170,7 +226,8 @@ def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, hs, rows, S, r, step, bks
     q_ok = (u < bq) & (tq < T)
     tq_st = jnp.where(q_ok, tq, T)
     col = jnp.arange(S)
-    n_vis = _num_visible(jnp.minimum(qt * bq + bq - 1, T - 1), d, l, Tc)
+    if not packed:
+        n_vis = _num_visible(jnp.minimum(qt * bq + bq - 1, T - 1), d, l, Tc)
     c = scale * LOG2E
     if not fast:
         # A[u, row] = 1 iff the row belongs to query u of the tile: the head sum (Eq. 10).
@@ -178,55 +235,82 @@ def _score_kernel(q_ref, k_ref, lse_ref, sc_ref, *, h, hs, rows, S, r, step, bks
     else:
         shift = (col[:, None] + 1 == col[None, :]).astype(jnp.float32)  # [S, S]: column c -> c+1
 
-    def put(kt, sc):
-        jj = kt * S + col
-        jj_ok = jj < Ts
-        store(sc_ref.at[b, tq_st[:, None], g, jnp.where(jj_ok, jj, Ts)[None, :]], sc,
-              q_ok[:, None] & jj_ok[None, :])
+    def scores(rmask, qmask, tv, lo, n_vis):
+        """Every score column of the rows ``rmask`` (queries ``qmask``) at positions ``tv``,
+        over slots lo + i, i < n_vis (lo = None: slot i)."""
+        kbase = (lambda kt: kt * step) if lo is None else (lambda kt: lo + kt * step)
 
-    def score_step(kt, carry):
-        ii = kt * step + jnp.arange(bks)
-        imask = (jnp.arange(bks) < step) & (ii < n_vis)
-        k = load(k_ref.at[b, pl.ds(kt * step, bks), g, :], imask[:, None])
-        s = dot(q, k, trans_b=True, precision=prec) * c
-        vis = ok[:, None] & imask[None, :] & (ii[None, :] * d + (l - 1) <= t[:, None])
-        p = probs(s, vis, lse)  # p_cmp, Eq. 8
-        first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
-        if fast:
-            pg = jnp.sum(p.reshape(bq, hs, bks), axis=1)  # [bq, step] summed over heads
-            js = kt * S + idiv(jnp.arange(bks), r)  # block each compressed block starts in
-            w_main = _overlap(ii, js, d, l, l_sel)
-            w_next = _overlap(ii, js + 1, d, l, l_sel)
-            main = jnp.sum((pg * w_main[None, :]).reshape(bq, S, r), axis=2)
-            nxt = jnp.sum((pg * w_next[None, :]).reshape(bq, S, r), axis=2)  # owed to column + 1
-            moved = jnp.sum(nxt[:, :, None] * shift[None, :, :], axis=1)
-            put(kt, main + moved + first)
-            return jnp.sum(jnp.where(col[None, :] == S - 1, nxt, 0.0), axis=1)
-        W = _overlap(ii[:, None], (kt * S + col)[None, :], d, l, l_sel)  # [bks, S], Eq. 9
-        put(kt, dot(A, dot(p, W, precision=sprec) + first, precision=sprec))
-        w_spill = _overlap(ii, (kt + 1) * S, d, l, l_sel)  # into the next step's first block
-        return jnp.sum(p * w_spill[None, :], axis=1)
+        def put(kt, sc):
+            jj = kt * S + col
+            jj_ok = jj < Ts
+            store(sc_ref.at[b, tq_st[:, None], g, jnp.where(jj_ok, jj, Ts)[None, :]], sc,
+                  qmask[:, None] & jj_ok[None, :])
 
-    n_steps = idiv(n_vis + (step - 1), step)
-    carry = lax.fori_loop(0, n_steps, score_step, jnp.zeros((nq if fast else rows,), jnp.float32))
-    n_tiles = cdiv(Ts, S)
+        def score_step(kt, carry):
+            ii = kt * step + jnp.arange(bks)
+            imask = (jnp.arange(bks) < step) & (ii < n_vis)
+            k = load(k_ref.at[b, pl.ds(kbase(kt), bks), g, :], imask[:, None])
+            s = dot(q, k, trans_b=True, precision=prec) * c
+            vis = rmask[:, None] & imask[None, :] & (ii[None, :] * d + (l - 1) <= tv[:, None])
+            p = probs(s, vis, lse)  # p_cmp, Eq. 8
+            first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
+            if fast:
+                pg = jnp.sum(p.reshape(bq, hs, bks), axis=1)  # [bq, step] summed over heads
+                js = kt * S + idiv(jnp.arange(bks), r)  # block each compressed block starts in
+                w_main = _overlap(ii, js, d, l, l_sel)
+                w_next = _overlap(ii, js + 1, d, l, l_sel)
+                main = jnp.sum((pg * w_main[None, :]).reshape(bq, S, r), axis=2)
+                nxt = jnp.sum((pg * w_next[None, :]).reshape(bq, S, r), axis=2)  # owed to col + 1
+                moved = jnp.sum(nxt[:, :, None] * shift[None, :, :], axis=1)
+                put(kt, main + moved + first)
+                return jnp.sum(jnp.where(col[None, :] == S - 1, nxt, 0.0), axis=1)
+            W = _overlap(ii[:, None], (kt * S + col)[None, :], d, l, l_sel)  # [bks, S], Eq. 9
+            put(kt, dot(A, dot(p, W, precision=sprec) + first, precision=sprec))
+            w_spill = _overlap(ii, (kt + 1) * S, d, l, l_sel)  # into the next step's first block
+            return jnp.sum(p * w_spill[None, :], axis=1)
 
-    @pl.when(n_steps < n_tiles)  # the block the last visible step spills into
-    def _():
-        first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
-        put(n_steps, first if fast else dot(A, first, precision=sprec))
+        n_steps = idiv(n_vis + (step - 1), step)
+        carry = lax.fori_loop(0, n_steps, score_step,
+                              jnp.zeros((nq if fast else rows,), jnp.float32))
+        n_tiles = cdiv(Ts, S)
 
-    def zeros(kt, _):  # blocks no query of the tile can see yet
-        put(kt, jnp.zeros((nq, S), jnp.float32))
+        @pl.when(n_steps < n_tiles)  # the block the last visible step spills into
+        def _():
+            first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
+            put(n_steps, first if fast else dot(A, first, precision=sprec))
 
-    lax.fori_loop(n_steps + 1, n_tiles, zeros, None)
+        def zeros(kt, _):  # blocks no query of the tile can see yet
+            put(kt, jnp.zeros((nq, S), jnp.float32))
+
+        lax.fori_loop(n_steps + 1, n_tiles, zeros, None)
+
+    if not packed:
+        scores(ok, q_ok, t, None, n_vis)
+        return
+    rel = load(rel_ref.at[b, t], ok)
+    st_r = load(st_ref.at[b, t], ok, -1)
+    tq_ld = jnp.where(q_ok, tq, 0)
+    st_q = load(st_ref.at[b, tq_ld], q_ok, T)
+    rel_q = load(rel_ref.at[b, tq_ld], q_ok, -1)
+    lo_q = load(lo_ref.at[b, tq_ld], q_ok, Tc)
+    n_docs = 1 + jnp.sum((q_ok & (rel_q == 0) & (u > 0)).astype(jnp.int32))
+
+    def doc(_, cur):  # cur: first token of this pass's document
+        qmask = q_ok & (st_q == cur)
+        lo = jnp.min(jnp.where(qmask, lo_q, Tc))
+        n_vis = _num_visible(jnp.max(jnp.where(qmask, rel_q, -1)), d, l, Tc)
+        scores(ok & (st_r == cur), qmask, rel, lo, n_vis)
+        return jnp.min(jnp.where(q_ok & (st_q > cur), st_q, T))
+
+    lax.fori_loop(0, n_docs, doc, st_ref[b, qt * bq])
 
 
 def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool,
-                     *, choices: KernelChoices | None = None):
+                     *, choices: KernelChoices | None = None, seg=None):
     """Group-shared selection-block importance [B,T,G,Ts] (Eq. 9-10) from the compressed
     attention's lse; equals ``reference.block_scores(reference.cmp_probs(q, kc))``. The general
-    path's float32 dots use ``choices.score_dot``."""
+    path's float32 dots use ``choices.score_dot``. ``seg``: packed rows (``cmp_forward``); the
+    scores are then over each query's document-relative blocks."""
     B, T, Hq, Dk = q.shape
     Tc, G = kc.shape[1], kc.shape[2]
     Ts = cfg.num_sel_blocks(T)
@@ -246,18 +330,21 @@ def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, i
         _score_kernel, h=h, hs=hs, rows=rows, S=S, r=r, step=step,
         bks=max(MIN_DOT, next_pow2(step)), d=cfg.stride_d, l=cfg.block_l, l_sel=cfg.sel_block,
         scale=scale, prec=dot_precision(q.dtype, interpret, choices),
-        sprec=score_precision(choices_or_default(choices).score_dot, interpret), fast=fast)
+        sprec=score_precision(choices_or_default(choices).score_dot, interpret), fast=fast,
+        packed=seg is not None)
     return pl.pallas_call(
         kern, grid=(cdiv(T, rows // hs), G, B),
         out_shape=jax.ShapeDtypeStruct((B, T, G, Ts), jnp.float32),
         compiler_params=compiler_params(bs.score_warps, bs.num_stages),
         interpret=interpret, name="nsa_cmp_scores",
-    )(q, kc, lse)
+    )(q, kc, lse, *(() if seg is None else (seg.cmp_lo, seg.rel, seg.start)))
 
 
 # ---- backward --------------------------------------------------------------------------------
-def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dq_ref, *, h, rows,
-                   bk, d, l, scale, prec):
+def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *refs, h, rows,
+                   bk, d, l, scale, prec, packed=False):
+    seg_refs = refs[:2] if packed else None
+    dq_ref = refs[-1]
     qt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     T, Tc = q_ref.shape[1], k_ref.shape[1]
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
@@ -269,7 +356,7 @@ def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dq_r
     gs = load(gs_ref.at[b, t, head], ok)
     lse = load(lse_ref.at[b, t, head], ok, POS_INF)
     delta = load(delta_ref.at[b, t, head], ok)
-    n_vis = _num_visible(jnp.minimum(qt * bq + bq - 1, T - 1), d, l, Tc)
+    kt0, n_vis, lo, tv = _tile_keys(seg_refs, b, qt, bq, t, ok, d, l, T, Tc, bk)
     c = scale * LOG2E
 
     def step(kt, dq):
@@ -278,20 +365,23 @@ def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dq_r
         k = load(k_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
         v = load(v_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
         s = dot(q, k, trans_b=True, precision=prec) * c
-        vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
+        vis = _visible(i, tv, ok, imask, d, l, lo)
         p = probs(s, vis, lse)
         ds = dscores(p, do, v, gs, delta, prec)
         return dq + dot(ds.astype(cdt), k, precision=prec)
 
-    dq = lax.fori_loop(0, idiv(n_vis + (bk - 1), bk), step, jnp.zeros((rows, Dk), jnp.float32))
+    dq = lax.fori_loop(kt0, idiv(n_vis + (bk - 1), bk), step, jnp.zeros((rows, Dk), jnp.float32))
     _store_rows(dq_ref, dq * scale, b, t, head, ok)
 
 
 def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *refs, h, rows,
-                    bk, d, l, scale, prec, split):
+                    bk, d, l, scale, prec, split, packed=False):
     """dK/dV of one compressed-key tile from the queries that see it. With split > 1 the query
     range is cut into ``split`` equal parts (programs of one key tile differ a lot in length:
-    the first tile is seen by every query) whose partial sums meet in float32 atomic adds."""
+    the first tile is seen by every query) whose partial sums meet in float32 atomic adds.
+    Packed: ``qr_ref`` [B, n_kt, 2] holds the tile's query-tile range (``_packed_query_tiles``)."""
+    if packed:
+        lo_ref, rel_ref, qr_ref, *refs = refs
     if split > 1:
         _dk_in, _dv_in, dk_ref, dv_ref = refs
     else:
@@ -317,7 +407,11 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *re
         lse = load(lse_ref.at[b, t, head], ok, POS_INF)
         delta = load(delta_ref.at[b, t, head], ok)
         s = dot(q, k, trans_b=True, precision=prec) * c
-        vis = ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
+        if packed:
+            lo, rel = _seg_rows(lo_ref, rel_ref, b, t, ok)
+            vis = _visible(i, rel, ok, imask, d, l, lo)
+        else:
+            vis = _visible(i, t, ok, imask, d, l)
         p = probs(s, vis, lse)
         dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
         ds = dscores(p, do, v, gs, delta, prec)
@@ -325,7 +419,10 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *re
         return dk, dv
 
     nqt = cdiv(T, bq)
-    qt0 = jnp.minimum(idiv(kt * bk * d + (l - 1), bq), nqt)  # first query tile seeing the tile
+    if packed:  # query tiles from the first token seeing slot kt*bk to its last slot's doc end
+        qt0, nqt = qr_ref[b, kt, 0], qr_ref[b, kt, 1]
+    else:
+        qt0 = jnp.minimum(idiv(kt * bk * d + (l - 1), bq), nqt)  # first query tile seeing it
     per = idiv(nqt - qt0 + (split - 1), split)
     lo = jnp.minimum(qt0 + part * per, nqt)
     hi = jnp.minimum(lo + per, nqt)
@@ -341,12 +438,34 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *re
         store(dv_ref.at[b, pl.ds(kt * bk, bk), g, :], dv, imask[:, None])
 
 
+def _packed_query_tiles(seg, Tc: int, bk: int, bq: int, cfg: NSAConfig):
+    """int32 [B, ceil(Tc/bk), 2]: the query tiles [lo, hi) a dK/dV tile of slots
+    [kt*bk, kt*bk + bk) must visit: from the first token that sees its first slot (the slot's
+    first token + l - 1) to the end of the document of its last used slot; (0, 0) for a tile of
+    padding slots. O(T) from the layout."""
+    B, T = seg.rel.shape
+    n_kt = cdiv(Tc, bk)
+    t = jnp.arange(T, dtype=jnp.int32)
+    nxt = jnp.where(seg.rel == 0, t, T)  # document firsts
+    nxt = jnp.concatenate([nxt[:, 1:], jnp.full((B, 1), T, jnp.int32)], axis=1)
+    doc_end = lax.cummin(nxt, axis=1, reverse=True)  # one past t's document
+    used = jnp.sum(seg.cmp_ok, axis=1, dtype=jnp.int32)[:, None]  # slots in use per row
+    c0 = jnp.arange(n_kt, dtype=jnp.int32)[None, :] * bk
+    c1 = jnp.clip(jnp.minimum(c0 + bk, used) - 1, 0, Tc - 1)
+    live = c0 < used
+    first = jnp.take_along_axis(seg.cmp_src, jnp.minimum(c0, Tc - 1), axis=1) + (cfg.block_l - 1)
+    end = jnp.take_along_axis(doc_end, jnp.take_along_axis(seg.cmp_src, c1, axis=1), axis=1)
+    lo = jnp.where(live, first // bq, 0)
+    hi = jnp.where(live, (end + bq - 1) // bq, 0)
+    return jnp.stack([lo, hi], axis=-1).astype(jnp.int32)
+
+
 def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes, scale: float,
-                 interpret: bool, *, choices: KernelChoices | None = None):
+                 interpret: bool, *, choices: KernelChoices | None = None, seg=None):
     """-> dq (float32), dk, dv (input dtypes) for output cotangent ``gs[..., None] * do`` and lse
     cotangent ``dlse`` (None = 0); ``gs`` [B,T,Hq] per-row float32 scale (None = 1), applied after
     the dots so a bf16 ``do`` reaches them unrounded. dK/dV tiles split their query range
-    ``choices.cmp_bwd_split`` ways."""
+    ``choices.cmp_bwd_split`` ways. ``seg``: packed rows (``cmp_forward``)."""
     B, T, Hq, Dk = q.shape
     Tc, G, Dv = kc.shape[1], kc.shape[2], vc.shape[-1]
     if Tc == 0:
@@ -358,17 +477,21 @@ def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)
     if dlse is not None:
         delta = delta - dlse.astype(jnp.float32) * LOG2E
+    packed = seg is not None
     common = dict(h=h, rows=rows, d=cfg.stride_d, l=cfg.block_l, scale=scale,
-                  prec=dot_precision(q.dtype, interpret, choices))
+                  prec=dot_precision(q.dtype, interpret, choices), packed=packed)
+    segs = () if seg is None else (seg.cmp_lo, seg.rel)
     cp = compiler_params(bs.num_warps, bs.num_stages)
     dq = pl.pallas_call(
         functools.partial(_bwd_dq_kernel, bk=bs.cmp_bwd_keys, **common),
         grid=(cdiv(T, rows // h), G, B),
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32), compiler_params=cp,
         interpret=interpret, name="nsa_cmp_bwd_dq",
-    )(q, kc, vc, do, gs, lse, delta)
+    )(q, kc, vc, do, gs, lse, delta, *segs)
     bk, split = bs.cmp_bwd_keys, choices_or_default(choices).cmp_bwd_split
     n_kt = cdiv(Tc, bk)
+    if packed:
+        segs = segs + (_packed_query_tiles(seg, Tc, bk, rows // h, cfg),)
     kern = functools.partial(_bwd_dkv_kernel, bk=bk, split=split, **common)
     if split == 1:
         dk, dv = pl.pallas_call(
@@ -376,16 +499,16 @@ def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes
             out_shape=[jax.ShapeDtypeStruct((B, Tc, G, Dk), jnp.float32),
                        jax.ShapeDtypeStruct((B, Tc, G, Dv), jnp.float32)], compiler_params=cp,
             interpret=interpret, name="nsa_cmp_bwd_dkv",
-        )(q, kc, vc, do, gs, lse, delta)
+        )(q, kc, vc, do, gs, lse, delta, *segs)
     else:
         acc = [jnp.zeros((B, n_kt * bk, G, Dk), jnp.float32),
                jnp.zeros((B, n_kt * bk, G, Dv), jnp.float32)]
         dk, dv = pl.pallas_call(
             kern, grid=(n_kt, G, B * split),
             out_shape=[jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in acc],
-            input_output_aliases={7: 0, 8: 1}, compiler_params=cp,
+            input_output_aliases={7 + len(segs): 0, 8 + len(segs): 1}, compiler_params=cp,
             interpret=interpret, name="nsa_cmp_bwd_dkv_split",
-        )(q, kc, vc, do, gs, lse, delta, *acc)
+        )(q, kc, vc, do, gs, lse, delta, *segs, *acc)
         dk, dv = dk[:, :Tc], dv[:, :Tc]
     return dq, dk.astype(kc.dtype), dv.astype(vc.dtype)
 

@@ -5,6 +5,16 @@ Branches: compressed attention (``compressed``), block selection from the fused 
 (``selection``) and the sliding window (``window``), gated and summed like the reference
 (``semantics.combine``). Kernels run compiled on a GPU and through
 the Pallas interpreter elsewhere (``jax.default_backend()``).
+
+Packed documents (``segment_ids``, issue #16): the :class:`semantics.SegmentLayout`
+(``start``, ``rel``, ``cmp_lo`` [B,T] and per-slot ``cmp_src``/``cmp_ok``; O(T), no [T, T]
+mask) goes to every kernel, which then applies each rule in document-relative coordinates:
+compressed fwd/bwd and scoring see slot i iff 0 <= i - lo and (i - lo)*d + l - 1 <= r (Eq. 8),
+top-n takes r as the position (Eq. 11, document-relative ids), the selection kernels load block
+j at start + j*l' and keep start <= s <= t, the window keeps s >= start. Packed rows always take
+the gather selection kernels (``selection``): the tiled ones are not packed-aware, so
+``KernelChoices.sel_impl`` "tiled"/"auto" routes packed rows to gather. ``segment_ids=None``
+passes no layout and compiles exactly the unpacked kernels (packing is a static switch).
 """
 from __future__ import annotations
 
@@ -46,9 +56,17 @@ def _block_sizes(q, G: int, block_sizes):
     return BlockSizes.for_shape(q.shape[2] // G, q.shape[-1], jnp.dtype(q.dtype).itemsize)
 
 
+def _layout(segment_ids, cfg: NSAConfig):
+    """None, segment ids [B,T] or a SegmentLayout -> None or a SegmentLayout (int32 fields)."""
+    if segment_ids is None or isinstance(segment_ids, semantics.SegmentLayout):
+        return segment_ids
+    return semantics.segment_layout(jnp.asarray(segment_ids, jnp.int32), cfg)
+
+
 def block_scores_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None = None, *,
-                        choices: KernelChoices | None = None):
-    """Selection-block scores [B,T,G,Ts] (Eq. 9-10), computed without materialising p_cmp."""
+                        choices: KernelChoices | None = None, segment_ids=None):
+    """Selection-block scores [B,T,G,Ts] (Eq. 9-10), computed without materialising p_cmp
+    (over each query's document-relative blocks with ``segment_ids``)."""
     q = jax.lax.stop_gradient(q)
     k_cmp = jax.lax.stop_gradient(k_cmp)
     G, Dk = k_cmp.shape[2], q.shape[-1]
@@ -57,47 +75,29 @@ def block_scores_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None
     Dkp, _ = _padded_dims(Dk, Dk)
     qp, kp = _pad_dim(q, Dkp), _pad_dim(k_cmp, Dkp)
     scale = 1.0 / math.sqrt(Dk)
-    _, lse = cmp_forward(qp, kp, None, cfg, bs, scale, interpret, choices=choices)
-    return cmp_block_scores(qp, kp, lse, cfg, bs, scale, interpret, choices=choices)
-
-
-def _no_segments(segment_ids):
-    """Packed documents are not in the kernels yet (issue #16, step 3): say so rather than
-    attend across document boundaries or fall back to the O(T^2) reference.
-
-    Plan (the layout of :mod:`nsa_jax.nsa.semantics` keeps every kernel a per-row bound, no
-    [T, T] mask): pass ``SegmentLayout.start``, ``rel`` and ``cmp_lo`` [B,T] int32 to the kernels.
-    compressed fwd/bwd and scoring: a row sees slots [cmp_lo, cmp_lo + Tc(rel + 1)), i.e. the
-    visibility test ``i*d + l - 1 <= t`` becomes ``0 <= i - lo`` and ``(i - lo)*d + l - 1 <= rel``
-    and the key loop starts at min(lo) of the tile; scoring maps slot i to document block
-    i - lo (its selection block is (i - lo)*d // l'); dK/dV tiles walk queries from the first
-    token of the slot's document. top-n: positions ``rel`` instead of t. selection (gather and
-    tiled): block j is keys [start + j*l', start + (j+1)*l') (an unaligned pl.ds load, masked by
-    s >= start and s <= t). window: cuDNN's packed layout with its sliding window, or s >= start
-    in a masked kernel."""
-    if segment_ids is not None:
-        raise NotImplementedError(
-            "segment_ids: packed documents are not implemented in the Pallas kernels yet; "
-            "use impl='reference' (exec.nsa_impl=reference) for packed rows")
+    seg = _layout(segment_ids, cfg)
+    _, lse = cmp_forward(qp, kp, None, cfg, bs, scale, interpret, choices=choices, seg=seg)
+    return cmp_block_scores(qp, kp, lse, cfg, bs, scale, interpret, choices=choices, seg=seg)
 
 
 def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None = None, *,
                          choices: KernelChoices | None = None, segment_ids=None):
     """Selected block ids int32 [B,T,G,n_sel], ascending, -1 padded (== the reference's
-    ``select_blocks``)."""
-    _no_segments(segment_ids)
-    return topn_pallas(block_scores_pallas(q, k_cmp, cfg, block_sizes, choices=choices), cfg,
-                       use_interpret())
+    ``select_blocks``; document-relative ids with ``segment_ids``)."""
+    seg = _layout(segment_ids, cfg)
+    scores = block_scores_pallas(q, k_cmp, cfg, block_sizes, choices=choices, segment_ids=seg)
+    return topn_pallas(scores, cfg, use_interpret(), None if seg is None else seg.rel)
 
 
-def selection_kernels(choices: KernelChoices | None, T: int):
+def selection_kernels(choices: KernelChoices | None, T: int, packed: bool = False):
     """(forward, backward) of the selection branch by ``choices.sel_impl``: "auto" takes the
     tiled (block-sparse flash) kernels up to ``choices.sel_tiled_max_t`` tokens, the gather ones
     above. Both share one contract: ``fwd(q, k, v, idx, cfg, bs, scale, interpret) -> (o, lse)``
     and ``bwd(q, k, v, idx, o, lse, do, gs, cfg, bs, scale, interpret, choices=) -> (dq, dk,
-    dv)``."""
+    dv)``. Packed rows always get the gather kernels (they take ``seg=``; module docstring)."""
     ch = choices_or_default(choices)
     tiled = ch.sel_impl == "tiled" or (ch.sel_impl == "auto" and T <= ch.sel_tiled_max_t)
+    tiled = tiled and not packed
     return (sel_tiled_forward, sel_tiled_backward) if tiled else (sel_forward, sel_backward)
 
 
@@ -119,10 +119,9 @@ def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg
     One custom VJP spans the three branches and the gated sum (Eq. 5): the output cotangent
     reaches every kernel in its own dtype with the gate applied in float32 inside, and dQ is
     summed over branches in float32 and rounded once. ``block_sizes``: tiles (None = by shape);
-    ``choices``: algorithms (None = ``KernelChoices()``). ``segment_ids``: not implemented yet
-    (raises NotImplementedError naming it).
+    ``choices``: algorithms (None = ``KernelChoices()``). ``segment_ids``: int32 [B,T] packed
+    documents (or their ``semantics.SegmentLayout``); module docstring.
     """
-    _no_segments(segment_ids)
     B, T, _, _ = q.shape
     G = k_slc.shape[2]
     st = _Static(cfg, _block_sizes(q, G, block_sizes), choices_or_default(choices),
@@ -131,15 +130,18 @@ def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg
         idx = jnp.zeros((B, T, G, 0), jnp.int32)  # placeholder; the forward selects
     else:
         idx = jax.lax.stop_gradient(jnp.asarray(block_idx, jnp.int32))
-    return _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st)
+    seg = _layout(segment_ids, cfg)
+    if seg is not None:
+        seg = jax.tree_util.tree_map(jax.lax.stop_gradient, seg)
+    return _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
-def _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st: _Static):
-    return _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(10,))
+def _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _Static):
+    return _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st)[0]
 
 
-def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st: _Static):
+def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _Static):
     cfg, bs, interpret = st.cfg, st.bs, st.interpret
     Dk, Dv = q.shape[-1], v_slc.shape[-1]
     Dkp, Dvp = _padded_dims(Dk, Dv)
@@ -150,31 +152,34 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, st: _Stati
     res = {}
     if "cmp" in br or ("slc" in br and st.select):
         vcp = _pad_dim(v_cmp, Dvp) if "cmp" in br else None
-        o_c, lse_c = cmp_forward(qp, kcp, vcp, cfg, bs, scale, interpret, choices=st.choices)
+        o_c, lse_c = cmp_forward(qp, kcp, vcp, cfg, bs, scale, interpret, choices=st.choices,
+                                 seg=seg)
         if "cmp" in br:
             o_cmp = o_c[..., :Dv]
             res["cmp"] = (o_c, lse_c)
     if "slc" in br:
         if st.select:
             idx = topn_pallas(cmp_block_scores(qp, kcp, lse_c, cfg, bs, scale, interpret,
-                                               choices=st.choices), cfg, interpret)
-        sel_fwd = selection_kernels(st.choices, q.shape[1])[0]
+                                               choices=st.choices, seg=seg), cfg, interpret,
+                              None if seg is None else seg.rel)
+        sel_fwd = selection_kernels(st.choices, q.shape[1], seg is not None)[0]
         o_s, lse_s = sel_fwd(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, cfg, bs, scale,
-                             interpret, choices=st.choices)
+                             interpret, choices=st.choices,
+                             **({} if seg is None else {"seg": seg}))
         o_slc = o_s[..., :Dv]
         res["slc"] = (idx, o_s, lse_s)
     if "win" in br:
         o_win, win_vjp = jax.vjp(lambda a, b, c: window_attention(a, b, c, cfg, interpret,
-                                                                  choices=st.choices),
+                                                                  choices=st.choices, seg=seg),
                                  q, k_win, v_win)
         res["win"] = (o_win, win_vjp)
     out = semantics.combine(o_cmp, o_slc, o_win, gates, cfg, q.dtype)
-    return out, (q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, res)
+    return out, (q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, seg, res)
 
 
 def _nsa_bwd(st: _Static, resid, dout):
     cfg, bs, interpret = st.cfg, st.bs, st.interpret
-    q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, res = resid
+    q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, seg, res = resid
     Dk, Dv = q.shape[-1], v_slc.shape[-1]
     Dkp, Dvp = _padded_dims(Dk, Dv)
     scale = 1.0 / math.sqrt(Dk)
@@ -190,14 +195,15 @@ def _nsa_bwd(st: _Static, resid, dout):
         dgates[0] = jnp.sum(o_c[..., :Dv] * dout32, axis=-1)
         dq_c, dkc, dvc = cmp_backward(qp, _pad_dim(k_cmp, Dkp), _pad_dim(v_cmp, Dvp), o_c, lse_c,
                                       dop, g[..., 0], None, cfg, bs, scale, interpret,
-                                      choices=st.choices)
+                                      choices=st.choices, seg=seg)
         dq = dq + dq_c
     if "slc" in res:
         idx, o_s, lse_s = res["slc"]
         dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
-        sel_bwd = selection_kernels(st.choices, q.shape[1])[1]
+        sel_bwd = selection_kernels(st.choices, q.shape[1], seg is not None)[1]
         dq_s, dks, dvs = sel_bwd(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, o_s, lse_s,
-                                 dop, g[..., 1], cfg, bs, scale, interpret, choices=st.choices)
+                                 dop, g[..., 1], cfg, bs, scale, interpret, choices=st.choices,
+                                 **({} if seg is None else {"seg": seg}))
         dq = dq + dq_s
     dq = dq[..., :Dk]
     if "win" in res:
@@ -207,7 +213,7 @@ def _nsa_bwd(st: _Static, resid, dout):
         dq = dq + dq_w.astype(jnp.float32)
     dg = jnp.stack(dgates, axis=-1).astype(gates.dtype)
     return (dq.astype(q.dtype), dkc[..., :Dk], dvc[..., :Dv], dks[..., :Dk], dvs[..., :Dv],
-            dkw.astype(k_win.dtype), dvw.astype(v_win.dtype), dg, None)
+            dkw.astype(k_win.dtype), dvw.astype(v_win.dtype), dg, None, None)
 
 
 _nsa.defvjp(_nsa_fwd, _nsa_bwd)

@@ -25,6 +25,15 @@ Hq=64, G=4, D=128, l'=64, n=16): the whole selection backward takes 35.3 ms inve
 addresses) and forms dK/dV from 16-row tiles; the inverted one issues
 (T*n*G/sel_chunk + Ts*G) * l' * (Dk + Dv) ≈ 1.3e8 and uses 128-row tiles. Its index costs one
 sort of T*n*G pairs (2.4 ms at that shape). Indices are not differentiable.
+
+Packed documents (``seg``, a ``semantics.SegmentLayout``; None compiles the unpacked kernels):
+ids are document-relative, so block j of the query at t is the keys [p, p + l'),
+p = start(t) + j*l' (an unaligned ``pl.ds`` load), kept where s <= t (s >= start holds by
+construction). The inverted dK/dV index keys each (query, block) pair by the aligned key block
+J = floor(p / l') its first keys fall in and, when p is unaligned, also by J + 1 (the rest of
+the block, if J + 1 starts at or before t); each entry carries p and masks keys to
+[p, p + l') ∩ [J l', (J+1) l'), so the two halves add up to the whole block and work items keep
+their aligned key tiles. The atomic variant adds at p directly.
 """
 from __future__ import annotations
 
@@ -54,8 +63,12 @@ def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
 
 
 # ---- forward ---------------------------------------------------------------------------------
-def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, o_ref, lse_ref, *, h, n_sel, l_sel, bk, n_sub,
-                scale, prec):
+def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub, scale, prec,
+                packed=False):
+    if packed:
+        st_ref, o_ref, lse_ref = refs
+    else:
+        o_ref, lse_ref = refs
     t, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     hp = _head_rows(h)
@@ -65,12 +78,15 @@ def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, o_ref, lse_ref, *, h, n_sel, l_sel
     dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
     q = load(q_ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None])
     c = scale * LOG2E
+    start = st_ref[b, t] if packed else None
 
     def block(si, carry):
         m, l, acc = carry
         j = idx_ref[b, t, g, si]
         valid = j >= 0
         base = jnp.maximum(j, 0) * l_sel
+        if packed:
+            base = start + base
         for sub in range(n_sub):
             off = sub * bk + jnp.arange(bk)
             kmask = valid & (off < l_sel) & (base + off <= t)
@@ -91,28 +107,31 @@ def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, o_ref, lse_ref, *, h, n_sel, l_sel
 
 
 def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool, *,
-                choices: KernelChoices | None = None):
+                choices: KernelChoices | None = None, seg=None):
     """-> o float32 [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of scaled logits,
-    +inf for a row with no visible key)."""
+    +inf for a row with no visible key). ``seg``: packed rows' layout (document-relative idx)."""
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     h = Hq // G
     bk, n_sub = _sub_tiles(cfg, bs)
     kernel = functools.partial(_fwd_kernel, h=h, n_sel=idx.shape[-1], l_sel=cfg.sel_block,
                                bk=bk, n_sub=n_sub, scale=scale,
-                               prec=dot_precision(q.dtype, interpret, choices))
+                               prec=dot_precision(q.dtype, interpret, choices),
+                               packed=seg is not None)
     return pl.pallas_call(
         kernel, grid=(T, G, B),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
         compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
         interpret=interpret, name="nsa_sel_fwd",
-    )(q, k, v, idx)
+    )(q, k, v, idx, *(() if seg is None else (seg.start,)))
 
 
 # ---- backward: dQ (and dK/dV in "atomic" mode) -------------------------------------------------
 def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_ref, *refs, h, n_sel,
-                  l_sel, bk, n_sub, scale, prec, atomic):
+                  l_sel, bk, n_sub, scale, prec, atomic, packed=False):
+    if packed:
+        st_ref, *refs = refs
     if atomic:
         _dk_in, _dv_in, dq_ref, dk_ref, dv_ref = refs
     else:
@@ -131,11 +150,14 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
     lse = load(lse_ref.at[b, t, head], row_ok, POS_INF)
     delta = load(delta_ref.at[b, t, head], row_ok)
     c = scale * LOG2E
+    start = st_ref[b, t] if packed else None
 
     def block(si, dq):
         j = idx_ref[b, t, g, si]
         valid = j >= 0
         base = jnp.maximum(j, 0) * l_sel
+        if packed:
+            base = start + base
         for sub in range(n_sub):
             off = sub * bk + jnp.arange(bk)
             kmask = valid & (off < l_sel) & (base + off <= t)
@@ -157,9 +179,17 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
     store(dq_ref.at[b, t, head_st[:, None], dk_[None, :]], dq * scale, row_ok[:, None])
 
 
+def atomic_mode(choices: KernelChoices | None) -> bool:
+    return choices_or_default(choices).sel_bwd == "atomic"
+
+
 # ---- backward: dK/dV through the inverted block -> query index -------------------------------
-def _bwd_kv_kernel(meta_ref, qt_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref,
-                   _dk_in, _dv_in, dk_ref, dv_ref, *, h, rows, l_sel, bk, n_sub, scale, prec):
+def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, prec,
+                   packed=False):
+    if packed:
+        pt_ref, *refs = refs
+    (q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref,
+     dv_ref) = refs
     ci = pl.program_id(0)
     b, g, j = meta_ref[ci, 0], meta_ref[ci, 1], meta_ref[ci, 2]
     start, count = meta_ref[ci, 3], meta_ref[ci, 4]
@@ -196,6 +226,9 @@ def _bwd_kv_kernel(meta_ref, qt_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
             delta = load(delta_ref.at[b, t_safe, head], row_ok)
             s = dot(q, k, trans_b=True, precision=prec) * c
             mask = row_ok[:, None] & kvalid[None, :] & (kpos[None, :] <= t_safe[:, None])
+            if packed:  # the part of the block [p, p + l') that lies in this aligned tile
+                p0 = load(pt_ref.at[b, g, jnp.where(row_ok, start + e, 0)], row_ok)
+                mask = mask & (kpos[None, :] >= p0[:, None]) & (kpos[None, :] < p0[:, None] + l_sel)
             p = probs(s, mask, lse)
             dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
             ds = dscores(p, do, v, gs, delta, prec)
@@ -211,20 +244,37 @@ def _bwd_kv_kernel(meta_ref, qt_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
             plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv)
 
 
-def inverted_index(idx, T: int, Ts: int, chunk: int):
+def inverted_index(idx, T: int, Ts: int, chunk: int, doc_start=None, l_sel: int = 0):
     """Block -> query index of a selection, split into work items of <= ``chunk`` queries.
 
     idx [B,T,G,n] (block ids, -1 unused) -> (meta int32 [NC, 5] rows (b, g, j, start, count),
     qt int32 [B,G,T*n]: for each (b, g) the query positions sorted by (block, query)). Work item
     c covers ``qt[b, g, start:start+count]``, all of which selected block j. NC is a static upper
     bound; unused items have count 0.
+
+    Packed rows (``doc_start`` [B,T] document starts, ``l_sel`` = l'): idx is document-relative;
+    each (query, block) pair is listed under the aligned key block J of its first key
+    p = start + j*l' and, for unaligned p, under J + 1 too (when (J + 1)*l' <= t), so entries
+    number 2*T*n, and a third output pt [B,G,2*T*n] holds each entry's p (module docstring).
     """
     B, _, G, n = idx.shape
     tpos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :, None, None], idx.shape)
     jkey = jnp.where(idx >= 0, idx, Ts).astype(jnp.int32)
-    jkey = jkey.transpose(0, 2, 1, 3).reshape(B, G, T * n)
+    if doc_start is not None:
+        p = doc_start[:, :, None, None] + jnp.maximum(idx, 0) * l_sel
+        j0 = p // l_sel
+        two = (idx >= 0) & (p % l_sel != 0) & ((j0 + 1) * l_sel <= tpos)
+        jkey = jnp.concatenate([jnp.where(idx >= 0, j0, Ts), jnp.where(two, j0 + 1, Ts)], -1)
+        tpos = jnp.concatenate([tpos, tpos], axis=-1)
+        p = jnp.concatenate([p, p], axis=-1).astype(jnp.int32)
+        n = 2 * n
+    jkey = jkey.astype(jnp.int32).transpose(0, 2, 1, 3).reshape(B, G, T * n)
     tkey = tpos.transpose(0, 2, 1, 3).reshape(B, G, T * n)
-    jsort, tsort = lax.sort((jkey, tkey), dimension=-1, num_keys=2)
+    if doc_start is None:
+        jsort, tsort = lax.sort((jkey, tkey), dimension=-1, num_keys=2)
+    else:
+        pkey = p.transpose(0, 2, 1, 3).reshape(B, G, T * n)
+        jsort, tsort, psort = lax.sort((jkey, tkey, pkey), dimension=-1, num_keys=3)
     bounds = jnp.arange(Ts + 1, dtype=jnp.int32)
     starts = jax.vmap(jax.vmap(lambda row: jnp.searchsorted(row, bounds, side="left")))(jsort)
     starts = starts.astype(jnp.int32)                       # [B,G,Ts+1]
@@ -242,17 +292,17 @@ def inverted_index(idx, T: int, Ts: int, chunk: int):
     count = jnp.where(live, jnp.clip(cnt[blk] - within * chunk, 0, chunk), 0)
     bb, rem = blk // (G * Ts), blk % (G * Ts)
     meta = jnp.stack([bb, rem // Ts, rem % Ts, start, count], axis=-1).astype(jnp.int32)
-    return meta, tsort
+    return (meta, tsort) if doc_start is None else (meta, tsort, psort)
 
 
 def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, scale: float,
-                 interpret: bool, *, choices: KernelChoices | None = None):
+                 interpret: bool, *, choices: KernelChoices | None = None, seg=None):
     """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
     dK/dV by ``choices.sel_bwd`` ("inverted" or "atomic").
 
     ``do`` [B,T,Hq,Dv] is the cotangent as it arrives (bf16 stays bf16: it feeds the dots
     unrounded) and ``gs`` [B,T,Hq] float32 a per-row scale (the branch gate; None = 1) applied in
-    float32 after the dots.
+    float32 after the dots. ``seg``: packed rows' layout (document-relative idx).
     """
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
@@ -262,43 +312,53 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     prec = dot_precision(q.dtype, interpret, choices)
     Ts = cfg.num_sel_blocks(T)
     T_acc = Ts * cfg.sel_block + bk  # every atomic tile [j*l' + sub*bk, +bk) stays in bounds
+    packed = seg is not None
+    if packed and atomic_mode(choices):  # tiles start at start + j*l' <= t < T
+        T_acc = max(T_acc, T + n_sub * bk)
+    segs = (seg.start,) if packed else ()
     if gs is None:
         gs = jnp.ones((B, T, Hq), jnp.float32)
     gs = gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
-    atomic = choices_or_default(choices).sel_bwd == "atomic"
-    common = dict(h=h, n_sel=n, l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale, prec=prec)
+    atomic = atomic_mode(choices)
+    common = dict(h=h, n_sel=n, l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale, prec=prec,
+                  packed=packed)
     dq_shape = jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32)
     if atomic:
         dq, dk, dv = pl.pallas_call(
             functools.partial(_bwd_q_kernel, atomic=True, **common), grid=(T, G, B),
             out_shape=[dq_shape, jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
                        jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
-            input_output_aliases={8: 1, 9: 2},
+            input_output_aliases={8 + len(segs): 1, 9 + len(segs): 2},
             compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
             interpret=interpret, name="nsa_sel_bwd_atomic",
-        )(q, k, v, idx, do, gs, lse, delta, *acc)
+        )(q, k, v, idx, do, gs, lse, delta, *segs, *acc)
     else:
         dq = pl.pallas_call(
             functools.partial(_bwd_q_kernel, atomic=False, **common), grid=(T, G, B),
             out_shape=dq_shape, compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
             interpret=interpret, name="nsa_sel_bwd_dq",
-        )(q, k, v, idx, do, gs, lse, delta)
+        )(q, k, v, idx, do, gs, lse, delta, *segs)
         rows = max(bs.sel_rows, next_pow2(h))
         bq = rows // h
         chunk = bq * cdiv(bs.sel_chunk, bq)
-        meta, qt = inverted_index(idx, T, Ts, chunk)
+        if packed:
+            meta, qt, pt = inverted_index(idx, T, Ts, chunk, seg.start, cfg.sel_block)
+            qt = (qt, pt)
+        else:
+            meta, qt = inverted_index(idx, T, Ts, chunk)
+            qt = (qt,)
         kern = functools.partial(_bwd_kv_kernel, h=h, rows=rows, l_sel=cfg.sel_block, bk=bk,
-                                 n_sub=n_sub, scale=scale, prec=prec)
+                                 n_sub=n_sub, scale=scale, prec=prec, packed=packed)
         dk, dv = pl.pallas_call(
             kern, grid=(meta.shape[0],),
             out_shape=[jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
                        jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
-            input_output_aliases={9: 0, 10: 1},
+            input_output_aliases={8 + len(qt): 0, 9 + len(qt): 1},
             compiler_params=compiler_params(bs.num_warps, bs.num_stages),
             interpret=interpret, name="nsa_sel_bwd_dkv",
-        )(meta, qt, q, k, v, do, gs, lse, delta, *acc)
+        )(meta, *qt, q, k, v, do, gs, lse, delta, *acc)
     return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
 
 

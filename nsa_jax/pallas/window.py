@@ -6,6 +6,12 @@ implementation="cudnn")``), which skips the tiles outside the band in forward an
 Elsewhere (CPU, float32) it is masked attention in XLA over ``semantics.window_visible``, with
 its matmuls at the precision ``KernelChoices.f32_dot`` names (IEEE by default, so float32 runs
 on a GPU do not silently drop to tf32).
+
+Packed documents (``seg``, a ``semantics.SegmentLayout``): keys also satisfy s >= start(t).
+On the cuDNN path that is cuDNN's packed (THD) layout, one segment per document
+(``semantics.packed_segments``), with its sliding window (``sliding_window_length`` = w: keys
+t - w < s <= t) and causal mask inside each segment; no [T, T] mask. The XLA path adds
+``s >= start`` to its mask.
 """
 from __future__ import annotations
 
@@ -34,23 +40,43 @@ def xla_precision(choices: KernelChoices | None):
         else lax.Precision.HIGHEST
 
 
-def _masked_window(q, k, v, cfg: NSAConfig, precision):
-    """Masked softmax attention over the window (float32), O(T^2) memory."""
+def _masked_window(q, k, v, cfg: NSAConfig, precision, start=None):
+    """Masked softmax attention over the window (float32), O(T^2) memory; ``start`` [B,T]:
+    packed rows' document starts."""
     B, T, Hq, Dk = q.shape
     G = k.shape[2]
     qg = q.reshape(B, T, G, Hq // G, Dk).astype(jnp.float32)
     s = jnp.einsum("btghd,bsgd->btghs", qg, k.astype(jnp.float32),
                    precision=precision) * (1.0 / math.sqrt(Dk))
     t = jnp.arange(T)
-    vis = semantics.window_visible(t[:, None], t[None, :], cfg.window)[None, :, None, None, :]
+    if start is None:
+        vis = semantics.window_visible(t[:, None], t[None, :], cfg.window)[None, :, None, None, :]
+    else:
+        vis = semantics.window_visible(t[None, :, None], t[None, None, :], cfg.window,
+                                       start[:, :, None])[:, :, None, None, :]
     p = semantics.masked_softmax(s, vis)
     o = jnp.einsum("btghs,bsgd->btghd", p, v.astype(jnp.float32), precision=precision)
     return o.reshape(B, T, Hq, v.shape[-1])
 
 
+def _cudnn_packed_window(q, k, v, cfg: NSAConfig, seg):
+    """cuDNN fused attention over the packed (THD) layout with a sliding window of w."""
+    from jax._src.cudnn.fused_attention_stablehlo import MaskType
+    from jax._src.cudnn.fused_attention_stablehlo import dot_product_attention as cudnn_attn
+    lengths, offsets = semantics.packed_segments(seg.rel)
+    return cudnn_attn(q, k.astype(q.dtype), v.astype(q.dtype), q_seqlen=lengths,
+                      kv_seqlen=lengths, q_offsets=offsets, kv_offsets=offsets,
+                      scale=1.0 / math.sqrt(q.shape[-1]), mask_type=MaskType.PADDING_CAUSAL,
+                      sliding_window_length=cfg.window).astype(jnp.float32)
+
+
 def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
-                     choices: KernelChoices | None = None):
-    """q [B,T,Hq,D], k/v [B,T,G,D] -> o float32 [B,T,Hq,Dv]."""
+                     choices: KernelChoices | None = None, seg=None):
+    """q [B,T,Hq,D], k/v [B,T,G,D] -> o float32 [B,T,Hq,Dv]; ``seg``: packed rows' layout."""
+    if seg is not None:
+        if uses_cudnn(q, v, interpret):
+            return _cudnn_packed_window(q, k, v, cfg, seg)
+        return _masked_window(q, k, v, cfg, xla_precision(choices), seg.start)
     if uses_cudnn(q, v, interpret):
         T = q.shape[1]
         k, v = k.astype(q.dtype), v.astype(q.dtype)
