@@ -62,3 +62,11 @@ def test_config_warnings_name_the_keys():
     w = config_warnings(load_config(TINY, ["data.seq_len=8", "train.steps=5"]))
     assert [x.split("=")[0] for x in w] == ["nsa.n_sel", "data.seq_len", "train.warmup_steps"]
     assert config_warnings(load_config(TINY)) == []
+
+
+def test_help_spells_defaults_as_yaml():
+    from nsa_jax.config import describe_keys
+
+    keys = dict(line.strip().split("=", 1) for line in describe_keys().splitlines())
+    assert keys["model.attention"] == "nsa" and keys["model.tie_embeddings"] == "true"
+    assert keys["data.path"] == "null" and keys["nsa.branches"] == "[cmp, slc, win]"
