@@ -460,6 +460,12 @@ def config_warnings(cfg: Config) -> list[str]:
     return out
 
 
+def yaml_value(v: Any) -> str:
+    """``v`` spelled as in a YAML file or an override: ``true``, ``null``, ``nsa``, ``[3, 5]``."""
+    v = list(v) if isinstance(v, tuple) else v
+    return yaml.safe_dump(v, default_flow_style=True, width=1 << 30).removesuffix("\n...\n").strip()
+
+
 def describe_keys() -> str:
     """Every config key with its default, one section per line group (for ``--help``)."""
     lines = []
@@ -470,8 +476,7 @@ def describe_keys() -> str:
             if dataclasses.is_dataclass(v):
                 walk(v, f"{prefix}.{f.name}")
             else:
-                lines.append(f"  {prefix}.{f.name}={v!r}" if isinstance(v, str) else
-                             f"  {prefix}.{f.name}={v}")
+                lines.append(f"  {prefix}.{f.name}={yaml_value(v)}")
 
     for sec, cls in SECTIONS.items():
         walk(cls(), sec)

@@ -17,7 +17,7 @@ import contextlib
 import jax
 from jax.sharding import PartitionSpec as P
 
-BATCH_AXES = ("data", "fsdp")   # batch rows are split over both axes of the training mesh
+BATCH_AXES = ("data", "fsdp")   # the training mesh's axes (train.mesh); rows split over both
 
 
 def mesh_context(mesh):

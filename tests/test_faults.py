@@ -758,12 +758,12 @@ def test_disk_full_checkpoint_and_metrics_then_resume(tmp_path, capsys, monkeypa
 
 def test_disk_full_at_start_is_bad_input(tmp_path, capsys, monkeypatch):
     """Writing config.yaml fails: status 2 before any compute, nothing half-written."""
-    from nsa_jax.train import loop
+    from nsa_jax.train import outputs
 
     def full(path, text):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path) + ".tmp")
 
-    monkeypatch.setattr(loop, "atomic_write_text", full)
+    monkeypatch.setattr(outputs, "atomic_write_text", full)
     run = tmp_path / "run"
     assert main(INPROC + [f"run.dir={run}"]) == 2
     assert one_error_line(capsys.readouterr().err) == (

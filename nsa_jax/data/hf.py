@@ -22,6 +22,7 @@ from typing import Iterator
 from nsa_jax.data.errors import DataError
 from nsa_jax.data.paths import expand_files
 from nsa_jax.data.retry import is_transient, resilient_iter, retry_call
+from nsa_jax.errors import brief
 
 HF_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt", ".csv", ".gz", ".zst", ".arrow")
 
@@ -61,8 +62,9 @@ class HFDocs:
         except Exception as e:
             if isinstance(e, DataError) or is_transient(e):
                 raise
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise DataError(f"{self.key}: cannot open {self.describe()} ({msg})") from None
+            hint = (f"; data.path is passed as its data_files (data.path=null loads "
+                    f"data.hf_name alone)" if self.data_files else "")
+            raise DataError(f"{self.key}: cannot open {self.describe()} ({brief(e)}){hint}") from None
 
     def check(self) -> None:
         """Open the stream now (with retries) so a bad name/config/split fails at build time."""

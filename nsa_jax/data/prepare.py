@@ -22,7 +22,9 @@ from nsa_jax.data.errors import DataError
 from nsa_jax.data.shards import dtype_for_vocab, write_dataset
 from nsa_jax.data.text import doc_token_arrays
 from nsa_jax.data.tokenizer import get_tokenizer
-from nsa_jax.errors import EXIT_BAD_INPUT, EXIT_OK, OneLineParser, one_line, parse_args, report
+from nsa_jax.errors import (EXIT_BAD_INPUT, EXIT_OK, OneLineParser, one_line, parse_args, report,
+                            warn)
+from nsa_jax.progress import Progress
 
 PLAIN_EVERY_S = 10.0
 
@@ -44,39 +46,6 @@ def open_docs(d):
     return docs
 
 
-class Progress:
-    """tqdm bar on a terminal, else a plain line every PLAIN_EVERY_S seconds."""
-
-    def __init__(self, total: int | None, stream=None):
-        stream = stream if stream is not None else sys.stderr
-        self.stream, self.docs, self.tokens = stream, 0, 0
-        self.t0 = self.last = time.monotonic()
-        self.bar = None
-        if stream.isatty():
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=total or None, unit="doc", file=stream)
-            except ImportError:
-                pass
-
-    def update(self, n_tokens: int) -> None:
-        self.docs += 1
-        self.tokens += n_tokens
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(tokens=self.tokens, refresh=False)
-        elif time.monotonic() - self.last >= PLAIN_EVERY_S:
-            self.last = time.monotonic()
-            rate = self.tokens / max(self.last - self.t0, 1e-9)
-            print(f"prepare: {self.docs} docs, {self.tokens} tokens ({rate:,.0f} tok/s)",
-                  file=self.stream, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def prepare(cfg, out=None) -> dict:
     """Write ``cfg.data`` as shards to ``cfg.data.out_dir``; returns the index dict."""
     out = out if out is not None else sys.stdout
@@ -85,14 +54,22 @@ def prepare(cfg, out=None) -> dict:
         raise DataError("data.out_dir: required for prepare (where shards are written)")
     tok = get_tokenizer(d.tokenizer)
     docs = open_docs(d)
-    progress = Progress(d.max_docs or None)
+    progress = Progress(d.max_docs or None, unit="doc", stream=sys.stderr, every_s=PLAIN_EVERY_S)
+    count = {"docs": 0, "tokens": 0}
+
+    def status() -> str:
+        return (f"prepare: {count['docs']} docs, {count['tokens']} tokens "
+                f"({progress.rate(count['tokens']):,.0f} tok/s)")
 
     def arrays() -> Iterator[np.ndarray]:
         for _, toks in doc_token_arrays(docs, tok, 0):
-            progress.update(len(toks))
+            count["docs"] += 1
+            count["tokens"] += len(toks)
+            progress.update(1, status, tokens=count["tokens"])
             yield toks
 
     t0 = time.monotonic()
+    progress.start()
     try:
         index = write_dataset(d.out_dir, arrays(), dtype=dtype_for_vocab(tok.vocab_size),
                               shard_tokens=d.shard_tokens,
@@ -117,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     if args is None:
         return status
     try:
-        prepare(load_config(args.config, args.overrides))
+        notes: list[str] = []
+        cfg = load_config(args.config, args.overrides, notes=notes)
+        for note in notes:       # keys that moved, as the train CLI says them
+            warn(note)
+        prepare(cfg)
     except (ConfigError, DataError) as e:
         return report(one_line(e), EXIT_BAD_INPUT, args.debug)
     return EXIT_OK

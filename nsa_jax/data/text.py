@@ -12,6 +12,7 @@ document ``doc`` of that epoch; a restore re-tokenizes from that document.
 from __future__ import annotations
 
 import collections
+import math
 from typing import Iterator
 
 import numpy as np
@@ -76,9 +77,13 @@ class PackedTextSource:
                 return
         part = f"{self.split} split" + (f" ({self.where})" if self.where else "")
         if n_docs == 0:
+            held = ""
+            if self.split == "eval" and self.filter.f > 0:   # the first held out: document n
+                n = math.ceil(1 / self.filter.f - 1e-9)
+                held = f": the first document it holds out is document {n}"
             raise DataError(f"{self.docs.key}: empty dataset: no non-empty documents in the "
                             f"{part} of {self.docs.describe()} (data.eval_fraction="
-                            f"{self.filter.f})")
+                            f"{self.filter.f}{held})")
         raise DataError(f"data.seq_len: {self.T} needs {need} tokens, but the {part} of "
                         f"{self.docs.describe()} has only {have}")
 

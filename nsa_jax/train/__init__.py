@@ -1,14 +1,16 @@
 """Training system: ``python -m nsa_jax.train --config configs/X.yaml [key=value ...]``.
 
 Modules, one concern each: ``cli`` (arguments, error lines, exit codes), ``loop`` (checks, then
-the training loop), ``step`` (jitted train/eval steps), ``optim`` (AdamW, schedule, decay mask),
-``state`` (train state, params <-> NSALM), ``mesh`` (devices, shardings, multi-process),
-``checkpoint`` (orbax manager, resume with fall-back past corrupt checkpoints,
-``load_for_inference``), ``checksum`` (exact array checksums in each checkpoint), ``metrics``
-(jsonl, TensorBoard, progress), ``env`` (env.json), ``feed`` (bounded waits for batches, data
+the training loop), ``start`` (every input checked, the starting point loaded), ``outputs`` (the
+run directory at start-up), ``hooks`` (profiler, reporter, evaluator, bad-step guard, checkpoint
+policy), ``step`` (jitted train/eval steps), ``optim`` (AdamW, schedule, decay mask), ``state``
+(train state, params <-> NSALM), ``mesh`` (devices, shardings, multi-process), ``checkpoint``
+(orbax manager), ``recovery`` (resume with fall-back past corrupt checkpoints), ``checksum``
+(exact array checksums in each checkpoint), ``inference`` (``load_for_inference``), ``metrics``
+(jsonl, TensorBoard, log lines), ``env`` (env.json), ``feed`` (bounded waits for batches, data
 failures), ``signals`` (SIGTERM/SIGINT: checkpoint and exit 0), ``watchdog`` (heartbeat,
 SIGUSR1 stacks, hang abort), ``files`` (atomic small files), ``errors`` (exceptions and their
-exit statuses).
+exit statuses). The progress display is :mod:`nsa_jax.progress`.
 
     from nsa_jax.train import load_for_inference
     cfg, model = load_for_inference("runs/tiny-20250101-120000")

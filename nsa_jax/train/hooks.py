@@ -23,6 +23,7 @@ from nsa_jax.errors import os_reason
 from nsa_jax.train import mesh as meshlib
 from nsa_jax.train.errors import DataFailed, TrainingFailed, WriteFailed
 from nsa_jax.train.feed import BatchFeed, open_loader
+from nsa_jax.train.metrics import show_log
 
 
 class Profiler:
@@ -97,7 +98,7 @@ class Reporter:
                  "skipped_steps": int(s["skipped"]), "bad_steps": int(s["bad_steps"])}
         self.win_t, self.win_step, self.paused = now, step, 0.0
         self.write(entry, "train/")
-        self.progress.log(entry)
+        show_log(self.progress, entry)
         self.last.update(entry)
 
     def write(self, entry: dict, tb_prefix: str) -> None:

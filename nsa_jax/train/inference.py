@@ -8,6 +8,7 @@ from typing import NamedTuple
 import jax
 
 from nsa_jax.config import Config, ConfigError, load_config
+from nsa_jax.errors import warn
 from nsa_jax.train.checkpoint import Checkpointer, checkpoint_dir
 from nsa_jax.train.errors import CheckpointError
 from nsa_jax.train.recovery import newest_usable
@@ -31,10 +32,13 @@ def restore_for_inference(run_dir, step: int | None = None) -> InferenceCheckpoi
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         raise CheckpointError(f"{cfg_path}: not found (is {run_dir} a training run directory?)")
+    notes: list[str] = []
     try:
-        cfg = load_config(cfg_path)
+        cfg = load_config(cfg_path, notes=notes)
     except ConfigError as e:
         raise CheckpointError(str(e) if str(cfg_path) in str(e) else f"{cfg_path}: {e}") from None
+    for note in notes:           # keys that moved, as the train CLI says them
+        warn(note)
     ck_dir = checkpoint_dir(run_dir)
     if not ck_dir.is_dir():
         raise CheckpointError(f"{ck_dir}: no checkpoints directory")

@@ -2,7 +2,8 @@
 
 Reading order: :func:`train` -> :func:`~nsa_jax.train.start.preflight` (every input checked,
 the starting point loaded, nothing written: one frozen :class:`~nsa_jax.train.start.Start`)
--> :class:`Trainer` (writes ``config.yaml``/``env.json``, compiles the step ahead of time)
+-> :class:`Trainer` (the run directory's files: :mod:`~nsa_jax.train.outputs`; compiles the step
+ahead of time)
 -> :meth:`Trainer.run`: per step, a batch (:mod:`~nsa_jax.train.feed`), the jitted update
 (:mod:`~nsa_jax.train.step`), then the hooks of :mod:`~nsa_jax.train.hooks` in order:
 profiler, bad-step guard, reporter (log steps), evaluator, checkpoint policy.
@@ -25,31 +26,27 @@ While it runs (failure handling; the CLI maps the exceptions to exit statuses):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import os
 import time
 
 import jax
 import numpy as np
-import yaml
 
 from nsa_jax.config import Config, config_warnings
 from nsa_jax.data import DataError
-from nsa_jax.errors import os_reason, warn
+from nsa_jax.errors import warn
+from nsa_jax.progress import Progress
 from nsa_jax.train import mesh as meshlib
 from nsa_jax.train.checkpoint import Checkpointer
-from nsa_jax.train.env import collect_env
-from nsa_jax.train.errors import DataFailed, TrainError, WriteFailed
+from nsa_jax.train.errors import DataFailed, WriteFailed
 from nsa_jax.train.feed import BatchFeed
-from nsa_jax.train.files import atomic_write_text
 from nsa_jax.train.hooks import (BadStepGuard, CheckpointPolicy, Evaluator, Profiler, Reporter,
                                  close_loader)
-from nsa_jax.train.metrics import MetricsLog, Progress, TensorBoardWriter, final_line
-from nsa_jax.train.optim import lr_at
-from nsa_jax.train.recovery import quarantine
+from nsa_jax.train.metrics import final_line
+from nsa_jax.train.outputs import open_outputs
 from nsa_jax.train.signals import GracefulStop
 from nsa_jax.train.start import Start, preflight, profile_window, resolve_run_dir  # noqa: F401
+from nsa_jax.train.start import start_notes
 from nsa_jax.train.state import init_state
 from nsa_jax.train.step import make_eval_step, make_train_step
 from nsa_jax.train.watchdog import Watchdog
@@ -79,60 +76,16 @@ def train(cfg: Config, profile: bool = False, argv: list[str] | None = None,
     return trainer.run()
 
 
-def _start_notes(s: Start) -> list[str]:
-    """What the start lines should say about the schedule and evaluation."""
-    t, out = s.cfg.train, []
-    if s.resumed and s.saved_steps is not None and s.saved_steps != t.steps:
-        old = dataclasses.replace(t, steps=s.saved_steps)
-        out.append(f"train.steps: {s.saved_steps} -> {t.steps} on resume reshapes the learning-"
-                   f"rate schedule: the next update's lr was {float(lr_at(s.step, old)):.3g}, now "
-                   f"{float(lr_at(s.step, t)):.3g}")
-    if t.eval_every == 0 or t.eval_every > t.steps:
-        out.append(f"no evaluation will run (train.eval_every={t.eval_every}, train.steps="
-                   f"{t.steps}): no held-out loss")
-    return out
-
-
 class Trainer:
     def __init__(self, start: Start, argv, t_launch: float):
         self.s, self.t_launch = start, t_launch
-        run_dir, cfg = start.run_dir, start.cfg
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise TrainError(f"run.dir: cannot create {run_dir} ({os_reason(e)})") from None
-        resolved = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir)))
-        self.metrics, self.tb = MetricsLog(run_dir / "metrics.jsonl"), None
-        if start.primary:
-            self._quarantine()
-            _write_start(run_dir / "config.yaml", lambda p: atomic_write_text(
-                p, yaml.safe_dump(resolved.to_dict(), sort_keys=False)))
-            _write_start(run_dir / "env.json", lambda p: atomic_write_text(
-                p, json.dumps(collect_env(argv), indent=2) + "\n"))
-            _write_start(self.metrics.path, lambda p: self.metrics.truncate_after(start.step))
-            # drops TensorBoard events of an earlier, interrupted attempt from this step on
-            self.tb = _write_start(run_dir / "tensorboard", lambda p: TensorBoardWriter(
-                p, restart_step=start.step + 1))
-        if start.nproc > 1 and start.bad_steps:      # the moves are done before anyone writes
-            from jax.experimental import multihost_utils
-            multihost_utils.sync_global_devices("nsa_jax.train quarantine")
-        self.ckpt = Checkpointer(start.ck_dir, keep=cfg.train.ckpt_keep)
+        self.metrics, self.tb = open_outputs(start, argv)
+        self.ckpt = Checkpointer(start.ck_dir, keep=start.cfg.train.ckpt_keep)
         self.batch_sharding = meshlib.batch_sharding(start.mesh)
-        self.progress = Progress(cfg.train.steps, start.step, enabled=start.primary)
+        self.progress = Progress(start.cfg.train.steps, start.step, desc="train",
+                                 enabled=start.primary)
         self.watchdog = self.stop = self.policy = self.profiler = None
         self.stalled = False
-
-    def _quarantine(self) -> None:
-        s = self.s
-        if not s.bad_steps:
-            return
-        try:
-            moved = quarantine(s.ck_dir, list(s.bad_steps), s.run_dir)
-        except OSError as e:
-            raise TrainError(f"run.dir: cannot move the unusable checkpoints out of "
-                             f"{s.ck_dir} ({os_reason(e)})") from None
-        for path in moved:
-            warn(f"moved the unusable checkpoint {s.ck_dir / path.name.split('-')[0]} to {path}")
 
     def _compile(self):
         s, t = self.s, self.s.cfg.train
@@ -168,7 +121,7 @@ class Trainer:
         t0 = time.perf_counter()
         step_fn, eval_fn = self._compile()
         say(f"compiled the train step in {time.perf_counter() - t0:.1f}s")
-        for note in _start_notes(s):
+        for note in start_notes(s):
             say(note)
         self.reporter = Reporter(s, self.metrics, self.tb, self.progress)
         self.profiler = Profiler(s.window, s.run_dir / "profile", say)
@@ -198,18 +151,7 @@ class Trainer:
                     batch = meshlib.place_batch(local, self.batch_sharding, t.batch_size)
                     state, stats = step_fn(state, batch)
                 done = step
-                self.reporter.step(stats)
-                self.reporter.pause(self.profiler.after(step, stats))
-                self.progress.step()
-                self.watchdog.beat(f"step {step}", step=step)
-                self.guard.push(step, stats["bad_steps"])
-                log_step = step % t.log_every == 0 or step == t.steps
-                self.guard.check(settle=log_step, before=step)   # earlier steps first
-                if log_step:
-                    self.reporter.log(step, stats)
-                    self.guard.check(settle=True)
-                self.evaluator.maybe(step, state.params, stats)
-                self.policy.maybe(step, state, stats)
+                self._after_step(step, state, stats)
             return self._finished()
         except (DataFailed, DataError) as e:
             raise type(e)(f"{e}; {self._save_after_data_error(done, state)}") from e
@@ -218,6 +160,22 @@ class Trainer:
             raise WriteFailed(f"{e}; {note}") from e
         finally:
             self._close()
+
+    def _after_step(self, step: int, state, stats) -> None:
+        """The hooks, in order, once the update of ``step`` is dispatched."""
+        t = self.s.cfg.train
+        self.reporter.step(stats)
+        self.reporter.pause(self.profiler.after(step, stats))
+        self.progress.update()
+        self.watchdog.beat(f"step {step}", step=step)
+        self.guard.push(step, stats["bad_steps"])
+        log_step = step % t.log_every == 0 or step == t.steps
+        self.guard.check(settle=log_step, before=step)   # earlier steps first
+        if log_step:
+            self.reporter.log(step, stats)
+            self.guard.check(settle=True)
+        self.evaluator.maybe(step, state.params, stats)
+        self.policy.maybe(step, state, stats)
 
     def _next_batch(self, feed, wait_stop):
         try:
@@ -278,9 +236,3 @@ class Trainer:
                     cleanup()
         close_loader(self.s.loader, self.stalled)
 
-
-def _write_start(path, write):
-    try:
-        return write(path)
-    except OSError as e:
-        raise TrainError(f"run.dir: cannot write {path} ({os_reason(e)})") from None

@@ -21,11 +21,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from nsa_jax.config import Config, MeshConfig
+from nsa_jax.parallel import BATCH_AXES   # the mesh's axes; batch rows are split over both
 from nsa_jax.train.errors import TrainError
 
-from nsa_jax.parallel import BATCH_AXES  # noqa: E402  (batch rows are split over all devices)
-
-AXES = ("data", "fsdp")
 FSDP_MIN_SIZE = 1 << 14   # arrays with fewer elements stay replicated under FSDP
 
 
@@ -65,8 +63,8 @@ def build_mesh(mcfg: MeshConfig, devices=None) -> jax.sharding.Mesh:
     kwargs = {}
     axis_type = getattr(jax.sharding, "AxisType", None)
     if axis_type is not None:   # jax >= 0.5: Auto axes (GSPMD propagation), same on 0.10 and 0.11
-        kwargs["axis_types"] = (axis_type.Auto,) * len(AXES)
-    return jax.make_mesh(shape, AXES, devices=devices, **kwargs)
+        kwargs["axis_types"] = (axis_type.Auto,) * len(BATCH_AXES)
+    return jax.make_mesh(shape, BATCH_AXES, devices=devices, **kwargs)
 
 
 def check_batch(cfg: Config, n_devices: int, n_processes: int) -> None:

@@ -1,4 +1,4 @@
-"""Run outputs for humans and tools: ``metrics.jsonl``, TensorBoard scalars, progress display.
+"""Run outputs for humans and tools: ``metrics.jsonl``, TensorBoard scalars, progress lines.
 
 * :class:`MetricsLog` appends one JSON object per line and flushes it (a non-finite loss or
   gradient norm is written as ``null``; a failed write raises ``WriteFailed``). On resume,
@@ -6,15 +6,14 @@
 * :class:`TensorBoardWriter` writes scalar events with TensorBoard's own event writer and protos
   (no TensorFlow, no torch). It first writes a ``SessionLog.START`` at the first new step,
   which tells TensorBoard to discard orphaned events of an interrupted attempt from there on.
-* :class:`Progress`: a tqdm bar (step, loss, tok/s, ETA) when stdout is a terminal, else one
-  plain line per logged step.
+* :func:`show_log` puts a log step on the :class:`nsa_jax.progress.Progress` display: loss and
+  tok/s on the tqdm bar when stdout is a terminal, else one plain line (with the ETA).
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -139,54 +138,14 @@ def fmt_duration(s: float) -> str:
     return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
 
 
-class Progress:
-    """tqdm bar on a terminal, plain lines otherwise (``enabled=False``: silent, e.g. process > 0)."""
-
-    def __init__(self, total: int, initial: int, enabled: bool = True, stream=None):
-        self.total, self.enabled = total, enabled
-        self.stream = stream or sys.stdout
-        self.bar = None
-        self._t0, self._s0 = time.perf_counter(), initial
-
-    def start(self) -> None:
-        """Training starts now (after compilation): the bar and the ETA count from here."""
-        self._t0 = time.perf_counter()
-        if self.enabled and self.stream.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=self.total, initial=self._s0, file=self.stream, unit="step",
-                            dynamic_ncols=True, desc="train")
-
-    def step(self, n: int = 1) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def log(self, entry: dict) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            extra = {"skipped": entry["skipped_steps"]} if entry.get("skipped_steps") else {}
-            self.bar.set_postfix(loss=f"{entry['loss_avg']:.4f}",
-                                 tok_s=f"{entry['tokens_per_s']:,.0f}", **extra, refresh=True)
-            return
-        s = entry["step"]
-        rate = (s - self._s0) / max(time.perf_counter() - self._t0, 1e-9)
-        eta = (self.total - s) / rate if rate > 0 else float("inf")
-        self.line(f"step {s}/{self.total} | loss {_num(entry['loss'])} (avg "
-                  f"{_num(entry['loss_avg'])}) | lr {entry['lr']:.3e} | "
-                  f"grad_norm {_num(entry['grad_norm'], 3)} | {entry['tokens_per_s']:,.0f} tok/s | "
-                  f"elapsed {fmt_duration(entry['elapsed_s'])} | ETA {fmt_duration(eta)}"
-                  + _skipped(entry))
-
-    def line(self, text: str) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.write(text, file=self.stream)
-        else:
-            print(text, file=self.stream, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+def show_log(progress, entry: dict) -> None:
+    """A log step on the progress display: loss and tok/s on the bar, else one plain line."""
+    s, total = entry["step"], progress.total
+    rate = progress.rate(s)
+    eta = (total - s) / rate if rate > 0 else float("inf")
+    extra = {"skipped": entry["skipped_steps"]} if entry.get("skipped_steps") else {}
+    progress.show(f"step {s}/{total} | loss {_num(entry['loss'])} (avg {_num(entry['loss_avg'])})"
+                  f" | lr {entry['lr']:.3e} | grad_norm {_num(entry['grad_norm'], 3)} | "
+                  f"{entry['tokens_per_s']:,.0f} tok/s | elapsed {fmt_duration(entry['elapsed_s'])}"
+                  f" | ETA {fmt_duration(eta)}" + _skipped(entry),
+                  loss=f"{entry['loss_avg']:.4f}", tok_s=f"{entry['tokens_per_s']:,.0f}", **extra)

@@ -24,12 +24,13 @@ from typing import Any
 import jax
 
 from nsa_jax.config import Config
+from nsa_jax.data import DataError
 from nsa_jax.errors import warn
 from nsa_jax.train import mesh as meshlib
 from nsa_jax.train.checkpoint import Checkpointer, checkpoint_dir
 from nsa_jax.train.errors import CheckpointError, TrainError
 from nsa_jax.train.feed import open_loader
-from nsa_jax.train.optim import make_optimizer
+from nsa_jax.train.optim import lr_at, make_optimizer
 from nsa_jax.train.recovery import NoUsableCheckpoint, check_compatible, newest_usable
 from nsa_jax.train.state import ModelSpec, abstract_state
 
@@ -72,6 +73,20 @@ class Start:
     @property
     def local_batch(self) -> int:
         return self.cfg.train.batch_size // self.nproc
+
+
+def start_notes(s: Start) -> list[str]:
+    """What the start lines should say about the schedule and evaluation."""
+    t, out = s.cfg.train, []
+    if s.resumed and s.saved_steps is not None and s.saved_steps != t.steps:
+        old = dataclasses.replace(t, steps=s.saved_steps)
+        out.append(f"train.steps: {s.saved_steps} -> {t.steps} on resume reshapes the learning-"
+                   f"rate schedule: the next update's lr was {float(lr_at(s.step, old)):.3g}, now "
+                   f"{float(lr_at(s.step, t)):.3g}")
+    if t.eval_every == 0 or t.eval_every > t.steps:
+        out.append(f"no evaluation will run (train.eval_every={t.eval_every}, train.steps="
+                   f"{t.steps}): no held-out loss")
+    return out
 
 
 def resolve_run_dir(cfg: Config) -> Path:
@@ -151,7 +166,7 @@ def preflight(cfg: Config, profile: bool = False) -> Start:
             data_state = meta["data"][pidx] if meta is not None else None
             loader = open_loader(cfg, "train", t.batch_size // nproc, pidx, nproc, data_state)
             if t.eval_every:
-                open_loader(cfg, "eval", t.batch_size // nproc, pidx, nproc).close()
+                _probe_eval(cfg, pidx, nproc)
         saved = ((meta or {}).get("config") or {}).get("train") or {}
         return Start(cfg=cfg, run_dir=run_dir, ck_dir=ck_dir, pidx=pidx, nproc=nproc, mesh=mesh,
                      spec=spec, tx=tx, shardings=shardings, abstract=abstract, step=step,
@@ -168,6 +183,16 @@ def preflight(cfg: Config, profile: bool = False) -> Start:
     finally:
         if reader is not None:
             reader.close()
+
+
+def _probe_eval(cfg: Config, pidx: int, nproc: int) -> None:
+    """The eval split opens and holds a batch, or a DataError naming ``train.eval_every``."""
+    t = cfg.train
+    try:
+        open_loader(cfg, "eval", t.batch_size // nproc, pidx, nproc).close()
+    except DataError as e:
+        raise DataError(f"{e}; train.eval_every={t.eval_every} needs an eval split "
+                        f"(train.eval_every=0 trains without evaluation)") from None
 
 
 def _load(cfg, run_dir, reader: Checkpointer, step: int, abstract, nproc: int):

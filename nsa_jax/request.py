@@ -1,0 +1,151 @@
+"""What a generation request may ask: the context (:data:`HARD_MAX_LEN`), the KV caches and the
+prefill workspace against free memory (:func:`free_memory`). A request that cannot run raises
+:class:`RequestError` naming the argument, before any cache is allocated or prefill runs."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# RoPE angles are computed from float32 positions (nsa_jax.nsa.rope), which are exact integers
+# only up to 2**24: past that, neighbouring positions get the same rotation.
+HARD_MAX_LEN = 1 << 24
+GiB = 1 << 30
+
+
+class RequestError(ValueError):
+    """A generation request that cannot run (context, cache or memory); ``arg`` names the
+    argument at fault (``prompts``, ``max_new_tokens``, ``max_len``, ``memory_limit``).
+
+    ``detail`` may name other arguments as ``{max_len}``-style fields: :meth:`message` fills
+    them with the caller's names (Python keywords by default, or the CLI's flags)."""
+
+    def __init__(self, arg: str, detail: str):
+        self.arg, self.detail = arg, detail
+        super().__init__(self.message())
+
+    def message(self, names: dict[str, str] | None = None) -> str:
+        names = {k: k for k in ("prompts", "max_new_tokens", "max_len", "memory_limit")} | (
+            names or {})
+        return f"{names[self.arg]}: {self.detail.format(**names)}"
+
+
+def bucket(n: int) -> int:
+    """Padded width for n tokens: a multiple of 64 and of 1/8 of the next power of two, so
+    prompt widths (and cache lengths) fall into a few shapes per octave (< 25% padding above
+    512 tokens) and a new length rarely recompiles."""
+    n = max(int(n), 1)
+    step = max(64, 1 << max(0, (n - 1).bit_length() - 3))
+    return -(-n // step) * step
+
+
+def gib(n: int) -> str:
+    """Bytes in binary units, e.g. ``1.50 GiB``, ``12.0 MiB``."""
+    for unit, size in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{n} B"
+
+
+def _mem_available() -> int | None:
+    """Host RAM available (``MemAvailable`` in /proc/meminfo), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def free_memory(model, memory_limit: int | None = None) -> int | None:
+    """Bytes available for the KV caches and the prefill workspace, before a Decoder exists.
+
+    On a device reporting memory stats (GPU): its ``bytes_limit - bytes_in_use`` (the weights are
+    already loaded) less the compute-dtype copy of the weights a Decoder makes. Elsewhere (CPU):
+    the host's available RAM less that copy. ``memory_limit`` (bytes for weights + caches +
+    prefill; the CLI's ``--memory-limit``) caps either. None: unknown, no check."""
+    import numpy as np
+    from flax import nnx
+
+    weights = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model)))
+    copy = 0 if model.dtype == jnp.float32 else weights * np.dtype(model.dtype).itemsize // 4
+    stats = jax.local_devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        free = stats["bytes_limit"] - stats.get("bytes_in_use", 0) - copy
+    else:
+        avail = _mem_available()
+        free = None if avail is None else avail - copy
+    if memory_limit is not None:
+        mine = memory_limit - weights - copy
+        free = mine if free is None else min(free, mine)
+    return free
+
+
+
+def check_request(prompts, max_new_tokens: int, max_len: int) -> None:
+    if not prompts:
+        raise RequestError("prompts", "no prompts given")
+    if not 1 <= max_len <= HARD_MAX_LEN:
+        raise RequestError("max_len", f"must be in [1, {HARD_MAX_LEN}] (RoPE positions are "
+                                      f"exact in float32 up to 2**24), got {max_len}")
+    if max_new_tokens < 1:
+        raise RequestError("max_new_tokens", f"must be >= 1, got {max_new_tokens}")
+    for i, p in enumerate(prompts):
+        if len(p) < 1:
+            raise RequestError("prompts", f"prompt {i} holds no tokens")
+        if len(p) > max_len:
+            raise RequestError("prompts", f"prompt {i} has {len(p)} tokens, more than the "
+                                          f"context {{max_len}}={max_len}")
+    longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+    n = len(prompts[longest])
+    if n + max_new_tokens > max_len:
+        raise RequestError("max_new_tokens", f"prompt {longest} ({n} tokens) + {max_new_tokens} "
+                                             f"new tokens exceed the context {{max_len}}="
+                                             f"{max_len}; at most {max_len - n} new tokens fit")
+
+
+def check_memory(model, prompts, cache_len: int, free: int | None) -> None:
+    """Refuse before allocating when the batch's KV caches do not fit in ``free`` bytes."""
+    from nsa_jax.decode import cache_bytes, init_cache
+
+    if free is None:
+        return
+
+    def cache_for(rows, length):
+        return cache_bytes(jax.eval_shape(lambda: init_cache(model, rows, length)))
+
+    B, longest = len(prompts), max(len(p) for p in prompts)
+    row, prompt_only = cache_for(1, cache_len), cache_for(1, min(bucket(longest), cache_len))
+    if prompt_only > free:
+        raise RequestError("prompts", f"a prompt of {longest} tokens needs a "
+                                      f"{gib(prompt_only)} KV cache, more than the "
+                                      f"{gib(max(free, 0))} free")
+    if row > free:
+        raise RequestError("max_new_tokens", f"one row of {cache_len} tokens (prompt + new) "
+                                             f"needs a {gib(row)} KV cache, more than the "
+                                             f"{gib(max(free, 0))} free")
+    if B * row > free:
+        raise RequestError("prompts", f"{B} prompts need {gib(B * row)} of KV cache at "
+                                      f"{cache_len} tokens per row, {gib(free)} free: at "
+                                      f"most {free // row} prompts fit")
+
+
+def fit_rows(dec, width: int, free: int | None, longest: int) -> int:
+    """The most rows (B, B/2, ..., 1) whose prefill fits in what the caches leave free."""
+    from nsa_jax.decode import cache_bytes
+
+    g = dec.batch
+    if free is None:
+        return g
+    left = free - cache_bytes(dec.cache)
+    while True:
+        need = dec.prefill_bytes(g, width)
+        if need is None or need <= left:
+            return g
+        if g == 1:
+            raise RequestError("prompts", f"prefilling a prompt of {longest} tokens (padded to "
+                                          f"{width}) needs {gib(need)}, more than the "
+                                          f"{gib(max(left, 0))} the KV caches leave free")
+        g = -(-g // 2)
+
