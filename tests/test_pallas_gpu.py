@@ -153,7 +153,7 @@ def test_f32_matches_reference_whatever_the_global_precision(shape, T, sel_impl)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [2048, 8192])
+@pytest.mark.parametrize("T", [2048])   # the masked XLA reference does not fit at 8192
 def test_dense_packed_cudnn_matches_masked_xla(T):
     """Packed documents on the dense path: cuDNN's packed (THD) layout == an explicit
     same-document causal mask (issue #16), values and gradients, bf16."""
@@ -182,7 +182,7 @@ def _packed_lengths(T):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [2048, 8192])
+@pytest.mark.parametrize("T", [2048])   # the float32 O(T^2) reference does not fit at 8192
 def test_packed_bf16_matches_f32_reference(T):
     """Packed documents (issue #16) through the compiled kernels: bf16 impl="pallas" with
     segment_ids against the float32 packed reference, output and all 8 gradients (125M shape,
