@@ -2,8 +2,9 @@
 
 ``model`` and ``nsa`` say what the model is (they fix the parameter shapes); ``exec`` says how to
 run it (implementations, rematerialisation, kernel algorithm choices), which may change between
-a run and its resume. A section may nest another (``exec.kernel``): overrides take dotted paths
-of any depth (``train.steps=100``, ``exec.kernel.sel_impl=tiled``) and YAML nested mappings.
+a run and its resume. A section may nest another (``exec.kernel``, ``data.retrieval``): overrides
+take dotted paths of any depth (``train.steps=100``, ``exec.kernel.sel_impl=tiled``,
+``data.retrieval.pairs=48``) and YAML nested mappings.
 
 ``load_config(path, overrides)`` reads a YAML file (a key given twice in one mapping is an
 error), applies the overrides, rejects unknown keys (naming the full dotted key) and wrong types,
