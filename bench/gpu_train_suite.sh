@@ -24,7 +24,7 @@ t0=$SECONDS
 probe_start() {  # retrieval learnability, answers-only loss, nsa and dense sharing the GPU
   for att in nsa dense; do
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout -s TERM ${PROBE_S:-240} python3 -m nsa_jax.train \
-      --config configs/quality_retrieval.yaml model.attention=$att data.retrieval_loss=answers \
+      --config configs/quality_retrieval.yaml model.attention=$att data.retrieval.loss=answers \
       train.steps=100000 train.log_every=50 train.eval_every=200 train.ckpt_every=100000 \
       run.dir=/tmp/probe_$att > "$OUT/probe_$att.log" 2>&1 &
   done

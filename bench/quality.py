@@ -43,16 +43,16 @@ CPU runs on 2 cores; seq 8192, w = 512, 4 layers, dim 256 unless said):
   the token after it). Random filler, answers-only loss: chance (earlier probe). ``copy`` filler
   (half of the context copies of earlier stretches, long-range induction on every copied token),
   log or uniform distances, lr 1.5e-3 or 3e-3: chance after 1000-1500 steps (loss stayed at the
-  unigram floor 7.30). ``copy`` + ``retrieval_filler_groups: 16`` (a skip-bigram that pays a
+  unigram floor 7.30). ``copy`` + ``retrieval.filler_groups: 16`` (a skip-bigram that pays a
   previous-token head on its own): that head formed within ~500 steps (fresh-filler loss 7.3 ->
   4.9), the copying did not (copied tokens 5.1 nats after 1500 steps), dense as NSA. On CPU the
   same at seq 256 (dim 64, 1500 steps); ``repeat`` filler learned only at seq 64.
-* key-owned values (``retrieval_values_per_key``): a query is one hop (attend to this key's value
+* key-owned values (``retrieval.values_per_key``): a query is one hop (attend to this key's value
   token, copy it). CPU, seq 256, dense: 100% of 2048 held-out answers after 1500 steps. At 8k,
   8 values per key, 3-token pairs, 3000 steps: NSA 11.2%, window 11.3%, dense 12.9% beyond 4w
   (chance 12.5%). A single value token in a compressed block of filler never taught the
   compressed scores to select its block (any gate init, any block size l >= 4, 6000 steps).
-* the committed config: each pair a 34-token needle (``retrieval_value_repeat: 32``, the value
+* the committed config: each pair a 34-token needle (``retrieval.value_repeat: 32``, the value
   fills a compressed block), gates initialised (cmp, slc, win) = (0.5, 0.95, 0.05)
   (``model.gate_bias``), lr 5e-4 (1.5e-3 left NSA at chance at 8k): NSA 97.3% beyond 4w,
   window 11.4%, dense 100%; 3000 steps each, 308 s for the three side by side on an H200::
@@ -117,9 +117,9 @@ _SMOKE_MODEL = ["model.dim=64", "model.n_layers=2", "model.n_heads=2", "model.n_
                 "train.ckpt_every=0", "data.prefetch=1"]
 SMOKE = {
     "retrieval": _SMOKE_MODEL + ["model.vocab_size=256", "data.seq_len=256",
-                                 "data.retrieval_pairs=8", "data.retrieval_queries=8",
-                                 "data.retrieval_keys=8", "data.retrieval_values=64",
-                                 "data.retrieval_value_repeat=8"],
+                                 "data.retrieval.pairs=8", "data.retrieval.queries=8",
+                                 "data.retrieval.keys=8", "data.retrieval.values=64",
+                                 "data.retrieval.value_repeat=8"],
     "parity": _SMOKE_MODEL + ["data.seq_len=128", "data.eval_fraction=0.1"],
 }
 SMOKE_ROWS = 8                # held-out retrieval rows scored in --smoke
@@ -131,9 +131,9 @@ CPU_SCALE = ["model.vocab_size=512", "model.dim=64", "model.n_layers=2", "model.
              "model.n_kv_groups=1", "model.head_dim=32", "model.mlp_hidden=192",
              "model.compute_dtype=float32", "nsa.window=16", "nsa.block_l=8", "nsa.stride_d=4",
              "nsa.sel_block=16", "nsa.n_sel=4", "nsa.n_local=1", "data.seq_len=256",
-             "data.retrieval_pairs=8", "data.retrieval_queries=8", "data.retrieval_keys=32",
-             "data.retrieval_values=256", "data.retrieval_values_per_key=8",
-             "data.retrieval_value_repeat=8", "train.batch_size=32", "train.lr=2e-3",
+             "data.retrieval.pairs=8", "data.retrieval.queries=8", "data.retrieval.keys=32",
+             "data.retrieval.values=256", "data.retrieval.values_per_key=8",
+             "data.retrieval.value_repeat=8", "train.batch_size=32", "train.lr=2e-3",
              "train.warmup_steps=50", "train.steps=1500", "train.log_every=50",
              "train.eval_every=250", "train.ckpt_every=500"]
 
@@ -352,7 +352,7 @@ def evaluate_retrieval_run(run_dir: Path, rows: int, batch_size: int | None) -> 
     predict = make_predictor(model)
     t0 = time.perf_counter()
     with build_loader(cfg, "eval", bs) as loader:
-        res = evaluate_retrieval(predict, (next(loader) for _ in range(n_batches)), layout,
+        res = evaluate_retrieval(predict, (next(loader).tokens for _ in range(n_batches)), layout,
                                  cfg.nsa.window)
     res["eval_rows"] = n_batches * bs
     res["eval_s"] = round(time.perf_counter() - t0, 1)

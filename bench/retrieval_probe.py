@@ -9,7 +9,7 @@ loop, and every ``--eval-every`` steps one JSON line with
 * ``gates``: per layer, the mean gate of each branch (cmp, slc, win) at the answer positions;
 * ``recall_far``: per layer, the share of queries beyond 4w whose stored value's selection block is
   among the blocks NSA selects at the answer position (shared by the heads of a KV group); with
-  ``retrieval_value_repeat`` > 1 the block of the needle's *first* value token.
+  ``retrieval.value_repeat`` > 1 the block of the needle's *first* value token.
 
 Runs on any backend; at seq 256 the whole probe takes minutes on a GPU (a few runs side by side:
 ``bench/retrieval_sweeps.sh``) and ~0.75 s/step on 2 CPU cores::
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     from nsa_jax.nsa.reference import select_blocks
     from nsa_jax.train.optim import lr_at, make_optimizer
     from nsa_jax.train.state import ModelSpec
-    from nsa_jax.train.step import loss_and_grads, loss_mask_for
+    from nsa_jax.train.step import loss_and_grads
 
     cfg = load_config(ROOT / quality.CONFIGS["retrieval"],
                       ([] if args.config_scale else quality.CPU_SCALE) + args.overrides)
@@ -66,11 +66,10 @@ def main(argv=None) -> int:
     params = jax.jit(spec.init_params)()
     tx = make_optimizer(cfg.train)
     opt = tx.init(params)
-    mask = loss_mask_for(cfg.data)
 
     @jax.jit
     def step(params, opt, batch, lr):
-        loss, g = loss_and_grads(spec, params, batch, 1, None, mask)
+        loss, g = loss_and_grads(spec, params, batch, 1)  # batch.loss_mask: the answers
         upd, opt = tx.update(g, opt, params)
         return optax.apply_updates(params, jax.tree.map(lambda u: lr * u, upd)), opt, loss
 
@@ -92,7 +91,7 @@ def main(argv=None) -> int:
 
     layout = RetrievalLayout.from_config(cfg)
     with build_loader(cfg, "eval", EVAL_BATCH) as ev:
-        evals = [np.asarray(next(ev)) for _ in range(EVAL_ROWS // EVAL_BATCH)]
+        evals = [next(ev).tokens for _ in range(EVAL_ROWS // EVAL_BATCH)]
     infos = [answer_info(b, layout) for b in evals]
     far_from = 4 * cfg.nsa.window
     out = Path(args.out)
@@ -100,7 +99,7 @@ def main(argv=None) -> int:
     lines, losses, t0 = [], [], time.time()
     with build_loader(cfg, "train", cfg.train.batch_size) as tr:
         for s in range(1, cfg.train.steps + 1):
-            params, opt, loss = step(params, opt, jnp.asarray(next(tr)), lr_at(s - 1, cfg.train))
+            params, opt, loss = step(params, opt, next(tr), lr_at(s - 1, cfg.train))
             losses.append(float(loss))
             if s % args.eval_every and s != cfg.train.steps:
                 continue

@@ -17,10 +17,10 @@ OUT=${OUT:-/tmp/retrieval_sweeps}/$SET
 mkdir -p "$OUT"
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${MEMF:-0.06}
 P="exec.nsa_impl=reference train.steps=${STEPS:-3000}"
-R1="data.retrieval_value_repeat=1"          # the 3-token pairs PAIR key value
+R1="data.retrieval.value_repeat=1"          # the 3-token pairs PAIR key value
 S="--config configs/quality_retrieval.yaml train.lr=1.5e-3 train.eval_every=100 train.ckpt_every=0 train.log_every=100"
-M="model.vocab_size=512 model.dim=64 model.n_layers=2 model.n_heads=2 model.n_kv_groups=1 model.head_dim=32 model.mlp_hidden=192 nsa.window=32 nsa.block_l=16 nsa.stride_d=8 nsa.sel_block=32 nsa.n_sel=4 nsa.n_local=1 data.seq_len=512 data.retrieval_pairs=8 data.retrieval_queries=8 data.retrieval_keys=32 data.retrieval_values=256 data.retrieval_value_repeat=16 train.batch_size=32 train.lr=2e-3 train.warmup_steps=50 train.steps=2000"
-K="data.seq_len=2048 nsa.window=128 data.retrieval_pairs=16 data.retrieval_queries=16"
+M="model.vocab_size=512 model.dim=64 model.n_layers=2 model.n_heads=2 model.n_kv_groups=1 model.head_dim=32 model.mlp_hidden=192 nsa.window=32 nsa.block_l=16 nsa.stride_d=8 nsa.sel_block=32 nsa.n_sel=4 nsa.n_local=1 data.seq_len=512 data.retrieval.pairs=8 data.retrieval.queries=8 data.retrieval.keys=32 data.retrieval.values=256 data.retrieval.value_repeat=16 train.batch_size=32 train.lr=2e-3 train.warmup_steps=50 train.steps=2000"
+K="data.seq_len=2048 nsa.window=128 data.retrieval.pairs=16 data.retrieval.queries=16"
 declare -A V
 case $SET in
   gates)       # 3-token pairs: the gated mix, every block selected (n = 16) or n = 4; gates 0
@@ -45,7 +45,7 @@ case $SET in
     V[nsa4_r8_gs]="model.gate_bias=[-3,3,-3] $P"; V[nsa4_r8_g033]="model.gate_bias=[0,3,-3] $P"
     V[nsa4_r8_g333]="model.gate_bias=[3,3,3] $P"; V[cmp4_r8]="model.gate_bias=[8,8,8] nsa.branches=[cmp] $P"
     V[win_r8]="model.gate_bias=[0,0,3] nsa.branches=[win] $P"
-    V[nsa4_r4_g033]="model.gate_bias=[0,3,-3] data.retrieval_value_repeat=4 $P"
+    V[nsa4_r4_g033]="model.gate_bias=[0,3,-3] data.retrieval.value_repeat=4 $P"
     V[nsa4_r1_g033]="model.gate_bias=[0,3,-3] $R1 $P" ;;
   scale512)    # Pallas vs reference, float32 vs bfloat16, seq 512
     V[M_ref_f32]="$M exec.nsa_impl=reference model.compute_dtype=float32"

@@ -2,8 +2,9 @@
 
 ``model`` and ``nsa`` say what the model is (they fix the parameter shapes); ``exec`` says how to
 run it (implementations, rematerialisation, kernel algorithm choices), which may change between
-a run and its resume. A section may nest another (``exec.kernel``): overrides take dotted paths
-of any depth (``train.steps=100``, ``exec.kernel.sel_impl=tiled``) and YAML nested mappings.
+a run and its resume. A section may nest another (``exec.kernel``, ``data.retrieval``): overrides
+take dotted paths of any depth (``train.steps=100``, ``exec.kernel.sel_impl=tiled``,
+``data.retrieval.pairs=48``) and YAML nested mappings.
 
 ``load_config(path, overrides)`` reads a YAML file (a key given twice in one mapping is an
 error), applies the overrides, rejects unknown keys (naming the full dotted key) and wrong types,
@@ -13,6 +14,7 @@ new key; :func:`config_warnings` lists settings that are valid but probably not 
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -73,6 +75,36 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RetrievalConfig:
+    """``data.retrieval``: key-value pairs in filler, queries at the end (layout and meaning of
+    every key: :mod:`nsa_jax.data.retrieval`)."""
+    pairs: int = 64                 # (PAIR, key, value) triples per row
+    queries: int = 16               # (QUERY, key, value) triples ending each row
+    keys: int = 256                 # distinct key ids
+    values: int = 256               # distinct value ids (chance = 1/this)
+    values_per_key: int = 0         # 0 = a pair's value is any of the values; n = key i's
+    #   values are value ids [i*n, (i+1)*n) (chance 1/n): one-hop retrieval
+    filler: int = 0                 # filler ids; 0 = all ids left below vocab
+    filler_mode: Literal["random", "cycle", "repeat", "copy"] = "random"  # filler kind
+    filler_period_min: int = 0      # repeat/copy filler: segment length range
+    filler_period_max: int = 0      # (repeat: the period; copy: the copied segments)
+    copy_fraction: float = 0.5      # copy filler: share of segments copied
+    value_repeat: int = 1           # a stored pair is PAIR, key, then its value r times (a
+    #   longer needle, filling a compressed block); queries stay (marker, key, value)
+    filler_groups: int = 0          # copy filler: 0 = iid ids; G = each fresh filler id drawn
+    #   from the group (id mod G) of the id two places back (skip-bigram)
+    min_distance: int = 1           # query-to-key distance range (tokens)
+    max_distance: int = 0           # 0 = as far as the row allows
+    distance: Literal["uniform", "log"] = "uniform"  # distance distribution
+    query_marker: Literal["query", "pair"] = "query"  # first token of a query
+    loss: Literal["all", "answers"] = "all"  # train on every target or on the answers only
+
+
+# data.packing=documents needs document boundaries: the sources that have them
+PACKED_SOURCES = ("text", "hf", "tokens")
+
+
+@dataclasses.dataclass(frozen=True)
 class DataConfig:
     source: Literal["synthetic", "text", "hf", "tokens", "retrieval"] = "synthetic"
     path: Optional[str] = None          # file, directory or glob (text, tokens)
@@ -91,27 +123,10 @@ class DataConfig:
     shuffle: bool = True                # tokens: visit train windows in a seeded order per epoch
     retries: int = 5                    # hf: attempts for a failing read before giving up
     retry_backoff_s: float = 1.0        # hf: first wait between retries (doubles each time)
-    # retrieval: key-value pairs in filler, queries at the end (layout: nsa_jax/data/retrieval.py)
-    retrieval_pairs: int = 64           # retrieval: (PAIR, key, value) triples per row
-    retrieval_queries: int = 16         # retrieval: (QUERY, key, value) triples ending each row
-    retrieval_keys: int = 256           # retrieval: distinct key ids
-    retrieval_values: int = 256         # retrieval: distinct value ids (chance = 1/this)
-    retrieval_values_per_key: int = 0  # retrieval: 0 = a pair's value is any of the values;
-    #   n = key i's values are value ids [i*n, (i+1)*n) (chance 1/n): one-hop retrieval
-    retrieval_filler: int = 0           # retrieval: filler ids; 0 = all ids left below vocab
-    retrieval_filler_mode: Literal["random", "cycle", "repeat", "copy"] = "random"  # filler kind
-    retrieval_filler_period_min: int = 0  # retrieval, repeat/copy filler: segment length range
-    retrieval_filler_period_max: int = 0  # (repeat: the period; copy: the copied segments)
-    retrieval_copy_fraction: float = 0.5  # retrieval, copy filler: share of segments copied
-    retrieval_value_repeat: int = 1  # retrieval: a stored pair is PAIR, key, then its value r
-    #   times (a longer needle, filling a compressed block); queries stay (marker, key, value)
-    retrieval_filler_groups: int = 0  # retrieval, copy filler: 0 = iid ids; G = each fresh
-    #   filler id drawn from the group (id mod G) of the id two places back (skip-bigram)
-    retrieval_min_distance: int = 1     # retrieval: query-to-key distance range (tokens)
-    retrieval_max_distance: int = 0     # retrieval: 0 = as far as the row allows
-    retrieval_distance: Literal["uniform", "log"] = "uniform"  # retrieval: distance distribution
-    retrieval_query_marker: Literal["query", "pair"] = "query"  # retrieval: first token of a query
-    retrieval_loss: Literal["all", "answers"] = "all"  # retrieval: train on every target or answers
+    packing: Literal["concat", "documents"] = "concat"  # text, hf, tokens: concat = documents
+    #   joined by EOS, attention across them; documents = the same windows plus segment ids, each
+    #   document its own sequence (positions restart, no attention or target across a boundary)
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
 
     def validate(self) -> None:
         if self.seq_len < 1:
@@ -126,9 +141,13 @@ class DataConfig:
             raise ConfigError(f"data.retry_backoff_s: must be >= 0, got {self.retry_backoff_s}")
         if self.prefetch < 0:
             raise ConfigError(f"data.prefetch: must be >= 0, got {self.prefetch}")
-        if self.retrieval_loss == "answers" and self.source != "retrieval":
-            raise ConfigError(f"data.retrieval_loss: answers needs data.source=retrieval (answer "
+        if self.retrieval.loss == "answers" and self.source != "retrieval":
+            raise ConfigError(f"data.retrieval.loss: answers needs data.source=retrieval (answer "
                               f"targets exist only there), got data.source={self.source}")
+        if self.packing == "documents" and self.source not in PACKED_SOURCES:
+            raise ConfigError(f"data.packing: documents needs document boundaries, but "
+                              f"data.source={self.source} has none (each row is one generated "
+                              f"sequence); use data.packing=concat")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,7 +267,14 @@ SECTIONS = {"model": ModelConfig, "nsa": NSAConfig, "data": DataConfig, "train":
 SHAPE_SECTIONS = ("model", "nsa")
 # Keys that moved to another section: old configs still load (one note each).
 MOVED = {"model.nsa_impl": "exec.nsa_impl", "model.dense_impl": "exec.dense_impl",
-         "model.remat": "exec.remat"}
+         "model.remat": "exec.remat",
+         **{f"data.retrieval_{f.name}": f"data.retrieval.{f.name}"
+            for f in dataclasses.fields(RetrievalConfig)}}
+
+
+def _why_moved(new: str) -> str:
+    return ("how to run, not what the model is" if new.startswith("exec.") else
+            "one section for the retrieval source")
 
 
 # ---- type coercion -------------------------------------------------------------------------
@@ -319,23 +345,32 @@ def _build(cls, raw: Any, prefix: str):
 
 
 def migrate(raw: dict, notes: list[str] | None = None) -> dict:
-    """``raw`` with the keys of :data:`MOVED` at their new place; a note for each one moved."""
-    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    """``raw`` with the keys of :data:`MOVED` at their new place (dotted paths of any depth);
+    a note for each one moved."""
+    raw = copy.deepcopy(raw)
     for old, new in MOVED.items():
-        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
-        if not isinstance(raw.get(osec), dict) or okey not in raw[osec]:
+        opath, npath = old.split("."), new.split(".")
+        node = raw
+        for part in opath[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or opath[-1] not in node:
             continue
-        value = raw[osec].pop(okey)
-        target = raw.get(nsec) or {}
+        value = node.pop(opath[-1])
+        target = raw
+        for part in npath[:-1]:
+            if target.get(part) is None:
+                target[part] = {}
+            target = target[part]
+            if not isinstance(target, dict):
+                break                    # _build names the bad section
         if not isinstance(target, dict):
-            continue                     # _build names the bad section
-        if nkey in target and target[nkey] != value:
+            continue
+        if npath[-1] in target and target[npath[-1]] != value:
             raise ConfigError(f"{old}: moved to {new}, and both are given ({old}={value!r}, "
-                              f"{new}={target[nkey]!r}); keep only {new}")
-        raw[nsec] = {**target, nkey: value}
+                              f"{new}={target[npath[-1]]!r}); keep only {new}")
+        target[npath[-1]] = value
         if notes is not None:
-            notes.append(f"{old}: moved to {new} (how to run, not what the model is); read as "
-                         f"{new}={value}")
+            notes.append(f"{old}: moved to {new} ({_why_moved(new)}); read as {new}={value}")
     return raw
 
 

@@ -59,9 +59,11 @@ def _no_packed_cache(cache, segment_ids):
 def dense_packed_attention(q, k, v, segment_ids, impl: str):
     """Causal attention inside each document: q [B,T,H,D], k/v [B,T,G,D], segment_ids [B,T].
 
+    ``xla`` (what the model uses): an explicit [B,1,T,T] same-document mask, O(T^2) memory.
     ``cudnn``: cuDNN's packed (THD) layout, one segment per document: per-row segment lengths
-    and offsets [B, M] padded with -1, M = T (an upper bound on the documents of a row); no
-    [T, T] mask. ``xla``: an explicit [B,1,T,T] same-document mask (CPU and tests)."""
+    and offsets [B, M] padded with -1, M = T; no [T, T] mask. NOT used by the model: on an H200
+    with jax 0.11.2 its output was 0.90 (relative) away from the masked path (GPU test below,
+    marked as a known failure) and the cause is not found yet."""
     if impl != "cudnn":
         mask = semantics.same_document(segment_ids, segment_ids)[:, None]
         return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
@@ -277,7 +279,9 @@ class DenseAttention(nnx.Module):
             o = batch_parallel(lambda q, k, v: jax.nn.dot_product_attention(
                 q, k, v, is_causal=True, implementation=impl), q, k, v)
         else:
-            o = batch_parallel(lambda q, k, v, seg: dense_packed_attention(q, k, v, seg, impl),
+            # the masked path on every device: cuDNN's packed layout disagreed with it on the
+            # H200 (tests/test_pallas_gpu.py::test_dense_packed_cudnn_matches_masked_xla)
+            o = batch_parallel(lambda q, k, v, seg: dense_packed_attention(q, k, v, seg, "xla"),
                                q, k, v, segment_ids)
         out = self.wo(o.reshape(B, S, -1))
         if cache is None:

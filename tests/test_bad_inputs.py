@@ -153,6 +153,8 @@ ROWS = {
     "token shards without index": lambda c: (
         "train", c.train("data.source=tokens", f"data.path={c.dir('shards')}"),
         ["data.path", "index.json"]),
+    "documents packing on a source without document boundaries": lambda c: (
+        "train", c.train("data.packing=documents"), ["data.packing", "data.source=synthetic"]),
     "tokenizer file missing": lambda c: (
         "train", c.train("data.source=text", f"data.path={SAMPLE}",
                          f"data.tokenizer={c.tmp / 'tok.json'}"), ["data.tokenizer"]),

@@ -75,3 +75,29 @@ def test_bad_files(tmp_path):
     (tmp_path / "sec.yaml").write_text("model: 3\n")
     with pytest.raises(ConfigError, match="^model: must be a mapping"):
         load_config(tmp_path / "sec.yaml")
+
+
+def test_retrieval_section_nested_and_flat_keys_migrate(tmp_path):
+    """``data.retrieval`` is a section (overrides reach three levels); the flat
+    ``data.retrieval_*`` keys of older configs and run dirs load, one note each naming the new
+    key; both spellings at once is an error naming both."""
+    from nsa_jax.config import RetrievalConfig
+
+    cfg = load_config(ROOT / "configs" / "quality_retrieval.yaml", ["data.retrieval.pairs=40"])
+    assert cfg.data.retrieval.pairs == 40 and cfg.data.retrieval.loss == "answers"
+    (tmp_path / "old.yaml").write_text("data:\n  source: retrieval\n  retrieval_pairs: 48\n"
+                                       "  retrieval_loss: answers\n")
+    notes = []
+    old = load_config(tmp_path / "old.yaml", ["data.retrieval_queries=8"], notes=notes)
+    assert (old.data.retrieval.pairs, old.data.retrieval.queries) == (48, 8)
+    assert old.data.retrieval == RetrievalConfig(pairs=48, queries=8, loss="answers")
+    assert sorted(notes) == sorted(
+        f"data.retrieval_{k}: moved to data.retrieval.{k} (one section for the retrieval "
+        f"source); read as data.retrieval.{k}={v}"
+        for k, v in (("pairs", 48), ("loss", "answers"), ("queries", 8)))
+    with pytest.raises(ConfigError, match=r"^data\.retrieval_pairs: moved to "
+                                          r"data\.retrieval\.pairs, and both are given"):
+        load_config(tmp_path / "old.yaml", ["data.retrieval.pairs=40"])
+    with pytest.raises(ConfigError, match=r"^data\.retrieval\.bogus: unknown key"):
+        load_config(tmp_path / "old.yaml", ["data.retrieval.bogus=1"])
+    assert old.to_dict()["data"]["retrieval"]["pairs"] == 48      # saved nested

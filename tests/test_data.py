@@ -15,19 +15,21 @@ def make_cfg(vocab=256, seed=0, **data):
                              "data": data})
 
 
-def take(loader, n):
-    return [next(loader) for _ in range(n)]
+def take(loader, n, field="tokens"):
+    return [getattr(next(loader), field) for _ in range(n)]
 
 
-def assert_resume_exact(cfg, split="train", batch_size=3, n_before=3, n_after=4, **kw):
-    """Batches after a restore from state() equal an uninterrupted loader's batches."""
+def assert_resume_exact(cfg, split="train", batch_size=3, n_before=3, n_after=4,
+                        field="tokens", **kw):
+    """Batches after a restore from state() equal an uninterrupted loader's batches (their
+    ``field``)."""
     with build_loader(cfg, split=split, batch_size=batch_size, **kw) as full:
-        ref = take(full, n_before + n_after)
+        ref = take(full, n_before + n_after, field)
     with build_loader(cfg, split=split, batch_size=batch_size, **kw) as first:
-        head = take(first, n_before)
+        head = take(first, n_before, field)
         state = json.loads(json.dumps(first.state()))
     with build_loader(cfg, split=split, batch_size=batch_size, state=state, **kw) as second:
-        tail = take(second, n_after)
+        tail = take(second, n_after, field)
     for a, b in zip(head + tail, ref):
         np.testing.assert_array_equal(a, b)
     return ref
@@ -55,7 +57,7 @@ def test_synthetic_shape_dtype_range_and_determinism():
     assert not np.array_equal(xa[0], xa[1])
     other_seed = make_cfg(vocab=512, seed=1, source="synthetic", seq_len=40, synthetic_vocab=100)
     with build_loader(other_seed, batch_size=4) as c:
-        assert not np.array_equal(next(c), xa[0])
+        assert not np.array_equal(next(c).tokens, xa[0])
 
 
 def test_synthetic_has_learnable_low_entropy_structure():
@@ -84,7 +86,7 @@ def test_synthetic_resume_eval_and_processes():
     cfg = make_cfg(source="synthetic", seq_len=32, prefetch=3)
     ref = assert_resume_exact(cfg)
     with build_loader(cfg, split="eval", batch_size=3) as ev:
-        e = next(ev)
+        e = next(ev).tokens
     assert not any(np.array_equal(e, r) for r in ref)
     # batch size may change across a restore: state counts sequences, not batches
     with build_loader(cfg, batch_size=2) as a:
@@ -93,10 +95,10 @@ def test_synthetic_resume_eval_and_processes():
         next(b)
         st = b.state()
     with build_loader(cfg, batch_size=3, state=st) as c:
-        np.testing.assert_array_equal(next(c), rows[3:6])
+        np.testing.assert_array_equal(next(c).tokens, rows[3:6])
     p0 = build_loader(cfg, batch_size=4, process_index=0, process_count=2)
     p1 = build_loader(cfg, batch_size=4, process_index=1, process_count=2)
-    a, b = next(p0), next(p1)
+    a, b = next(p0).tokens, next(p1).tokens
     p0.close(), p1.close()
     assert not any(np.array_equal(x, y) for x in a for y in b)
 
@@ -209,7 +211,7 @@ def test_text_source_txt_jsonl_parquet_and_glob_match_the_token_stream(tmp_path)
     for path in (tmp_path / "txt", tmp_path / "txt" / "*.txt", jl, pqf, tmp_path / "parts",
                  str(tmp_path / "parts" / "p*")):
         with build_loader(text_cfg(path), batch_size=n_rows) as loader:
-            got = next(loader)
+            got = next(loader).tokens
         np.testing.assert_array_equal(got, want, err_msg=str(path))
 
 
@@ -217,7 +219,7 @@ def test_bundled_sample_resolves_from_any_cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = text_cfg(BUNDLED, seq_len=64, tokenizer="gpt2", vocab=50304)
     with build_loader(cfg, batch_size=2) as loader:
-        batch = next(loader)
+        batch = next(loader).tokens
     assert batch.shape == (2, 65) and batch.max() < 50257
     assert get_tokenizer("gpt2").decode(batch[0]).startswith("The Independent Jane")
 
@@ -294,14 +296,14 @@ def test_hf_streaming_over_local_jsonl_and_parquet_matches_text_source(tmp_path)
     want = expected_windows(byte_stream(docs), 16, n_rows)
     for path, builder in ((jl, "json"), (pqf, "parquet")):
         with build_loader(hf_cfg(path, builder, eval_fraction=0.0), batch_size=n_rows) as ld:
-            np.testing.assert_array_equal(next(ld), want, err_msg=builder)
+            np.testing.assert_array_equal(next(ld).tokens, want, err_msg=builder)
     cfg = hf_cfg(jl, "json", eval_fraction=0.2, max_docs=25)
     assert_resume_exact(cfg, batch_size=5, n_before=4, n_after=4)
     with build_loader(cfg, batch_size=4, process_index=1, process_count=2) as p1, \
             build_loader(text_cfg(jl, eval_fraction=0.2, max_docs=25), batch_size=4,
                          process_index=1, process_count=2) as t1:
         for _ in range(3):
-            np.testing.assert_array_equal(next(p1), next(t1))
+            np.testing.assert_array_equal(next(p1).tokens, next(t1).tokens)
 
 
 def test_hf_errors(tmp_path, monkeypatch):
@@ -387,13 +389,13 @@ def test_prepare_cli_shards_read_back_identically_to_text_stream(tmp_path, capsy
     n_win = (len(stream) - 1) // T
     tcfg = make_cfg(source="tokens", path=str(out), seq_len=T, eval_fraction=0.0)
     with build_loader(tcfg, batch_size=n_win) as ld:
-        epoch0, epoch1 = next(ld), next(ld)
+        epoch0, epoch1 = next(ld).tokens, next(ld).tokens
     want = expected_windows(stream, T, n_win)
     as_set = lambda a: sorted(map(tuple, a.tolist()))   # noqa: E731
     assert as_set(epoch0) == as_set(want) == as_set(epoch1)
     assert not np.array_equal(epoch0, want) and not np.array_equal(epoch0, epoch1)  # shuffled
     with build_loader(text_cfg(jl, seq_len=T), batch_size=n_win) as ld:
-        np.testing.assert_array_equal(next(ld), want)
+        np.testing.assert_array_equal(next(ld).tokens, want)
 
 
 def test_prepare_sample_config_bundled_gpt2(tmp_path, capsys):
@@ -406,7 +408,7 @@ def test_prepare_sample_config_bundled_gpt2(tmp_path, capsys):
     assert "prepared 150 docs" in capsys.readouterr().out
     cfg = make_cfg(vocab=50304, source="tokens", path=str(out), seq_len=64)
     with build_loader(cfg, split="eval", batch_size=2) as ld:
-        assert next(ld).max() < 50257
+        assert next(ld).tokens.max() < 50257
 
 
 def test_prepare_cli_bad_input_exit_2_one_line_and_nothing_left(tmp_path):
@@ -480,9 +482,9 @@ def test_tokens_source_splits_processes_resume(tmp_path):
     train_hi = 2000 - 200
     per_epoch = (train_hi - 1) // 20                                     # 89 windows
     with build_loader(cfg, batch_size=per_epoch) as ld:
-        tr = next(ld)
+        tr = next(ld).tokens
     with build_loader(cfg, split="eval", batch_size=9) as ld:
-        ev = next(ld)
+        ev = next(ld).tokens
     assert tr.max() < train_hi <= ev.min()                               # disjoint tokens
     np.testing.assert_array_equal(tr - tr[:, :1], np.tile(np.arange(21), (per_epoch, 1)))
     assert sorted(tr[:, 0].tolist()) == list(range(0, per_epoch * 20, 20))  # every window once
@@ -491,7 +493,7 @@ def test_tokens_source_splits_processes_resume(tmp_path):
     for p in range(3):
         with build_loader(cfg, batch_size=per_epoch // 3, process_index=p,
                           process_count=3) as ld:
-            starts.append(set(next(ld)[:, 0].tolist()))
+            starts.append(set(next(ld).tokens[:, 0].tolist()))
     assert all(len(s) == per_epoch // 3 for s in starts)
     assert not (starts[0] & starts[1] or starts[0] & starts[2] or starts[1] & starts[2])
     assert_resume_exact(cfg, batch_size=7, n_before=15, n_after=5)      # crosses an epoch
@@ -540,3 +542,60 @@ def test_data_errors_are_one_clear_line(tmp_path):
     err(tok_cfg, r"shard_00001.bin: corrupt shard: 10 bytes, expected 200 uint32 tokens")
     (pos / "index.json").write_text("{")
     err(tok_cfg, r"index.json: corrupt index")
+
+
+# ---- data.packing: documents --------------------------------------------------------------------
+def assert_document_segments(batch, eos=0):
+    """Segment ids start at 0 in every row and go up by one exactly after each EOS (every
+    document ends with its EOS; the byte tokenizer's EOS 0 never occurs inside a document)."""
+    seg, tok = batch.segment_ids, batch.tokens
+    assert seg.shape == tok.shape and seg.dtype == np.int32 and batch.loss_mask is None
+    assert (seg[:, 0] == 0).all()
+    np.testing.assert_array_equal(np.diff(seg, axis=1), (tok[:, :-1] == eos).astype(np.int32))
+
+
+def test_documents_packing_segment_ids_change_exactly_at_document_boundaries(tmp_path, capsys):
+    from nsa_jax.config import ConfigError
+    from nsa_jax.data.prepare import main
+
+    docs = make_docs(40)
+    jl = write_jsonl(tmp_path / "d.jsonl", docs)
+    T = 16
+    n = 2 * len(byte_stream(docs)) // T + 3          # runs past the end: epochs wrap
+    with build_loader(text_cfg(jl, seq_len=T), batch_size=n) as a, \
+            build_loader(text_cfg(jl, seq_len=T, packing="documents"), batch_size=n) as b:
+        concat, packed = next(a), next(b)
+    assert concat.segment_ids is None and concat.loss_mask is None
+    np.testing.assert_array_equal(packed.tokens, concat.tokens)       # the same windows
+    assert_document_segments(packed)
+    assert packed.segment_ids.max() >= 1
+    assert_resume_exact(text_cfg(jl, seq_len=24, prefetch=3, packing="documents"), batch_size=4,
+                        n_before=7, n_after=6, field="segment_ids")
+    # tokens shards from prepare keep the boundaries (documents.bin), in any window order
+    out = tmp_path / "shards"
+    conf = write_prepare_config(tmp_path, {"source": "text", "path": str(jl),
+                                           "tokenizer": "byte", "out_dir": str(out)})
+    assert main(["--config", str(conf), "data.shard_tokens=500"]) == 0
+    tcfg = make_cfg(source="tokens", path=str(out), seq_len=T, eval_fraction=0.1,
+                    packing="documents")
+    for split in ("train", "eval"):
+        with build_loader(tcfg, split=split, batch_size=8) as ld:
+            for _ in range(3):
+                assert_document_segments(next(ld))
+    assert_resume_exact(tcfg, batch_size=4, field="segment_ids")
+    # shards prepared before boundaries were stored: concat reads them, documents names the key
+    index = json.loads((out / "index.json").read_text())
+    del index["documents"]
+    (out / "index.json").write_text(json.dumps({**index, "version": 1}))
+    (out / "documents.bin").unlink()
+    with build_loader(make_cfg(source="tokens", path=str(out), seq_len=T), batch_size=2) as ld:
+        assert next(ld).segment_ids is None
+    with pytest.raises(DataError, match=r"^data.packing: documents needs document boundaries, "
+                                        r"but .*index.json has none .*re-run python -m "
+                                        r"nsa_jax.data.prepare[^\n]*$"):
+        build_loader(tcfg, batch_size=2)
+    for src in ("synthetic", "retrieval"):       # one generated sequence per row: no boundaries
+        with pytest.raises(ConfigError, match=rf"^data.packing: documents needs document "
+                                              rf"boundaries, but data.source={src} has none"):
+            make_cfg(source=src, packing="documents")
+

@@ -153,6 +153,8 @@ def test_f32_matches_reference_whatever_the_global_precision(shape, T, sel_impl)
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="measured on an H200, jax 0.11.2: 0.90 relative error; "
+                   "the model uses the masked path until the cuDNN packed call is fixed")
 @pytest.mark.parametrize("T", [2048])   # the masked XLA reference does not fit at 8192
 def test_dense_packed_cudnn_matches_masked_xla(T):
     """Packed documents on the dense path: cuDNN's packed (THD) layout == an explicit

@@ -20,13 +20,17 @@ SMALL = {"seq_len": 256, "retrieval_pairs": 10, "retrieval_queries": 6, "retriev
 
 
 def make_cfg(vocab=128, seed=0, **data):
+    """``retrieval_X=...`` sets ``data.retrieval.X``."""
+    data = {**SMALL, **data}
+    retr = {k.removeprefix("retrieval_"): data.pop(k) for k in list(data)
+            if k.startswith("retrieval_")}
     return config_from_dict({"model": {"vocab_size": vocab}, "train": {"seed": seed},
-                             "data": {"source": "retrieval", **SMALL, **data}})
+                             "data": {"source": "retrieval", **data, "retrieval": retr}})
 
 
 def batches(cfg, n, batch_size=4, split="train", **kw):
     with build_loader(cfg, split=split, batch_size=batch_size, **kw) as loader:
-        return [next(loader) for _ in range(n)]
+        return [next(loader).tokens for _ in range(n)]
 
 
 def load_bench():
@@ -85,7 +89,7 @@ def test_cycle_filler_is_one_fixed_cycle_across_pairs():
         offsets.add(int(o[0]))
     assert len(offsets) > 1                                        # rows start at random places
     assert not np.array_equal(lay.filler_cycle(1), cycle)
-    with pytest.raises(ConfigError, match="data.retrieval_filler_mode"):
+    with pytest.raises(ConfigError, match="data.retrieval.filler_mode"):
         make_cfg(retrieval_filler_mode="zigzag")
 
 
@@ -137,13 +141,13 @@ def test_answers_placed_beyond_the_window():
 def test_resume_exact_and_processes():
     cfg = make_cfg(prefetch=2)
     with build_loader(cfg, batch_size=3) as full:
-        ref = [next(full) for _ in range(5)]
+        ref = [next(full).tokens for _ in range(5)]
     with build_loader(cfg, batch_size=3) as first:
-        head = [next(first) for _ in range(2)]
+        head = [next(first).tokens for _ in range(2)]
         state = json.loads(json.dumps(first.state()))
     assert state["source"] == "retrieval" and state["seq"] == 6
     with build_loader(cfg, batch_size=3, state=state) as second:
-        tail = [next(second) for _ in range(3)]
+        tail = [next(second).tokens for _ in range(3)]
     for x, y in zip(head + tail, ref):
         np.testing.assert_array_equal(x, y)
     with pytest.raises(DataError, match="seq_len"):
@@ -159,15 +163,15 @@ def test_errors_name_the_key():
         with pytest.raises(DataError, match=match):
             build_loader(make_cfg(vocab=vocab, **data), batch_size=1)
 
-    err(r"data.retrieval_pairs: 4 < retrieval_queries=6", retrieval_pairs=4)
-    err(r"data.retrieval_keys: 8 < retrieval_pairs=10", retrieval_keys=8)
-    err(r"data.retrieval_filler: no ids left", vocab=50)
-    err(r"data.retrieval_filler: .* = 151 > model.vocab_size=128", retrieval_filler=101)
+    err(r"data.retrieval.pairs: 4 < retrieval.queries=6", retrieval_pairs=4)
+    err(r"data.retrieval.keys: 8 < retrieval.pairs=10", retrieval_keys=8)
+    err(r"data.retrieval.filler: no ids left", vocab=50)
+    err(r"data.retrieval.filler: .* = 151 > model.vocab_size=128", retrieval_filler=101)
     err(r"data.seq_len: 40 is too short", seq_len=40)
-    err(r"data.retrieval_min_distance: .*no place for query 0", retrieval_min_distance=300)
-    err(r"data.retrieval_max_distance: .*no place for query 3 .*\[12, 248\]",
+    err(r"data.retrieval.min_distance: .*no place for query 0", retrieval_min_distance=300)
+    err(r"data.retrieval.max_distance: .*no place for query 3 .*\[12, 248\]",
         retrieval_max_distance=10)
-    err(r"data.retrieval_queries: must be >= 1", retrieval_queries=0)
+    err(r"data.retrieval.queries: must be >= 1", retrieval_queries=0)
     with pytest.raises(ConfigError, match="data.source"):
         config_from_dict({"data": {"source": "retrieve"}})
     lay = RetrievalLayout.from_config(make_cfg())
@@ -310,7 +314,7 @@ def test_bench_checks_merge_and_staging(tmp_path):
     assert (out / "000_b.txt").read_text(encoding="utf-8") == "café\n" * 2
 
 
-# ---- training on the answers only (data.retrieval_loss) -------------------------------------
+# ---- training on the answers only (data.retrieval.loss) -------------------------------------
 def test_answers_loss_is_lm_loss_with_the_answer_mask_in_train_and_eval_steps():
     import jax
     import jax.numpy as jnp
@@ -318,24 +322,28 @@ def test_answers_loss_is_lm_loss_with_the_answer_mask_in_train_and_eval_steps():
     from nsa_jax.model import lm_loss
     from nsa_jax.train.optim import make_optimizer
     from nsa_jax.train.state import ModelSpec, init_state
-    from nsa_jax.train.step import loss_mask_for, make_eval_step, make_train_step
+    from nsa_jax.train.step import make_eval_step, make_train_step
 
     def cfg_for(loss, accum=1):
         return config_from_dict({
             "model": {"vocab_size": 96, "dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_groups": 1,
                       "head_dim": 16, "mlp_hidden": 64, "attention": "dense"},
             "train": {"batch_size": 4, "grad_accum": accum},
-            "data": {"source": "retrieval", "seq_len": 64, "retrieval_pairs": 4,
-                     "retrieval_queries": 3, "retrieval_keys": 16, "retrieval_values": 16,
-                     "retrieval_loss": loss}})
+            "data": {"source": "retrieval", "seq_len": 64, "retrieval": {
+                "pairs": 4, "queries": 3, "keys": 16, "values": 16, "loss": loss}}})
 
     cfg = cfg_for("answers")
     lay = RetrievalLayout.from_config(cfg)
-    np.testing.assert_array_equal(loss_mask_for(cfg.data), lay.answer_loss_mask())
-    assert loss_mask_for(cfg_for("all").data) is None and loss_mask_for(None) is None
+    with build_loader(cfg, batch_size=4) as ld:           # the source yields the answers' mask
+        b = next(ld)
+    np.testing.assert_array_equal(b.loss_mask, np.broadcast_to(lay.answer_loss_mask(), (4, 64)))
+    with build_loader(cfg_for("all"), batch_size=4) as ld:
+        b_all = next(ld)
+    assert b_all.loss_mask is None and b.segment_ids is None
+    np.testing.assert_array_equal(b_all.tokens, b.tokens)
     spec = ModelSpec(cfg.model, cfg.nsa, 0)
     params = spec.init_params()
-    batch = jnp.asarray(np.concatenate(batches(cfg, 1, batch_size=4)))
+    batch = jnp.asarray(b.tokens)
     model = spec.model(params)
     mask = jnp.broadcast_to(jnp.asarray(lay.answer_loss_mask()), (4, 64))
     want = float(lm_loss(model, batch, mask))
@@ -348,26 +356,28 @@ def test_answers_loss_is_lm_loss_with_the_answer_mask_in_train_and_eval_steps():
     ans = np.asarray(batch)[:, pos + 1]
     np.testing.assert_allclose(want, -np.take_along_axis(lp, ans[..., None], -1).mean(),
                                rtol=1e-5)
-    got = float(jax.jit(make_eval_step(spec, 1, data=cfg.data))(params, batch))
+    got = float(jax.jit(make_eval_step(spec, 1, data=cfg.data))(params, b))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     c = cfg_for("answers", accum=2)    # same number of answers in every micro-batch: same mean
     tx = make_optimizer(c.train)
     state = init_state(spec, tx, 0)
-    _, stats = jax.jit(make_train_step(spec, c.train, tx, data=c.data))(state, batch)
+    _, stats = jax.jit(make_train_step(spec, c.train, tx, data=c.data))(state, b)
     np.testing.assert_allclose(float(stats["loss"]), want, rtol=1e-5)
-    plain = float(jax.jit(make_eval_step(spec, 1, data=cfg_for("all").data))(params, batch))
+    plain = float(jax.jit(make_eval_step(spec, 1, data=cfg_for("all").data))(params, b_all))
     np.testing.assert_allclose(plain, full, rtol=1e-5)
+    with pytest.raises(ValueError, match="batch.loss_mask: the data config"):
+        make_eval_step(spec, 1, data=cfg.data)(params, b_all)   # a batch without the mask
 
 
 def test_retrieval_loss_and_distance_config_errors_name_the_key():
-    with pytest.raises(ConfigError, match=r"data.retrieval_loss: answers needs "
+    with pytest.raises(ConfigError, match=r"data.retrieval.loss: answers needs "
                                           r"data.source=retrieval.*data.source=synthetic"):
         config_from_dict({"data": {"retrieval_loss": "answers"}})
-    with pytest.raises(ConfigError, match=r"data.retrieval_loss: must be one of"):
+    with pytest.raises(ConfigError, match=r"data.retrieval.loss: must be one of"):
         make_cfg(retrieval_loss="queries")
-    with pytest.raises(ConfigError, match=r"data.retrieval_distance: must be one of"):
+    with pytest.raises(ConfigError, match=r"data.retrieval.distance: must be one of"):
         make_cfg(retrieval_distance="normal")
-    assert make_cfg(retrieval_loss="answers").data.retrieval_loss == "answers"
+    assert make_cfg(retrieval_loss="answers").data.retrieval.loss == "answers"
 
 
 def test_log_distance_is_log_uniform_within_the_range():
@@ -482,12 +492,12 @@ def test_repeat_filler_errors_name_the_key():
         with pytest.raises(DataError, match=match):
             build_loader(make_cfg(retrieval_filler_mode="repeat", **data), batch_size=1)
 
-    err(r"data.retrieval_filler_period_min: must be >= 2", retrieval_filler_period_max=8)
-    err(r"data.retrieval_filler_period_max: 4 < retrieval_filler_period_min=6",
+    err(r"data.retrieval.filler_period_min: must be >= 2", retrieval_filler_period_max=8)
+    err(r"data.retrieval.filler_period_max: 4 < retrieval.filler_period_min=6",
         retrieval_filler_period_min=6, retrieval_filler_period_max=4)
-    err(r"data.retrieval_filler_period_max: 240 > 106 ", retrieval_filler_period_min=6,
+    err(r"data.retrieval.filler_period_max: 240 > 106 ", retrieval_filler_period_min=6,
         retrieval_filler_period_max=240, seq_len=512)
-    with pytest.raises(ConfigError, match="data.retrieval_query_marker: must be one of"):
+    with pytest.raises(ConfigError, match="data.retrieval.query_marker: must be one of"):
         make_cfg(retrieval_query_marker="key")
     bench = load_bench()
     args = bench.build_parser().parse_args(["parity", "--cpu-scale"])
@@ -604,15 +614,15 @@ def test_copy_filler_errors_name_the_key():
             build_loader(make_cfg(vocab=512, **{**COPY, **data}), batch_size=1)
 
     C = 257 - 3 * 6
-    err(r"^data.retrieval_copy_fraction: must be in \(0, 1\] with filler_mode copy, got 0.0$",
+    err(r"^data.retrieval.copy_fraction: must be in \(0, 1\] with filler_mode copy, got 0.0$",
         retrieval_copy_fraction=0.0)
-    err(r"^data.retrieval_copy_fraction: must be in \(0, 1\] with filler_mode copy, got 1.5$",
+    err(r"^data.retrieval.copy_fraction: must be in \(0, 1\] with filler_mode copy, got 1.5$",
         retrieval_copy_fraction=1.5)
-    err(rf"^data.retrieval_filler_period_max: {C // 2 + 1} > {C // 2} \(with filler_mode copy",
+    err(rf"^data.retrieval.filler_period_max: {C // 2 + 1} > {C // 2} \(with filler_mode copy",
         retrieval_filler_period_max=C // 2 + 1)
-    err(r"^data.retrieval_filler_period_min: must be >= 2 with filler_mode copy, got 0$",
+    err(r"^data.retrieval.filler_period_min: must be >= 2 with filler_mode copy, got 0$",
         retrieval_filler_period_min=0)
-    err(r"^data.retrieval_filler_period_max: 4 < retrieval_filler_period_min=8$",
+    err(r"^data.retrieval.filler_period_max: 4 < retrieval.filler_period_min=8$",
         retrieval_filler_period_max=4)
     RetrievalLayout.from_config(make_cfg(vocab=512, **{**COPY, "retrieval_filler_period_max":
                                                        C // 2, "retrieval_copy_fraction": 1.0}))
@@ -648,7 +658,7 @@ def test_copy_filler_skip_bigram_groups():
         fresh_ids.append(f)
     counts = np.bincount(np.concatenate(fresh_ids), minlength=lay.filler)
     assert counts.min() > 0 and counts.max() < 4 * counts.mean()     # every id, about evenly
-    with pytest.raises(DataError, match=r"^data.retrieval_filler_groups: must be in \[0, "):
+    with pytest.raises(DataError, match=r"^data.retrieval.filler_groups: must be in \[0, "):
         build_loader(make_cfg(vocab=512, **{**COPY, "retrieval_filler_groups": -1}),
                      batch_size=1)
 
@@ -673,8 +683,8 @@ def test_values_per_key_one_hop_layout():
             ctx = row[:C].copy()
             ctx[starts + 2] = -1                      # the stored values themselves
             assert not np.isin(ctx, own).any()
-    with pytest.raises(DataError, match=r"^data.retrieval_values_per_key: must be 0 or n >= 1 "
-                                        r"with retrieval_values >= retrieval_keys \* n"):
+    with pytest.raises(DataError, match=r"^data.retrieval.values_per_key: must be 0 or n >= 1 "
+                                        r"with retrieval.values >= retrieval.keys \* n"):
         build_loader(make_cfg(vocab=512, retrieval_keys=32, retrieval_values=64,
                               retrieval_values_per_key=8), batch_size=1)
 
@@ -709,7 +719,7 @@ def test_value_repeat_writes_needles():
             s = where[int(row[qkey[j]])]
             assert dist[j] == qkey[j] - (s + 1) and ans[j] == row[s + 2]
             assert dist[j] >= 3 * j + 2 + r          # the needle ends before the queries
-    with pytest.raises(DataError, match=r"^data.retrieval_value_repeat: must be >= 1, got 0"):
+    with pytest.raises(DataError, match=r"^data.retrieval.value_repeat: must be >= 1, got 0"):
         build_loader(make_cfg(retrieval_value_repeat=0), batch_size=1)
     with pytest.raises(DataError, match=r"^data.seq_len: 256 is too short for 6 queries and 10 "
                                         r"pairs of 14 tokens"):
@@ -727,7 +737,7 @@ def test_bench_override_sets_give_valid_retrieval_layouts():
         for variant in bench.VARIANTS["retrieval"].values():
             cfg = load_config(path, [*variant, *extra])
             lay = RetrievalLayout.from_config(cfg)
-            assert lay.value_repeat == cfg.data.retrieval_value_repeat >= 1
+            assert lay.value_repeat == cfg.data.retrieval.value_repeat >= 1
 
 
 # ---- bench/quality.py parity report: two seeds, the spread as noise floor -------------------------

@@ -136,7 +136,7 @@ def test_load_for_inference_round_trip(tiny_run):
     loader = build_loader(cfg2, "eval", batch_size=cfg.train.batch_size)
     try:
         loss_fn = jax.jit(lambda m, b: lm_loss(m, b))
-        losses = [float(loss_fn(model, jnp.asarray(next(loader))))
+        losses = [float(loss_fn(model, jnp.asarray(next(loader).tokens)))
                   for _ in range(cfg.train.eval_batches)]
     finally:
         loader.close()

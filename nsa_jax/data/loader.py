@@ -1,7 +1,9 @@
 """``build_loader``: one batch iterator over any source, with a prefetch thread and exact state.
 
-A *source* (synthetic, text, hf, tokens) yields rows of ``seq_len + 1`` tokens and reports its
-position as a small JSON dict. The :class:`Loader` asks it for ``batch_size`` rows at a time --
+A *source* (synthetic, text, hf, tokens, retrieval) yields rows of ``seq_len + 1`` tokens -- as
+an array, or as a :class:`~nsa_jax.data.batch.Batch` with the loss mask and segment ids that
+go with them -- and reports its position as a small JSON dict. The loader hands out
+:class:`~nsa_jax.data.batch.Batch` es. The :class:`Loader` asks it for ``batch_size`` rows at a time --
 on a background thread that keeps ``data.prefetch`` batches ready -- and stores, with every
 batch, the source position right *after* that batch. ``loader.state()`` returns the position
 stored with the last batch handed out by ``next()``, so prefetched-but-unconsumed batches never
@@ -14,8 +16,7 @@ import queue
 import threading
 import weakref
 
-import numpy as np
-
+from nsa_jax.data.batch import Batch, as_batch
 from nsa_jax.data.errors import DataError
 
 SPLITS = ("train", "eval")
@@ -23,7 +24,7 @@ _HEADER_KEYS = ("source", "split", "seq_len", "process_index", "process_count")
 
 
 def _produce(source, batch_size: int):
-    batch = np.ascontiguousarray(source.next_rows(batch_size), dtype=np.int32)
+    batch = as_batch(source.next_rows(batch_size))
     return batch, copy.deepcopy(source.position())
 
 
@@ -45,7 +46,8 @@ def _prefetch_worker(source, batch_size: int, q: queue.Queue, stop: threading.Ev
 
 
 class Loader:
-    """Iterator of ``np.int32 [batch_size, seq_len + 1]`` batches; see module docstring."""
+    """Iterator of :class:`~nsa_jax.data.batch.Batch` es of ``batch_size`` rows (``tokens``
+    ``int32 [batch_size, seq_len + 1]``); see module docstring."""
 
     def __init__(self, source, batch_size: int, prefetch: int, header: dict):
         self._source = source
@@ -74,10 +76,10 @@ class Loader:
     def __iter__(self):
         return self
 
-    def __next__(self) -> np.ndarray:
+    def __next__(self) -> Batch:
         return self.next()
 
-    def next(self, timeout: float | None = None) -> np.ndarray | None:
+    def next(self, timeout: float | None = None) -> Batch | None:
         """The next batch; with ``timeout`` (seconds, prefetch > 0 only) None if none arrived in
         time -- nothing is consumed then, so the call can be repeated."""
         if self._error is not None:

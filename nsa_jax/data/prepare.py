@@ -5,7 +5,8 @@
 Reads every document of ``data.source`` (text or hf; ``data.max_docs`` caps the count), tokenizes
 with ``data.tokenizer`` (documents joined by EOS, exactly like the text source's stream), and
 writes ``uint16`` (vocab <= 65536) or ``uint32`` shards of ``data.shard_tokens`` tokens plus
-``index.json`` to ``data.out_dir`` -- atomically: a temporary sibling directory renamed into
+``index.json`` and the document boundaries (``documents.bin``, for ``data.packing: documents``) to
+``data.out_dir`` -- atomically: a temporary sibling directory renamed into
 place, removed on any error. Train with ``data.source: tokens`` and ``data.path: <out_dir>``.
 Bad input (ConfigError / DataError) prints one line ``error: ...`` and exits with status 2.
 """

@@ -1,7 +1,7 @@
 """Synthetic long-range retrieval (``data.source: retrieval``): key-value pairs in a haystack.
 
-Token ids, with ``K = data.retrieval_keys``, ``V = data.retrieval_values`` and ``F`` filler ids
-(``data.retrieval_filler``; 0 means every id left below ``model.vocab_size``)::
+Token ids, with ``K = data.retrieval.keys``, ``V = data.retrieval.values`` and ``F`` filler ids
+(``data.retrieval.filler``; 0 means every id left below ``model.vocab_size``)::
 
     0                   PAIR marker
     1                   QUERY marker
@@ -14,23 +14,23 @@ A row has ``n = seq_len + 1`` tokens: a context of ``C = n - 3Q`` tokens, then `
     [ filler with P pairs (PAIR, key, value) written over it | (QUERY, key, value) x Q ]
       0 .. C-1                                                 C .. n-1
 
-* ``P = data.retrieval_pairs`` pairs sit at non-overlapping places in the context; their keys are
+* ``P = data.retrieval.pairs`` pairs sit at non-overlapping places in the context; their keys are
   distinct within the row, their values uniform (repeats allowed) -- over all ``V`` values, or,
-  with ``data.retrieval_values_per_key: n``, over the ``n`` values key ``i`` owns (value ids
+  with ``data.retrieval.values_per_key: n``, over the ``n`` values key ``i`` owns (value ids
   ``[i*n, (i+1)*n)``; chance ``1/n``). Then the value token itself says which key it belongs to,
   and a query is *one hop* (attend to this key's value token, copy it) instead of the two-head
   induction circuit a shared pool needs (find the key, copy the token after it).
-* ``data.retrieval_value_repeat: r`` writes a stored pair as ``PAIR, key`` and then its value
+* ``data.retrieval.value_repeat: r`` writes a stored pair as ``PAIR, key`` and then its value
   ``r`` times (``2 + r`` tokens): a longer needle, which fills NSA's compressed blocks of ``l``
   tokens when ``r >= l`` -- a lone value token is a faint mark on a block of filler, and the
   selection scores are learned only through the compressed branch (bench/NOTES.md). Queries
   stay three tokens; the distance below is still measured to the pair's key.
-* Filler (``data.retrieval_filler_mode``): ``random`` -- uniform iid ids; ``cycle`` -- the ids in
+* Filler (``data.retrieval.filler_mode``): ``random`` -- uniform iid ids; ``cycle`` -- the ids in
   a fixed random cyclic order (drawn from ``train.seed``), row ``r`` showing at context position
   ``i`` element ``(o_r + i) mod F`` of the cycle, so one filler token predicts all the others, also
   across a pair written over it; ``repeat`` -- each row repeats its own segment of ``p`` distinct
-  random ids, ``p`` uniform in ``[data.retrieval_filler_period_min,
-  data.retrieval_filler_period_max]`` (short periods make induction quick to find: many earlier
+  random ids, ``p`` uniform in ``[data.retrieval.filler_period_min,
+  data.retrieval.filler_period_max]`` (short periods make induction quick to find: many earlier
   occurrences to match), the ids drawn from *all* key, value and filler ids except the
   row's own keys and values (which so occur only in their pairs and queries): after the first
   ``p`` tokens every filler token is predicted by *induction* (find the previous occurrence of
@@ -41,18 +41,18 @@ A row has ``n = seq_len + 1`` tokens: a context of ``C = n - 3Q`` tokens, then `
   tokens back, inside any sliding window), so it trains nothing that NSA's compressed and
   selection branches must do. ``copy`` -- *long-range* induction: iid uniform ids from the same
   pool as ``repeat``, then the context is walked in segments of ``L`` tokens (``L`` uniform in
-  ``[data.retrieval_filler_period_min, data.retrieval_filler_period_max]``, a new ``L`` per
+  ``[data.retrieval.filler_period_min, data.retrieval.filler_period_max]``, a new ``L`` per
   segment, the last one that does not fit dropped); a segment starting at ``s >= L`` is, with
-  probability ``data.retrieval_copy_fraction``, a copy of the ``L`` tokens ``D`` back,
+  probability ``data.retrieval.copy_fraction``, a copy of the ``L`` tokens ``D`` back,
   ``row[s:s+L] = row[s-D:s-D+L]``, ``D`` drawn from ``[L, s]`` like a query's distance
-  (``data.retrieval_distance``: uniform or log-uniform; copies of copies happen). The first
+  (``data.retrieval.distance``: uniform or log-uniform; copies of copies happen). The first
   token of a copy is unpredictable, the other ``L - 1`` follow by finding its source (up to the
   whole context back) and copying on -- so about ``copy_fraction`` of the context trains the
   retrieval a query needs, at every distance, with the full-row loss (:meth:`copy_spans`).
-  ``data.retrieval_filler_groups: G`` makes the fresh (non-copied) ids a skip-bigram over ``G``
+  ``data.retrieval.filler_groups: G`` makes the fresh (non-copied) ids a skip-bigram over ``G``
   groups (:meth:`skip_bigram_filler`), which rewards a previous-token head on its own.
 * Query ``j`` occupies ``[C+3j, C+3j+3)`` -- ``(QUERY, key, value)``, or with
-  ``data.retrieval_query_marker: pair`` ``(PAIR, key, value)``, an exact repeat of the stored
+  ``data.retrieval.query_marker: pair`` ``(PAIR, key, value)``, an exact repeat of the stored
   triple, so the answer follows the same two tokens as the stored value (models that learn
   induction from ``repeat`` filler match on the previous *two* tokens, and a QUERY marker breaks
   that match) -- and asks for pair ``j`` (pairs ``Q..P-1`` are
@@ -61,13 +61,13 @@ A row has ``n = seq_len + 1`` tokens: a context of ``C = n - 3Q`` tokens, then `
 * *Distance* of query ``j``: position of the query's key minus position of the pair's key, so a
   causal sliding window of ``w`` tokens at the query's key sees the stored value iff
   ``distance <= w``. Each query's distance is drawn from
-  ``[data.retrieval_min_distance, data.retrieval_max_distance]`` intersected with what fits
-  (``[3j+3, C+3j]``) -- ``data.retrieval_distance: uniform`` uniformly, ``log`` log-uniformly
+  ``[data.retrieval.min_distance, data.retrieval.max_distance]`` intersected with what fits
+  (``[3j+3, C+3j]``) -- ``data.retrieval.distance: uniform`` uniformly, ``log`` log-uniformly
   (probability ``log(1 + 1/d)``, about ``1/d``: every octave of distances equally often, so
   many queries are short and a share is far) -- then the pair is placed there (drawn again the
   same way among the free places when the drawn one collides).
 
-Training (``data.retrieval_loss``): ``all`` -- the plain next-token loss over the whole row;
+Training (``data.retrieval.loss``): ``all`` -- the plain next-token loss over the whole row;
 ``answers`` -- only the Q answer targets (:func:`answer_loss_mask`), the only targets that
 need retrieval. With ``all``, pair places, keys, values and the choice of queried key are
 unpredictable, and so is ``random`` filler: their loss is a constant floor whose gradient noise
@@ -86,6 +86,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from nsa_jax.data.batch import Batch
 from nsa_jax.data.errors import DataError
 
 _TAG = 0x2E7A  # domain-separates the retrieval RNG streams from other uses of the seed
@@ -120,15 +121,12 @@ class RetrievalLayout:
     @classmethod
     def from_config(cls, cfg) -> "RetrievalLayout":
         """Layout of ``cfg.data`` for a model of ``cfg.model.vocab_size``; validated."""
-        d = cfg.data
-        vocab = cfg.model.vocab_size
-        filler = d.retrieval_filler or vocab - N_SPECIAL - d.retrieval_keys - d.retrieval_values
-        lay = cls(d.seq_len, d.retrieval_pairs, d.retrieval_queries, d.retrieval_keys,
-                  d.retrieval_values, filler, d.retrieval_min_distance, d.retrieval_max_distance,
-                  d.retrieval_filler_mode, d.retrieval_distance, d.retrieval_filler_period_min,
-                  d.retrieval_filler_period_max, d.retrieval_query_marker,
-                  d.retrieval_copy_fraction, d.retrieval_filler_groups,
-                  d.retrieval_values_per_key, d.retrieval_value_repeat)
+        r, vocab = cfg.data.retrieval, cfg.model.vocab_size
+        filler = r.filler or vocab - N_SPECIAL - r.keys - r.values
+        lay = cls(cfg.data.seq_len, r.pairs, r.queries, r.keys, r.values, filler,
+                  r.min_distance, r.max_distance, r.filler_mode, r.distance,
+                  r.filler_period_min, r.filler_period_max, r.query_marker, r.copy_fraction,
+                  r.filler_groups, r.values_per_key, r.value_repeat)
         lay.validate(vocab)
         return lay
 
@@ -190,15 +188,15 @@ class RetrievalLayout:
 
     def validate(self, vocab: int) -> None:
         def fail(key, msg):
-            raise DataError(f"data.retrieval_{key}: {msg}")
+            raise DataError(f"data.retrieval.{key}: {msg}")
 
         for k in ("queries", "pairs", "keys", "values", "min_distance", "value_repeat"):
             if getattr(self, k) < 1:
                 fail(k, f"must be >= 1, got {getattr(self, k)}")
         if self.per_key < 0 or (self.per_key and self.values < self.keys * self.per_key):
-            fail("values_per_key", f"must be 0 or n >= 1 with retrieval_values >= retrieval_keys"
+            fail("values_per_key", f"must be 0 or n >= 1 with retrieval.values >= retrieval.keys"
                                    f" * n = {self.keys} * {self.per_key}, got n = {self.per_key}"
-                                   f" and retrieval_values = {self.values}")
+                                   f" and retrieval.values = {self.values}")
         if self.filler_mode not in ("random", "cycle", "repeat", "copy"):
             fail("filler_mode", f"must be random, cycle, repeat or copy, got "
                                 f"{self.filler_mode!r}")
@@ -209,10 +207,10 @@ class RetrievalLayout:
         if self.max_distance < 0:
             fail("max_distance", f"must be >= 0 (0 = no limit), got {self.max_distance}")
         if self.pairs < self.queries:
-            fail("pairs", f"{self.pairs} < retrieval_queries={self.queries} (each query asks a "
+            fail("pairs", f"{self.pairs} < retrieval.queries={self.queries} (each query asks a "
                           f"different pair)")
         if self.keys < self.pairs:
-            fail("keys", f"{self.keys} < retrieval_pairs={self.pairs} (keys are distinct in a row)")
+            fail("keys", f"{self.keys} < retrieval.pairs={self.pairs} (keys are distinct in a row)")
         if self.filler < 1:
             fail("filler", f"no ids left for filler: 2 markers + {self.keys} keys + {self.values} "
                            f"values fill model.vocab_size={vocab}")
@@ -229,7 +227,7 @@ class RetrievalLayout:
                 fail("filler_period_min", f"must be >= 2 with filler_mode {self.filler_mode}, "
                                           f"got {self.period_min}")
             if self.period_max < self.period_min:
-                fail("filler_period_max", f"{self.period_max} < retrieval_filler_period_min="
+                fail("filler_period_max", f"{self.period_max} < retrieval.filler_period_min="
                                           f"{self.period_min}")
         if self.filler_mode == "repeat":
             most = min(C, self.vocab_needed - N_SPECIAL - 2 * self.pairs)
@@ -354,7 +352,7 @@ class RetrievalLayout:
                 cands = np.arange(C - n + 1)
             s = _draw_free(rng, cands, free, log_from)
             if s < 0:
-                raise DataError(f"data.retrieval_pairs: no free place left for pair {j} "
+                raise DataError(f"data.retrieval.pairs: no free place left for pair {j} "
                                 f"(distance range too narrow for {P} pairs)")
             starts[j] = s
             free[max(0, s - n + 1):s + n] = False   # no other pair may overlap [s, s+n)
@@ -374,7 +372,7 @@ class RetrievalLayout:
 def answer_loss_mask(seq_len: int, queries: int) -> np.ndarray:
     """``float32 [seq_len]`` weights over next-token targets: 1 where the target is an answer
     (input position ``a_j - 1``), else 0 -- the ``loss_mask`` of ``nsa_jax.model.lm_loss``
-    that ``data.retrieval_loss: answers`` trains with (``nsa_jax.train.step.loss_mask_for``)."""
+    that ``data.retrieval.loss: answers`` trains with (the source puts it in every batch)."""
     m = np.zeros(seq_len, np.float32)
     m[seq_len + 1 - 3 * queries + 3 * np.arange(queries) + 1] = 1.0
     return m
@@ -411,8 +409,9 @@ class RetrievalSource:
     kind = "retrieval"
 
     def __init__(self, layout: RetrievalLayout, seed: int, split: str, process_index: int,
-                 process_count: int, position: dict | None = None):
+                 process_count: int, position: dict | None = None, answers_only: bool = False):
         self.layout = layout
+        self.mask = layout.answer_loss_mask() if answers_only else None
         self.seed = seed
         self.cycle = layout.filler_cycle(seed) if layout.filler_mode == "cycle" else None
         self.split_id = {"train": 1, "eval": 2}[split]
@@ -430,15 +429,21 @@ class RetrievalSource:
         return self.layout.generate(np.random.default_rng([self.seed, _TAG, self.split_id, g]),
                                     self.cycle)
 
-    def next_rows(self, count: int) -> np.ndarray:
+    def next_rows(self, count: int) -> np.ndarray | Batch:
+        """Rows ``[count, seq_len + 1]``; with ``data.retrieval.loss: answers`` a
+        :class:`~nsa_jax.data.batch.Batch` whose ``loss_mask`` is :meth:`answer_loss_mask` on
+        every row."""
         rows = [self.row((self.cursor + j) * self.P + self.p)[0] for j in range(count)]
         self.cursor += count
-        return np.stack(rows)
+        if self.mask is None:
+            return np.stack(rows)
+        return Batch(np.stack(rows), loss_mask=np.broadcast_to(self.mask, (count, len(self.mask))))
 
 
 def build_retrieval_source(cfg, split, process_index, process_count, position):
     return RetrievalSource(RetrievalLayout.from_config(cfg), cfg.train.seed, split,
-                           process_index, process_count, position)
+                           process_index, process_count, position,
+                           answers_only=cfg.data.retrieval.loss == "answers")
 
 
 # ---- evaluation ----------------------------------------------------------------------------

@@ -2,13 +2,18 @@
 
 Layout of a prepared directory::
 
-    index.json          {"format": "nsa_jax.tokens", "version": 1, "dtype": "uint16",
+    index.json          {"format": "nsa_jax.tokens", "version": 2, "dtype": "uint16",
                          "vocab_size": 50257, "eos_id": 50256, "tokenizer": "gpt2",
                          "docs": 150, "total_tokens": 123456, "source": "...",
-                         "shards": [{"file": "shard_00000.bin", "tokens": 123456}, ...]}
+                         "shards": [{"file": "shard_00000.bin", "tokens": 123456}, ...],
+                         "documents": {"file": "documents.bin", "dtype": "int64"}}
     shard_00000.bin     tokens, native little-endian, no header (numpy.memmap-able)
+    documents.bin       int64 [docs]: where each document ends in the stream (exclusive), so
+                        document i is tokens [ends[i-1], ends[i]) (its last token is its EOS)
 
 The shards concatenated in index order are the token stream (documents joined by EOS).
+``documents.bin`` (version 2) gives ``data.packing: documents`` its boundaries; a version-1
+directory (no ``documents``) still loads, for ``concat`` only.
 :func:`write_dataset` writes into a temporary sibling directory and renames it into place, so an
 error never leaves a half-written ``out_dir``.
 """
@@ -26,6 +31,7 @@ from nsa_jax.data.errors import DataError
 from nsa_jax.data.paths import resolve_path
 
 INDEX = "index.json"
+DOCUMENTS = "documents.bin"
 FORMAT = "nsa_jax.tokens"
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
@@ -87,15 +93,19 @@ def write_dataset(out_dir: str | Path, token_arrays: Iterable[np.ndarray], *, dt
     tmp.mkdir()
     try:
         writer = ShardWriter(tmp, dtype, shard_tokens)
-        docs = 0
-        for arr in token_arrays:
-            writer.add(arr)
-            docs += 1
+        docs, end = 0, 0
+        with open(tmp / DOCUMENTS, "wb") as ends:
+            for arr in token_arrays:
+                writer.add(arr)
+                docs += 1
+                end += int(np.asarray(arr).size)
+                np.array([end], np.int64).tofile(ends)
         shards = writer.close()
         if not any(s["tokens"] for s in shards):
             raise DataError(f"{meta.get('source', 'input')}: empty dataset (no tokens to write)")
-        index = {"format": FORMAT, "version": 1, "dtype": dtype, **meta, "docs": docs,
-                 "total_tokens": sum(s["tokens"] for s in shards), "shards": shards}
+        index = {"format": FORMAT, "version": 2, "dtype": dtype, **meta, "docs": docs,
+                 "total_tokens": sum(s["tokens"] for s in shards), "shards": shards,
+                 "documents": {"file": DOCUMENTS, "dtype": "int64"}}
         (tmp / INDEX).write_text(json.dumps(index, indent=1))
         os.rename(tmp, out)
     except BaseException:
@@ -141,6 +151,32 @@ class ShardReader:
                 counts.append(n)
         self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         self.total = int(self.starts[-1])
+        self.doc_ends = self._doc_ends(index_path, idx.get("documents"))
+
+    def _doc_ends(self, index_path: Path, entry) -> np.ndarray | None:
+        """The memory-mapped document ends, or None for a version-1 directory (no boundaries)."""
+        if entry is None:
+            return None
+        try:
+            f, n = self.dir / str(entry["file"]), int(self.index["docs"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(f"{index_path}: corrupt index ({type(e).__name__}: {e})") from None
+        if not f.is_file():
+            raise DataError(f"{f}: document boundaries listed in {INDEX} are missing")
+        if f.stat().st_size != 8 * n:
+            raise DataError(f"{f}: corrupt: {f.stat().st_size} bytes, expected {n} int64 "
+                            f"document ends = {8 * n} bytes")
+        ends = np.memmap(f, dtype=np.int64, mode="r", shape=(n,)) if n else np.zeros(0, np.int64)
+        if n and int(ends[-1]) != self.total:
+            raise DataError(f"{f}: corrupt: the last document ends at {int(ends[-1])}, but the "
+                            f"shards hold {self.total} tokens")
+        return ends
+
+    def segment_ids(self, start: int, length: int) -> np.ndarray:
+        """int32 [length]: the document of each token of ``[start, start + length)``, counted
+        from 0 at ``start`` (needs document boundaries: ``doc_ends`` is not None)."""
+        doc = np.searchsorted(self.doc_ends, np.arange(start, start + length), side="right")
+        return (doc - doc[0]).astype(np.int32)
 
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens ``[start, start + length)`` of the stream as int64 (may span shards)."""

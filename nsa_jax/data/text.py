@@ -6,6 +6,10 @@ into one stream, cut into windows of ``seq_len + 1`` tokens with stride ``seq_le
 windows share one token, so every token is a target exactly once). At the end of the documents
 the stream wraps to the first document again (next epoch), without a gap.
 
+With ``data.packing: documents`` a row also carries segment ids: 0 from its first token (a window
+that starts mid-document starts a new segment), one more at the first token of each following
+document (the EOS ends the document it follows). The windows are the same as with ``concat``.
+
 Position: ``{"epoch", "doc", "offset"}`` -- the next window starts ``offset`` tokens into raw
 document ``doc`` of that epoch; a restore re-tokenizes from that document.
 """
@@ -17,6 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
+from nsa_jax.data.batch import Batch
 from nsa_jax.data.errors import DataError
 from nsa_jax.data.split import DocFilter
 
@@ -50,8 +55,10 @@ class PackedTextSource:
     """Rows of ``seq_len + 1`` tokens packed from documents; see module docstring."""
 
     def __init__(self, kind: str, docs, tokenizer, seq_len: int, split: str, eval_fraction: float,
-                 process_index: int, process_count: int, position: dict | None = None):
+                 process_index: int, process_count: int, position: dict | None = None,
+                 documents: bool = False):
         self.kind, self.docs, self.tok = kind, docs, tokenizer
+        self.documents = documents
         self.T = seq_len
         self.split = split
         self.filter = DocFilter(split, eval_fraction, process_index, process_count)
@@ -137,19 +144,22 @@ class PackedTextSource:
             (epoch, doc), offset = self._next, 0
         return {"epoch": int(epoch), "doc": int(doc), "offset": int(offset)}
 
-    def next_rows(self, count: int) -> np.ndarray:
+    def next_rows(self, count: int) -> np.ndarray | Batch:
         out = np.empty((count, self.T + 1), np.int32)
+        seg_ids = np.empty((count, self.T + 1), np.int32) if self.documents else None
         for r in range(count):
             self._fill(self.T + 1)
             got, row = 0, out[r]
-            for seg in self._segments:
+            for k, seg in enumerate(self._segments):   # one buffered segment = one document
                 take = min(len(seg[3]), self.T + 1 - got)
                 row[got:got + take] = seg[3][:take]
+                if seg_ids is not None:
+                    seg_ids[r, got:got + take] = k
                 got += take
                 if got == self.T + 1:
                     break
             self._consume(self.T)
-        return out
+        return out if seg_ids is None else Batch(out, segment_ids=seg_ids)
 
 
 def build_text_source(cfg, split, process_index, process_count, position):
@@ -172,4 +182,5 @@ def build_text_source(cfg, split, process_index, process_count, position):
 
         docs = HFDocs(d)
     return PackedTextSource(d.source, docs, tok, d.seq_len, split, d.eval_fraction,
-                            process_index, process_count, position)
+                            process_index, process_count, position,
+                            documents=d.packing == "documents")

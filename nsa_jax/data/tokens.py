@@ -6,11 +6,16 @@ tokens holds ``W = (R - 1) // seq_len`` windows of ``seq_len + 1`` tokens (strid
 Each train epoch visits the windows in a permutation drawn from (``train.seed``, epoch) (in order
 when ``data.shuffle`` is false); eval is in order. Process ``p`` of ``P`` takes every ``P``-th window of that order (``W // P`` per
 epoch, so all processes see equally many). Position: ``{"cursor": windows consumed}``.
+
+With ``data.packing: documents`` a row also carries segment ids from the directory's document
+boundaries (:mod:`nsa_jax.data.shards`, ``documents.bin``): 0 from the window's first token, one
+more at each document start inside it.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from nsa_jax.data.batch import Batch
 from nsa_jax.data.errors import DataError
 from nsa_jax.data.shards import ShardReader
 
@@ -22,8 +27,9 @@ class TokensSource:
 
     def __init__(self, reader: ShardReader, seq_len: int, split: str, eval_fraction: float,
                  seed: int, process_index: int, process_count: int, position: dict | None = None,
-                 shuffle: bool = True):
+                 shuffle: bool = True, documents: bool = False):
         self.r, self.T, self.split, self.seed = reader, seq_len, split, seed
+        self.documents = documents
         self.shuffle = shuffle
         self.p, self.P = process_index, process_count
         n = reader.total
@@ -59,13 +65,16 @@ class TokensSource:
             self._order_epoch = epoch
         return int(self._order[self.p + k * self.P])
 
-    def next_rows(self, count: int) -> np.ndarray:
+    def next_rows(self, count: int) -> np.ndarray | Batch:
         out = np.empty((count, self.T + 1), np.int32)
+        seg = np.empty((count, self.T + 1), np.int32) if self.documents else None
         for j in range(count):
-            w = self._window(self.cursor + j)
-            out[j] = self.r.read(self.lo + w * self.T, self.T + 1)
+            start = self.lo + self._window(self.cursor + j) * self.T
+            out[j] = self.r.read(start, self.T + 1)
+            if seg is not None:
+                seg[j] = self.r.segment_ids(start, self.T + 1)
         self.cursor += count
-        return out
+        return out if seg is None else Batch(out, segment_ids=seg)
 
 
 def build_tokens_source(cfg, split, process_index, process_count, position):
@@ -76,5 +85,11 @@ def build_tokens_source(cfg, split, process_index, process_count, position):
     if reader.vocab_size > cfg.model.vocab_size:
         raise DataError(f"data.path: {reader.dir}/index.json vocab {reader.vocab_size} > "
                         f"model.vocab_size {cfg.model.vocab_size}")
+    documents = d.packing == "documents"
+    if documents and reader.doc_ends is None:
+        raise DataError(f"data.packing: documents needs document boundaries, but "
+                        f"{reader.dir}/index.json has none (prepared before they were stored); "
+                        f"re-run python -m nsa_jax.data.prepare, or use data.packing=concat")
     return TokensSource(reader, d.seq_len, split, d.eval_fraction, cfg.train.seed,
-                        process_index, process_count, position, shuffle=d.shuffle)
+                        process_index, process_count, position, shuffle=d.shuffle,
+                        documents=documents)

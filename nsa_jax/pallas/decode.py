@@ -32,7 +32,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, cdiv, compiler_params, dot, dot_precision,
                                    load, next_pow2, store, use_interpret)

@@ -17,9 +17,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import numpy as np
-
 from nsa_jax.data import DataError, build_loader
+from nsa_jax.data.batch import Batch
 from nsa_jax.data.retry import is_transient
 from nsa_jax.errors import brief
 from nsa_jax.train.errors import DataFailed
@@ -33,8 +32,9 @@ class BatchFeed:
         self.what = f"the {split} data (data.source={dcfg.source})"
         self.retries = dcfg.retries if dcfg.source == "hf" else None
 
-    def next(self, stop: Callable[[], bool] | None = None) -> np.ndarray | None:
-        """The next local batch, or None if ``stop()`` turned true while waiting for it."""
+    def next(self, stop: Callable[[], bool] | None = None) -> Batch | None:
+        """The next local batch (tokens, and the loss mask / segment ids the data config asks
+        for), or None if ``stop()`` turned true while waiting for it."""
         t0 = time.monotonic()
         while True:
             wait = POLL_S

@@ -30,7 +30,6 @@ import os
 import time
 
 import jax
-import numpy as np
 
 from nsa_jax.config import Config, config_warnings
 from nsa_jax.data import DataError
@@ -48,7 +47,7 @@ from nsa_jax.train.signals import GracefulStop
 from nsa_jax.train.start import Start, preflight, profile_window, resolve_run_dir  # noqa: F401
 from nsa_jax.train.start import start_notes
 from nsa_jax.train.state import init_state
-from nsa_jax.train.step import make_eval_step, make_train_step
+from nsa_jax.train.step import batch_struct, make_eval_step, make_train_step
 from nsa_jax.train.watchdog import Watchdog
 
 
@@ -93,8 +92,7 @@ class Trainer:
         step_fn = jax.jit(make_train_step(s.spec, t, s.tx, s.mesh, data=s.cfg.data),
                           in_shardings=(s.shardings, self.batch_sharding),
                           out_shardings=(s.shardings, repl), donate_argnums=0)
-        batch = jax.ShapeDtypeStruct((t.batch_size, s.cfg.data.seq_len + 1), np.int32,
-                                     sharding=self.batch_sharding)
+        batch = batch_struct(s.cfg.data, t.batch_size, self.batch_sharding)
         compiled = step_fn.lower(s.abstract, batch).compile()
         eval_fn = jax.jit(make_eval_step(s.spec, t.grad_accum, s.mesh, data=s.cfg.data),
                           in_shardings=(s.shardings.params, self.batch_sharding),

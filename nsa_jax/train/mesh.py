@@ -117,10 +117,11 @@ def batch_sharding(mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def place_batch(local: np.ndarray, sharding: NamedSharding, global_rows: int) -> jax.Array:
-    """This process's rows -> one global array split over the batch axes."""
-    return jax.make_array_from_process_local_data(sharding, local,
-                                                  (global_rows,) + tuple(local.shape[1:]))
+def place_batch(local, sharding: NamedSharding, global_rows: int):
+    """This process's rows (an array, or a :class:`~nsa_jax.data.batch.Batch` of them) -> global
+    arrays split over the batch axes, in the same structure."""
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+        sharding, x, (global_rows,) + tuple(x.shape[1:])), local)
 
 
 def gather_json(obj) -> list:
