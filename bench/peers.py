@@ -349,6 +349,15 @@ def bench_point(shape, T, reps, xunhao, log):
         cu_c = torch.tensor([0, Tc], dtype=torch.int32, device="cuda")
         xsets = [dict(q=t["q"][0], k=t["k"][0], v=t["v"][0], kc=t["kc"][0], vc=t["vc"][0],
                       do=t["do"][0], idx=xunhao_idx(t["idx"])) for t in tsets]
+
+        def bwd_after_fwd(name, fwd, saved, bwd):
+            """Run ``fwd`` on every input set, keep its two outputs under ``saved``, time bwd."""
+            try:
+                for x in xsets:
+                    x[saved[0]], x[saved[1]] = fwd(x)
+                run(name, time_torch, bwd, [(x,) for x in xsets])
+            except Exception as e:  # noqa: BLE001 - a peer's failure is recorded, not fatal
+                err[name] = _msg(e)
         x_fwd = lambda x: tsa._topk_sparse_attention_fwd(  # noqa: E731
             x["q"], x["k"], x["v"], x["idx"], lsel, cu, cu, T, T, scale)
         try:
@@ -360,14 +369,10 @@ def bench_point(shape, T, reps, xunhao, log):
             log(f"  xunhao check failed: {_msg(e)}")
         with torch.no_grad():
             run("xunhao.internal.sel_fwd", time_torch, x_fwd, [(x,) for x in xsets])
-            try:
-                for x in xsets:
-                    x["o"], x["lse"] = x_fwd(x)
-                run("xunhao.internal.sel_bwd", time_torch, lambda x: tsa._topk_sparse_attention_bwd(
-                    x["o"], x["do"], x["lse"], x["q"], x["k"], x["v"], x["idx"], lsel, cu, cu, T,
-                    T, scale), [(x,) for x in xsets])
-            except Exception as e:
-                err["xunhao.internal.sel_bwd"] = _msg(e)
+            bwd_after_fwd("xunhao.internal.sel_bwd", x_fwd, ("o", "lse"),
+                          lambda x: tsa._topk_sparse_attention_bwd(
+                              x["o"], x["do"], x["lse"], x["q"], x["k"], x["v"], x["idx"], lsel,
+                              cu, cu, T, T, scale))
             run("xunhao.public.sel_fwd", time_torch, lambda x: tsa.topk_sparse_attention(
                 x["q"], x["k"], x["v"], x["idx"], lsel, cu, scale), [(x,) for x in xsets])
         run("xunhao.public.sel_fwd_bwd", time_torch, lambda x: grads_of(
@@ -378,14 +383,10 @@ def bench_point(shape, T, reps, xunhao, log):
             x["q"], x["kc"], x["vc"], l_, d_, cu, cu_c, T, Tc, scale)
         with torch.no_grad():
             run("xunhao.internal.cmp_fwd", time_torch, c_fwd, [(x,) for x in xsets])
-            try:
-                for x in xsets:
-                    x["co"], x["clse"] = c_fwd(x)
-                run("xunhao.internal.cmp_bwd", time_torch, lambda x: ca._compressed_attention_bwd(
-                    x["co"], x["do"], x["clse"], x["q"], x["kc"], x["vc"], l_, d_, cu, cu_c, T,
-                    Tc, scale), [(x,) for x in xsets])
-            except Exception as e:
-                err["xunhao.internal.cmp_bwd"] = _msg(e)
+            bwd_after_fwd("xunhao.internal.cmp_bwd", c_fwd, ("co", "clse"),
+                          lambda x: ca._compressed_attention_bwd(
+                              x["co"], x["do"], x["clse"], x["q"], x["kc"], x["vc"], l_, d_, cu,
+                              cu_c, T, Tc, scale))
             run("xunhao.public.cmp_score_topn_fwd", time_torch, lambda x: ca.compressed_attention(
                 x["q"], x["kc"], x["vc"], l_, d_, lsel, n, cu, cu_c, T, Tc, scale,
                 CFG.n_init, CFG.n_local), [(x,) for x in xsets])
