@@ -42,8 +42,10 @@ def resolve_nsa_impl(impl: str) -> str:
 
 
 def nsa_decode(q, kv, t, gates, cfg: NSAConfig, impl: str):
-    """One decode step's NSA attention (q [B,Hq,D] at positions t [B]) by implementation."""
-    if impl == "pallas":
+    """One decode step's NSA attention (q [B,Hq,D] at positions t [B]) by ``exec.decode_impl``
+    (resolved the same way as ``nsa_impl``)."""
+    from nsa_jax.nsa.attention import Backend, resolve_impl
+    if resolve_impl(impl) is Backend.PALLAS:
         from nsa_jax.pallas.decode import nsa_decode_pallas
         return nsa_decode_pallas(q, kv, t, gates, cfg)
     from nsa_jax.nsa.decoding import nsa_decode_attention
@@ -198,10 +200,10 @@ class NSAAttention(nnx.Module):
         documents (no cache): each attends only inside itself (:mod:`nsa_jax.nsa.semantics`).
         """
         B, S, _ = x.shape
-        impl = resolve_nsa_impl(self.xcfg.nsa_impl)
         _no_packed_cache(cache, segment_ids)
         if cache is not None and S == 1:
-            return self._decode(x, cache, resolve_nsa_impl(self.xcfg.decode_impl))
+            return self._decode(x, cache, self.xcfg.decode_impl)
+        impl = resolve_nsa_impl(self.xcfg.nsa_impl)
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
         if segment_ids is None:
             k_cmp, v_cmp = self.compress_kv(k_c, v_c)

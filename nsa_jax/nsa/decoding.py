@@ -34,17 +34,13 @@ def ring_positions(t, R: int):
     return t - jnp.mod(t - jnp.arange(R), R)
 
 
-def write_rows(buf, x, idx, mask=None):
-    """buf [B,G,S,D] <- x [B,G,D] at sequence index idx[b] (< S) per row; rows where ``mask`` is
-    False keep their old value (a skipped write without a branch).
+def write_rows(buf, x, idx):
+    """buf [B,G,S,D] <- x [B,G,D] at sequence index idx[b] (< S) per row.
 
     One row is a dynamic-update-slice and several rows a scatter; XLA updates a donated buffer in
     place for both."""
     B = buf.shape[0]
     x = x.astype(buf.dtype)
-    if mask is not None:
-        old = gather_rows(buf, idx[:, None])[:, :, 0]
-        x = jnp.where(mask[:, None, None], x, old)
     if B == 1:
         return jax.lax.dynamic_update_slice(buf, x[:, :, None], (0, 0, idx[0], 0))
     return buf.at[jnp.arange(B), :, idx].set(x, mode="promise_in_bounds")

@@ -33,10 +33,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
-from nsa_jax.pallas.common import (LOG2E, MIN_DOT, cdiv, compiler_params, dot, dot_precision,
-                                   load, next_pow2, store, use_interpret)
+from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, cdiv, compiler_params, dot,
+                                   dot_precision, load, next_pow2, softmax_init, softmax_step,
+                                   store, use_interpret)
 
-NEG_INF = float("-inf")
 CMP_KEYS = 64          # compressed keys per tile
 WIN_KEYS = 64          # window slots per program
 TARGET_PROGRAMS = 264  # ~2 programs per SM of an H100/H200 (132 SMs)
@@ -47,20 +47,10 @@ def _rows(h: int) -> int:
 
 
 def _online(carry, s, v, prec):
-    """One online-softmax update (base 2): s [hp, K] logits (-inf = masked), v [K, Dv]."""
+    """One online-softmax update (base 2, ``common.softmax_step``): s [hp, K] logits, v [K, Dv]."""
     m, l, acc = carry
-    m_new = jnp.maximum(m, jnp.max(s, axis=1))
-    m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-    alpha = jnp.exp2(m - m_safe)
-    p = jnp.exp2(s - m_safe[:, None])
-    l = l * alpha + jnp.sum(p, axis=1)
-    acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
-    return m_new, l, acc
-
-
-def _init(hp, Dv):
-    return (jnp.full((hp,), NEG_INF, jnp.float32), jnp.zeros((hp,), jnp.float32),
-            jnp.zeros((hp, Dv), jnp.float32))
+    m, alpha, p, l = softmax_step(m, l, s)
+    return m, l, acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
 
 
 def _store_state(m_ref, l_ref, o_ref, b, g, sp, state, h):
@@ -111,7 +101,7 @@ def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, o_ref, *, h, l_
               (r < h)[:, None] & ok[None, :])
         return _online(carry, s, v, prec)
 
-    state = lax.fori_loop(lo, hi, tile, _init(hp, v_ref.shape[-1]))
+    state = lax.fori_loop(lo, hi, tile, softmax_init(hp, v_ref.shape[-1]))
     _store_state(m_ref, l_ref, o_ref, b, g, sp, state, h)
 
 
@@ -138,19 +128,25 @@ def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret):
 SEL_CHUNK = 256        # selection blocks per scoring program
 
 
-def _lse(m_ref, l_ref, b, g, h, nsp):
-    """Merge the compressed kernel's partial states of (b, g) into a base-2 lse per head [hp]."""
-    S = m_ref.shape[2]
-    hp = _rows(h)
-    rr, sp = jnp.arange(hp), jnp.arange(nsp)
-    ok = (rr < h)[None, :] & (sp < S)[:, None]
-    at = (jnp.minimum(sp, S - 1)[:, None], jnp.where(rr < h, rr, 0)[None, :])
-    m = load(m_ref.at[b, g, at[0], at[1]], ok, NEG_INF)           # [nsp, hp]
+def _merge_states(m_ref, l_ref, b, g, lo, hi, pp, h, hp):
+    """Partial softmax states lo..hi-1 (axis 2) of (b, g), all heads at once: -> (M [hp], the
+    weights w = 2^(m - M) [pp, hp], L = sum l w [hp]); M is 0 for a head with no visible key."""
+    p = lo + jnp.arange(pp)
+    r = jnp.arange(hp)
+    ok = (p < hi)[:, None] & (r < h)[None, :]
+    at = (jnp.where(p < hi, p, lo)[:, None], jnp.where(r < h, r, 0)[None, :])
+    m = load(m_ref.at[b, g, at[0], at[1]], ok, NEG_INF)
     l = load(l_ref.at[b, g, at[0], at[1]], ok, 0.0)
     M = jnp.max(m, axis=0)
-    Ms = jnp.where(M == NEG_INF, 0.0, M)
-    L = jnp.sum(l * jnp.exp2(m - Ms[None, :]), axis=0)
-    return Ms + jnp.log2(jnp.where(L > 0, L, 1.0))
+    M = jnp.where(M == NEG_INF, 0.0, M)
+    w = jnp.exp2(m - M[None, :])
+    return M, w, jnp.sum(l * w, axis=0)
+
+
+def _lse(m_ref, l_ref, b, g, h, nsp):
+    """Merge the compressed kernel's partial states of (b, g) into a base-2 lse per head [hp]."""
+    M, _, L = _merge_states(m_ref, l_ref, b, g, 0, m_ref.shape[2], nsp, h, _rows(h))
+    return M + jnp.log2(jnp.where(L > 0, L, 1.0))
 
 
 def _score_kernel(t_ref, s_ref, m_ref, l_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp, nsp, n_sel,
@@ -263,7 +259,7 @@ def _slc_win_kernel(t_ref, ids_ref, q_ref, ks_ref, vs_ref, kw_ref, vw_ref, m_ref
         k = load(k_ref.at[b, g, pl.ds(start, nk), :], ok[:, None])
         v = load(v_ref.at[b, g, pl.ds(start, nk), :], ok[:, None])
         s = jnp.where(ok[None, :], dot(q, k, trans_b=True, precision=prec) * c, NEG_INF)
-        return _online(_init(hp, Dv), s, v, prec)
+        return _online(softmax_init(hp, Dv), s, v, prec)
 
     if n_slc:
         @pl.when(u < n_slc)
@@ -313,18 +309,9 @@ def _slc_win_call(t, ids, q, kv, cfg, bw, scale, interpret):
 
 # ---- 3. epilogue ----------------------------------------------------------------------------
 def _weights(m_ref, l_ref, b, g, lo, hi, pp, h):
-    """Merge weights of partial states lo..hi-1 (axis 2) for all heads at once: (w [pp, hp],
-    1 / L [hp]) with w = 2^(m - max m); heads with no visible key get 1 / L = 0."""
-    p = lo + jnp.arange(pp)
-    hp = max(8, next_pow2(h))
-    r = jnp.arange(hp)
-    ok = (p < hi)[:, None] & (r < h)[None, :]
-    at = (jnp.where(p < hi, p, lo)[:, None], jnp.where(r < h, r, 0)[None, :])
-    m = load(m_ref.at[b, g, at[0], at[1]], ok, NEG_INF)
-    l = load(l_ref.at[b, g, at[0], at[1]], ok, 0.0)
-    M = jnp.max(m, axis=0)
-    w = jnp.exp2(m - jnp.where(M == NEG_INF, 0.0, M)[None, :])
-    L = jnp.sum(l * w, axis=0)
+    """Merge weights of partial states lo..hi-1 for all heads: (w [pp, hp], 1 / L [hp]); heads
+    with no visible key get 1 / L = 0."""
+    _, w, L = _merge_states(m_ref, l_ref, b, g, lo, hi, pp, h, max(8, next_pow2(h)))
     return w, jnp.where(L > 0, 1.0 / jnp.where(L > 0, L, 1.0), 0.0)
 
 
