@@ -1,11 +1,14 @@
 """Packed documents (issue #16): attention time with and without packing, forward + backward.
 
-Dense: cuDNN's packed layout against plain causal cuDNN. NSA: ``nsa_attention(impl="pallas")``
-with ``segment_ids`` against the same call without (bf16, the 125M shape by default: 12 heads,
-2 KV groups, D=64, paper NSA config). Prints one JSON line per (attention, T, mode) and the
-packed/unpacked speed ratio (target >= 0.9).
+Dense: the model's packed path (the document-local Pallas kernel, ``dense_packed_attention(...,
+"pallas")``) against plain causal cuDNN. NSA: ``nsa_attention(impl="pallas")`` with
+``segment_ids`` against the same call without (bf16, the 125M shape by default: 12 heads,
+2 KV groups, D=64, paper NSA config). Window: the NSA window branch alone
+(``pallas.window.window_attention``: cuDNN's local window unpacked, the document-local kernel
+packed). Prints one JSON line per (attention, T, mode) and the packed/unpacked speed ratio
+(target >= 0.9).
 
-    python bench/packed.py --T 8192 65536 [--attention dense nsa]
+    python bench/packed.py --T 8192 65536 [--attention dense nsa window]
 """
 from __future__ import annotations
 
@@ -66,6 +69,33 @@ def nsa_bench(a, T, seg, docs):
           flush=True)
 
 
+def window_bench(a, T, seg, docs):
+    """The NSA window branch alone, fwd+bwd: unpacked (cuDNN) and packed (document-local)."""
+    from nsa_jax.nsa import semantics
+    from nsa_jax.pallas.window import window_attention
+    cfg = NSAConfig()
+    rng = np.random.default_rng(3)
+    q, k, v, ct = (jnp.asarray(rng.standard_normal((1, T, n, a.head_dim)), jnp.bfloat16)
+                   for n in (a.heads, a.groups, a.groups, a.heads))
+    lay = semantics.segment_layout(seg, cfg)
+
+    def fb(s):
+        def f(q, k, v, ct):
+            o, vjp = jax.vjp(lambda *x: window_attention(*x, cfg, False, seg=s), q, k, v)
+            return o, vjp(ct.astype(jnp.float32))
+        return jax.jit(f)
+
+    ms = {}
+    for name, fn in (("unpacked", fb(None)), ("packed", fb(lay))):
+        ms[name] = timed(fn, [(q, k, v, ct)], a.reps)
+        print(json.dumps({"attention": "window", "T": T, "mode": name, "docs": docs,
+                          "fwd_bwd_ms": round(ms[name], 3),
+                          "device": jax.devices()[0].device_kind}), flush=True)
+    print(json.dumps({"attention": "window", "T": T,
+                      "packed_speed_over_unpacked": round(ms["unpacked"] / ms["packed"], 3)}),
+          flush=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, nargs="+", default=[8192, 65536])
@@ -74,13 +104,16 @@ def main(argv=None):
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--attention", nargs="+", default=["dense", "nsa"], choices=["dense", "nsa"])
+    p.add_argument("--attention", nargs="+", default=["dense", "nsa", "window"],
+                   choices=["dense", "nsa", "window"])
     a = p.parse_args(argv)
     for T in a.T:
         lengths = doc_lengths(T, a.mean_doc)
         seg = jnp.asarray(np.repeat(np.arange(len(lengths)), lengths)[None], jnp.int32)
         if "nsa" in a.attention:
             nsa_bench(a, T, seg, len(lengths))
+        if "window" in a.attention:
+            window_bench(a, T, seg, len(lengths))
         if "dense" not in a.attention:
             continue
         rng = np.random.default_rng(1)
@@ -95,7 +128,7 @@ def main(argv=None):
 
         plain = fb(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                                                  implementation="cudnn"))
-        packed = fb(lambda q, k, v: dense_packed_attention(q, k, v, seg, "cudnn"))
+        packed = fb(lambda q, k, v: dense_packed_attention(q, k, v, seg, "pallas"))
         ms = {}
         for name, fn in (("unpacked", plain), ("packed", packed)):
             ms[name] = timed(fn, [(q, k, v, ct)], a.reps)

@@ -226,7 +226,9 @@ class ExecConfig:
     """How to run the model: never changes what it computes (beyond float rounding), so a run
     may resume under other choices."""
     nsa_impl: Literal["auto", "reference", "pallas"] = "auto"  # auto: pallas on GPU, else reference
-    dense_impl: Literal["auto", "xla", "cudnn"] = "auto"        # auto: cudnn on GPU, else xla
+    # auto: cudnn on GPU, else xla; packed documents: the Pallas document-local kernel on GPU
+    # unless "xla" (masked, O(T^2) memory)
+    dense_impl: Literal["auto", "xla", "cudnn"] = "auto"
     remat: Literal["none", "block"] = "none"     # block: recompute each block's activations
     decode_impl: Literal["auto", "reference", "pallas"] = "auto"  # the decoder's NSA step
     kernel: KernelChoices = dataclasses.field(default_factory=KernelChoices)

@@ -61,11 +61,17 @@ def _no_packed_cache(cache, segment_ids):
 def dense_packed_attention(q, k, v, segment_ids, impl: str):
     """Causal attention inside each document: q [B,T,H,D], k/v [B,T,G,D], segment_ids [B,T].
 
-    ``xla`` (what the model uses): an explicit [B,1,T,T] same-document mask, O(T^2) memory.
+    ``pallas`` (the model's choice on a GPU): the document-local FlashAttention kernel
+    (``nsa_jax.pallas.local``), no mask, O(T) memory, work only inside each document.
+    ``xla`` (the model's choice elsewhere, or with ``exec.dense_impl: xla``): an explicit
+    [B,1,T,T] same-document mask, O(T^2) memory.
     ``cudnn``: cuDNN's packed (THD) layout, one segment per document: per-row segment lengths
     and offsets [B, M] padded with -1, M = T; no [T, T] mask. NOT used by the model: on an H200
     with jax 0.11.2 its output was 0.90 (relative) away from the masked path (GPU test below,
     marked as a known failure) and the cause is not found yet."""
+    if impl == "pallas":
+        from nsa_jax.pallas.local import local_attention
+        return local_attention(q, k, v, semantics.document_starts(segment_ids)).astype(q.dtype)
     if impl != "cudnn":
         mask = semantics.same_document(segment_ids, segment_ids)[:, None]
         return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
@@ -281,9 +287,10 @@ class DenseAttention(nnx.Module):
             o = batch_parallel(lambda q, k, v: jax.nn.dot_product_attention(
                 q, k, v, is_causal=True, implementation=impl), q, k, v)
         else:
-            # the masked path on every device: cuDNN's packed layout disagreed with it on the
-            # H200 (tests/test_pallas_gpu.py::test_dense_packed_cudnn_matches_masked_xla)
-            o = batch_parallel(lambda q, k, v, seg: dense_packed_attention(q, k, v, seg, "xla"),
+            # not cuDNN's packed layout: it disagreed with the masked path on the H200
+            # (tests/test_pallas_gpu.py::test_dense_packed_cudnn_matches_masked_xla)
+            pimpl = "pallas" if on_gpu() and self.xcfg.dense_impl != "xla" else "xla"
+            o = batch_parallel(lambda q, k, v, seg: dense_packed_attention(q, k, v, seg, pimpl),
                                q, k, v, segment_ids)
         out = self.wo(o.reshape(B, S, -1))
         if cache is None:

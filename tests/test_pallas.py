@@ -210,9 +210,10 @@ def test_kernel_choices_reject_bad_values(field, value):
 
 
 def test_f32_dot_choice_sets_every_float32_matmul_precision():
-    """KernelChoices.f32_dot, not jax_default_matmul_precision, sets the float32 dots on the GPU:
-    the Pallas dots (Triton input_precision ieee / tf32) and the window branch's XLA einsums;
-    bf16 operands and the CPU interpreter are unaffected."""
+    """KernelChoices.f32_dot, not jax_default_matmul_precision, sets the float32 dots: the Pallas
+    dots on the GPU (Triton input_precision ieee / tf32; the float32 window branch is one of
+    them) and the window branch's XLA einsums (its CPU path); bf16 operands and the CPU
+    interpreter's Pallas dots are unaffected."""
     from jax import lax
 
     from nsa_jax.pallas.common import dot_precision

@@ -160,6 +160,8 @@ class BlockSizes:
     sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
     sel_tile_q:   queries per tile of the tiled selection kernels (rows of one head).
+    win_q, win_keys: queries (rows of one head) and keys per tile of the document-local
+                  attention kernels (``local.py``: packed window branch, packed dense).
     cmp_bwd_keys: compressed keys per tile in the compressed-attention backward (dQ and dK/dV).
     num_warps, num_stages: Triton launch parameters for the tile kernels; sel_warps and
                   sel_stages for the per-query selection kernels (16-row tiles); score_warps
@@ -173,6 +175,8 @@ class BlockSizes:
     sel_chunk: int = 1024
     sel_tile_q: int = 64
     cmp_bwd_keys: int = 64
+    win_q: int = 64
+    win_keys: int = 64
     num_warps: int = 4
     num_stages: int = 2
     sel_warps: int = 2
@@ -181,7 +185,7 @@ class BlockSizes:
 
     def __post_init__(self):
         for f in ("cmp_rows", "cmp_keys", "score_sel", "sel_keys", "sel_rows", "cmp_bwd_keys",
-                  "sel_tile_q"):
+                  "sel_tile_q", "win_q", "win_keys"):
             v = getattr(self, f)
             if v < MIN_DOT or v & (v - 1):
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
@@ -205,5 +209,5 @@ class BlockSizes:
         warps = 8 if head_dim >= 128 else 4
         if itemsize >= 4 and head_dim >= 128:
             return cls(num_warps=warps, cmp_rows=64, cmp_keys=64, sel_rows=64, sel_tile_q=32,
-                       cmp_bwd_keys=32, num_stages=1)
+                       cmp_bwd_keys=32, win_q=32, win_keys=32, num_stages=1)
         return cls(num_warps=warps)

@@ -11,7 +11,8 @@ Packed documents (``segment_ids``, issue #16): the :class:`semantics.SegmentLayo
 mask) goes to every kernel, which then applies each rule in document-relative coordinates:
 compressed fwd/bwd and scoring see slot i iff 0 <= i - lo and (i - lo)*d + l - 1 <= r (Eq. 8),
 top-n takes r as the position (Eq. 11, document-relative ids), the selection kernels load block
-j at start + j*l' and keep start <= s <= t, the window keeps s >= start. Packed rows always take
+j at start + j*l' and keep start <= s <= t, the window (the document-local kernel,
+``local.py``) keeps s >= start. Packed rows always take
 the gather selection kernels (``selection``): the tiled ones are not packed-aware, so
 ``KernelChoices.sel_impl`` "tiled"/"auto" routes packed rows to gather. ``segment_ids=None``
 passes no layout and compiles exactly the unpacked kernels (packing is a static switch).
@@ -169,9 +170,8 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
         o_slc = o_s[..., :Dv]
         res["slc"] = (idx, o_s, lse_s)
     if "win" in br:
-        o_win, win_vjp = jax.vjp(lambda a, b, c: window_attention(a, b, c, cfg, interpret,
-                                                                  choices=st.choices, seg=seg),
-                                 q, k_win, v_win)
+        o_win, win_vjp = jax.vjp(lambda a, b, c: window_attention(
+            a, b, c, cfg, interpret, choices=st.choices, seg=seg, block_sizes=bs), q, k_win, v_win)
         res["win"] = (o_win, win_vjp)
     out = semantics.combine(o_cmp, o_slc, o_win, gates, cfg, q.dtype)
     return out, (q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, seg, res)

@@ -3,15 +3,17 @@
 On a GPU with bf16/fp16 inputs this is cuDNN's fused attention with a local window
 (``jax.nn.dot_product_attention(is_causal=True, local_window_size=(w - 1, 0),
 implementation="cudnn")``), which skips the tiles outside the band in forward and backward.
-Elsewhere (CPU, float32) it is masked attention in XLA over ``semantics.window_visible``, with
-its matmuls at the precision ``KernelChoices.f32_dot`` names (IEEE by default, so float32 runs
-on a GPU do not silently drop to tf32).
+Other inputs on a GPU (float32) run the document-local Pallas kernel (``local.py``) with the
+window, its float32 dots at the precision ``KernelChoices.f32_dot`` names (IEEE by default, so
+float32 runs do not silently drop to tf32). On the CPU it is masked attention in XLA over
+``semantics.window_visible`` (O(T^2) memory; CPU shapes are small).
 
 Packed documents (``seg``, a ``semantics.SegmentLayout``): keys also satisfy s >= start(t).
-On every device this is banded attention in XLA (``_banded_window``): queries in chunks of
-C >= w, each against the 2C keys that can hold its window, masked by ``window_visible`` with the
-document start: O(T * 2C) memory, no [T, T] mask. (cuDNN's packed THD layout was tried first: on
-an H200 with jax 0.11.2 it matched at T = 2048 but asked for 390 GB at T = 8192.)
+On every device this is the document-local kernel with the window (interpret mode on the CPU):
+O(T) memory, work O(T * (w + tile)). Replaced here: banded attention in XLA (float32 logits
+[B, T/C, C, G, h, 2C], C = 512), whose fwd+bwd made packed NSA 0.41x / 0.62x of unpacked at
+8k / 64k on an H200; cuDNN's packed THD layout (on an H200 with jax 0.11.2 it matched at
+T = 2048 but asked for 390 GB at T = 8192).
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from jax import lax
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
-from nsa_jax.pallas.common import choices_or_default
+from nsa_jax.pallas.common import BlockSizes, choices_or_default
+from nsa_jax.pallas.local import local_attention
 
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -41,7 +44,7 @@ def xla_precision(choices: KernelChoices | None):
 
 
 def _masked_window(q, k, v, cfg: NSAConfig, precision):
-    """Masked softmax attention over the window (float32), O(T^2) memory (CPU, float32)."""
+    """Masked softmax attention over the window (float32), O(T^2) memory (CPU)."""
     B, T, Hq, Dk = q.shape
     G = k.shape[2]
     qg = q.reshape(B, T, G, Hq // G, Dk).astype(jnp.float32)
@@ -54,41 +57,14 @@ def _masked_window(q, k, v, cfg: NSAConfig, precision):
     return o.reshape(B, T, Hq, v.shape[-1])
 
 
-def _banded_window(q, k, v, cfg: NSAConfig, precision, start):
-    """Window attention of packed rows in query chunks of C = next_pow2(w) >= w: chunk c's
-    queries [cC, (c+1)C) can only see keys in [cC - C, (c+1)C), so each chunk attends those 2C
-    keys under ``window_visible`` with the document starts ``start`` [B,T]. float32 softmax."""
-    B, T, Hq, Dk = q.shape
-    G = k.shape[2]
-    C = 1 << max(0, (cfg.window - 1).bit_length())
-    n = -(-T // C)
-    pad = n * C - T
-
-    def blocks(x, front):
-        x = jnp.pad(x, ((0, 0), (front, pad), (0, 0), (0, 0)))
-        return x.reshape(B, x.shape[1] // C, C, *x.shape[2:])
-
-    kb, vb = blocks(k, C), blocks(v, C)                        # [B, n+1, C, G, D]
-    kk = jnp.concatenate([kb[:, :-1], kb[:, 1:]], axis=2)        # [B, n, 2C, G, D]
-    vv = jnp.concatenate([vb[:, :-1], vb[:, 1:]], axis=2)
-    qb = blocks(q, 0).reshape(B, n, C, G, Hq // G, Dk)
-    s = jnp.einsum("bncghd,bnsgd->bncghs", qb.astype(jnp.float32), kk.astype(jnp.float32),
-                   precision=precision) * (1.0 / math.sqrt(Dk))
-    t = (jnp.arange(n)[:, None] * C + jnp.arange(C)[None, :])          # [n, C] query positions
-    sk = (jnp.arange(n)[:, None] * C - C + jnp.arange(2 * C)[None, :])  # [n, 2C] key positions
-    st = jnp.pad(start, ((0, 0), (0, pad))).reshape(B, n, C)
-    vis = semantics.window_visible(t[None, :, :, None], sk[None, :, None, :], cfg.window,
-                                   st[..., None]) & (sk >= 0)[None, :, None, :]
-    p = semantics.masked_softmax(s, vis[:, :, :, None, None, :])
-    o = jnp.einsum("bncghs,bnsgd->bncghd", p, vv.astype(jnp.float32), precision=precision)
-    return o.reshape(B, n * C, Hq, v.shape[-1])[:, :T]
-
-
 def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
-                     choices: KernelChoices | None = None, seg=None):
-    """q [B,T,Hq,D], k/v [B,T,G,D] -> o float32 [B,T,Hq,Dv]; ``seg``: packed rows' layout."""
+                     choices: KernelChoices | None = None, seg=None,
+                     block_sizes: BlockSizes | None = None):
+    """q [B,T,Hq,D], k/v [B,T,G,D] -> o float32 [B,T,Hq,Dv]; ``seg``: packed rows' layout;
+    ``block_sizes``: tiles of the document-local kernel (None = by shape)."""
     if seg is not None:
-        return _banded_window(q, k, v, cfg, xla_precision(choices), seg.start)
+        return local_attention(q, k, v, seg.start, cfg.window, block_sizes,
+                               interpret=interpret, choices=choices)
     if uses_cudnn(q, v, interpret):
         T = q.shape[1]
         k, v = k.astype(q.dtype), v.astype(q.dtype)
@@ -102,4 +78,7 @@ def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
             q, k, v, is_causal=True, scale=1.0 / math.sqrt(q.shape[-1]),
             local_window_size=(cfg.window - 1, 0), implementation="cudnn")
         return o[:, :T].astype(jnp.float32)
+    if not interpret:
+        return local_attention(q, k, v, None, cfg.window, block_sizes, interpret=False,
+                               choices=choices)
     return _masked_window(q, k, v, cfg, xla_precision(choices))

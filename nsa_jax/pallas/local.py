@@ -1,0 +1,298 @@
+"""Document-local attention as a FlashAttention-2 kernel: causal attention restricted to each
+query's document and, optionally, a sliding window.
+
+Query t (document start ``start[b, t]``) sees key s iff start(t) <= s <= t and, with a window w,
+s > t - w (``semantics.window_visible``). Two users:
+
+* the NSA sliding-window branch of packed rows (§3.3.3; keys t - w < s <= t of t's document),
+  ``window.window_attention`` with ``seg``; also float32 inputs on a GPU, where cuDNN does not
+  apply;
+* the dense model's attention over packed documents (``model.dense_packed_attention``, no window):
+  causal attention inside each document without a [T, T] mask.
+
+Kernels (``start`` int32 [B,T] non-decreasing along a row, as document starts are):
+
+* forward and dQ: one program per (query head, batch, tile of ``bs.win_q`` queries); GQA: head ->
+  group head // h. The program walks only the key tiles of ``bs.win_keys`` keys that can hold a
+  visible key: from max(min start of its rows, first query - w + 1) to its last query. Logits in
+  base 2 with an online softmax (forward) or P recomputed from the saved lse (dQ).
+* dK/dV: one program per (KV group, batch, key tile) walks the query tiles that can see its keys
+  (up to the last token of the last key's document, ``doc_last``, and within w of the last key)
+  and, per tile, the group's h heads, accumulating in registers; one plain store per key tile (no
+  atomics).
+
+Work is O(T * (w + tile)) with a window and O(sum of squared document lengths / 2) without one
+(plus the tiles that straddle documents), never O(T^2) for short documents; memory is O(T).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from nsa_jax.nsa import semantics
+from nsa_jax.nsa.options import KernelChoices
+from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, cdiv,
+                                   choices_or_default, compiler_params, dot, dot_precision,
+                                   dscores, idiv, load, next_pow2, probs, softmax_finish,
+                                   softmax_init, softmax_step, store, use_interpret)
+
+
+def doc_last(start) -> jax.Array:
+    """int32 [B,T]: the last token of each token's document, from the document starts [B,T]."""
+    B, T = start.shape
+    t = jnp.arange(T, dtype=jnp.int32)
+    last = jnp.concatenate([start[:, 1:] != start[:, :-1], jnp.ones((B, 1), bool)], axis=1)
+    return lax.cummin(jnp.where(last, t, T - 1), axis=1, reverse=True)
+
+
+def _span(window: int | None, T: int) -> int:
+    """The window as a static int (no window: T + 1, which every key satisfies)."""
+    return T + 1 if window is None else int(window)
+
+
+def _rows(qt, bq: int, T: int):
+    t = qt * bq + jnp.arange(bq)
+    return t, t < T
+
+
+def _visible(t, kpos, st, w: int, T: int):
+    """[bq, bk] bool: key kpos visible to query t (document start st) under window w."""
+    return semantics.window_visible(t[:, None], kpos[None, :], w, st[:, None]) \
+        & (kpos < T)[None, :]
+
+
+def _key_tiles(qt, st, bq: int, bk: int, w: int, T: int):
+    """(first key tile, number of key tiles) that can hold a key visible to query tile qt."""
+    lo = jnp.maximum(jnp.maximum(jnp.min(st), qt * bq - (w - 1)), 0)
+    hi = jnp.minimum(qt * bq + bq, T)
+    k0 = idiv(lo, bk)
+    return k0, idiv(hi + (bk - 1), bk) - k0
+
+
+def _q_program(T: int, bq: int):
+    """(head, batch, query tile) on grid (Hq, B, n_tiles); tiles last to first (without a window
+    the last tiles of a long document are the longest programs: they start first)."""
+    return pl.program_id(0), pl.program_id(1), cdiv(T, bq) - 1 - pl.program_id(2)
+
+
+# ---- forward -----------------------------------------------------------------------------------
+def _fwd_kernel(start_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, h, bq, bk, w, scale, prec):
+    T, Dv = q_ref.shape[1], v_ref.shape[-1]
+    hd, b, qt = _q_program(T, bq)
+    g = idiv(hd, h)
+    t, ok = _rows(qt, bq, T)
+    rows = pl.ds(qt * bq, bq)
+    q = load(q_ref.at[b, rows, hd, :], ok[:, None])
+    st = load(start_ref.at[b, rows], ok, other=T)  # padding rows: start T, see nothing
+    k0, nk = _key_tiles(qt, st, bq, bk, w, T)
+    c = scale * LOG2E
+
+    def body(i, carry):
+        m, lsum, acc = carry
+        kpos = (k0 + i) * bk + jnp.arange(bk)
+        kok = kpos < T
+        k = load(k_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
+        v = load(v_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
+        s = jnp.where(_visible(t, kpos, st, w, T), dot(q, k, trans_b=True, precision=prec) * c,
+                      NEG_INF)
+        m, alpha, p, lsum = softmax_step(m, lsum, s)
+        return m, lsum, acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
+
+    m, lsum, acc = lax.fori_loop(0, nk, body, softmax_init(bq, Dv))
+    l_safe, lse = softmax_finish(m, lsum)
+    t_st = jnp.where(ok, t, T)  # masked rows -> out of bounds (dropped)
+    dv_ = jnp.arange(Dv)
+    store(o_ref.at[b, t_st[:, None], hd, dv_[None, :]], acc / l_safe[:, None], ok[:, None])
+    store(lse_ref.at[b, t_st, hd], lse, ok)
+
+
+def local_forward(q, k, v, start, window: int | None, bs: BlockSizes, scale: float,
+                  interpret: bool, *, choices: KernelChoices | None = None):
+    """q [B,T,Hq,Dk], k/v [B,T,G,D] (power-of-two head dims >= 16), start int32 [B,T] -> o float32
+    [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of the scaled logits)."""
+    B, T, Hq, _ = q.shape
+    G, Dv = k.shape[2], v.shape[-1]
+    kern = functools.partial(_fwd_kernel, h=Hq // G, bq=bs.win_q, bk=bs.win_keys,
+                             w=_span(window, T), scale=scale,
+                             prec=dot_precision(q.dtype, interpret, choices))
+    return pl.pallas_call(
+        kern, grid=(Hq, B, cdiv(T, bs.win_q)),
+        out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
+                   jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
+        compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+        interpret=interpret, name="nsa_local_fwd",
+    )(start, q, k, v)
+
+
+# ---- backward: dQ ------------------------------------------------------------------------------
+def _dq_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dq_ref, *, h,
+               bq, bk, w, scale, prec):
+    T, Dk = q_ref.shape[1], q_ref.shape[-1]
+    hd, b, qt = _q_program(T, bq)
+    g = idiv(hd, h)
+    cdt = q_ref.dtype
+    t, ok = _rows(qt, bq, T)
+    rows = pl.ds(qt * bq, bq)
+    q = load(q_ref.at[b, rows, hd, :], ok[:, None])
+    do = load(do_ref.at[b, rows, hd, :], ok[:, None]).astype(cdt)
+    gs = load(gs_ref.at[b, rows, hd], ok)
+    lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
+    delta = load(delta_ref.at[b, rows, hd], ok)
+    st = load(start_ref.at[b, rows], ok, other=T)
+    k0, nk = _key_tiles(qt, st, bq, bk, w, T)
+    c = scale * LOG2E
+
+    def body(i, dq):
+        kpos = (k0 + i) * bk + jnp.arange(bk)
+        kok = kpos < T
+        k = load(k_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
+        v = load(v_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
+        p = probs(dot(q, k, trans_b=True, precision=prec) * c, _visible(t, kpos, st, w, T), lse)
+        ds = dscores(p, do, v, gs, delta, prec)
+        return dq + dot(ds.astype(cdt), k, precision=prec)
+
+    dq = lax.fori_loop(0, nk, body, jnp.zeros((bq, Dk), jnp.float32))
+    t_st = jnp.where(ok, t, T)
+    dk_ = jnp.arange(Dk)
+    store(dq_ref.at[b, t_st[:, None], hd, dk_[None, :]], dq * scale, ok[:, None])
+
+
+# ---- backward: dK/dV ---------------------------------------------------------------------------
+def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref,
+                dk_ref, dv_ref, *, h, bq, bk, w, scale, prec):
+    g, b, kt = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    T, Dk, Dv = q_ref.shape[1], q_ref.shape[-1], v_ref.shape[-1]
+    cdt = q_ref.dtype
+    c = scale * LOG2E
+    kpos = kt * bk + jnp.arange(bk)
+    kok = kpos < T
+    k = load(k_ref.at[b, pl.ds(kt * bk, bk), g, :], kok[:, None])
+    v = load(v_ref.at[b, pl.ds(kt * bk, bk), g, :], kok[:, None])
+    s_last = jnp.minimum(kt * bk + (bk - 1), T - 1)
+    # queries that can see a key of this tile: from its first key to the end of the last key's
+    # document, and within the window of the last key
+    hi = jnp.minimum(last_ref[b, s_last] + 1, s_last + w)
+    q0 = idiv(kt * bk, bq)
+    nq = idiv(hi + (bq - 1), bq) - q0
+
+    def tile(i, carry):
+        qt = q0 + i
+        t, ok = _rows(qt, bq, T)
+        rows = pl.ds(qt * bq, bq)
+        st = load(start_ref.at[b, rows], ok, other=T)
+        vis = _visible(t, kpos, st, w, T)
+
+        def head(j, carry):
+            dk, dv = carry
+            hd = g * h + j
+            q = load(q_ref.at[b, rows, hd, :], ok[:, None])
+            do = load(do_ref.at[b, rows, hd, :], ok[:, None]).astype(cdt)
+            gs = load(gs_ref.at[b, rows, hd], ok)
+            lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
+            delta = load(delta_ref.at[b, rows, hd], ok)
+            p = probs(dot(q, k, trans_b=True, precision=prec) * c, vis, lse)
+            dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
+            ds = dscores(p, do, v, gs, delta, prec)
+            return dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec), dv
+
+        return lax.fori_loop(0, h, head, carry)
+
+    dk, dv = lax.fori_loop(0, nq, tile, (jnp.zeros((bk, Dk), jnp.float32),
+                                         jnp.zeros((bk, Dv), jnp.float32)))
+    k_st = jnp.where(kok, kpos, T)  # masked rows -> out of bounds (dropped)
+    dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
+    store(dk_ref.at[b, k_st[:, None], g, dk_[None, :]], dk * scale, kok[:, None])
+    store(dv_ref.at[b, k_st[:, None], g, dv_[None, :]], dv, kok[:, None])
+
+
+def local_backward(q, k, v, start, o, lse, do, gs, window: int | None, bs: BlockSizes,
+                   scale: float, interpret: bool, *, choices: KernelChoices | None = None):
+    """-> dq, dk, dv float32 for the output cotangent ``gs[..., None] * do`` (``do`` in any
+    float dtype, cast to q's dtype for the dots; ``gs`` [B,T,Hq] per-row scale, None = 1)."""
+    B, T, Hq, Dk = q.shape
+    G, Dv = k.shape[2], v.shape[-1]
+    gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
+    delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)
+    kw = dict(h=Hq // G, bq=bs.win_q, bk=bs.win_keys, w=_span(window, T), scale=scale,
+              prec=dot_precision(q.dtype, interpret, choices))
+    cp = compiler_params(bs.num_warps, bs.num_stages)
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, **kw), grid=(Hq, B, cdiv(T, bs.win_q)),
+        out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),
+        compiler_params=cp, interpret=interpret, name="nsa_local_bwd_dq",
+    )(start, q, k, v, do, gs, lse, delta)
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_kernel, **kw), grid=(G, B, cdiv(T, bs.win_keys)),
+        out_shape=[jax.ShapeDtypeStruct((B, T, G, Dk), jnp.float32),
+                   jax.ShapeDtypeStruct((B, T, G, Dv), jnp.float32)],
+        compiler_params=cp, interpret=interpret, name="nsa_local_bwd_dkv",
+    )(start, doc_last(start), q, k, v, do, gs, lse, delta)
+    return dq, dk, dv
+
+
+# ---- the differentiable op ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    window: int | None
+    bs: BlockSizes
+    choices: KernelChoices
+    interpret: bool
+    scale: float
+
+
+def _pad(x, D: int):
+    return x if x.shape[-1] == D else jnp.pad(x, [(0, 0)] * 3 + [(0, D - x.shape[-1])])
+
+
+def local_attention(q, k, v, start=None, window: int | None = None,
+                    block_sizes: BlockSizes | None = None, *, interpret: bool | None = None,
+                    choices: KernelChoices | None = None):
+    """Document-local (and optionally windowed) causal attention, differentiable.
+
+    q [B,T,Hq,Dk], k [B,T,G,Dk], v [B,T,G,Dv] (Hq a multiple of G, any head dims: padded to a
+    power of two >= 16 inside), start int32 [B,T]: first token of each token's document
+    (``semantics.document_starts``; None = one document per row), window: w or None (causal
+    only). Returns float32 [B,T,Hq,Dv]. ``interpret`` None: by ``jax.default_backend()``.
+    """
+    B, T, Hq, Dk = q.shape
+    G, Dv = k.shape[2], v.shape[-1]
+    if Hq % G:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of the KV heads ({G})")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1 or None, got {window}")
+    start = jnp.zeros((B, T), jnp.int32) if start is None else jnp.asarray(start, jnp.int32)
+    if start.shape != (B, T):
+        raise ValueError(f"start must have shape {(B, T)}, got {tuple(start.shape)}")
+    bs = block_sizes or BlockSizes.for_shape(Hq // G, max(Dk, Dv), jnp.dtype(q.dtype).itemsize)
+    st = _Static(window, bs, choices_or_default(choices),
+                 use_interpret() if interpret is None else bool(interpret), 1.0 / math.sqrt(Dk))
+    Dkp, Dvp = (max(MIN_DOT, next_pow2(d)) for d in (Dk, Dv))
+    o = _local(_pad(q, Dkp), _pad(k, Dkp), _pad(v, Dvp), lax.stop_gradient(start), st)
+    return o[..., :Dv]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _local(q, k, v, start, st: _Static):
+    return _local_fwd(q, k, v, start, st)[0]
+
+
+def _local_fwd(q, k, v, start, st: _Static):
+    o, lse = local_forward(q, k, v, start, st.window, st.bs, st.scale, st.interpret,
+                           choices=st.choices)
+    return o, (q, k, v, start, o, lse)
+
+
+def _local_bwd(st: _Static, res, do):
+    q, k, v, start, o, lse = res
+    dq, dk, dv = local_backward(q, k, v, start, o, lse, do, None, st.window, st.bs, st.scale,
+                                st.interpret, choices=st.choices)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_local.defvjp(_local_fwd, _local_bwd)

@@ -1,0 +1,78 @@
+"""Document-local attention kernel (``nsa_jax.pallas.local``, interpret mode) against masked
+attention over an explicit [T, T] mask: values and all gradients, float32, <= 2e-5."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nsa_jax.nsa import semantics
+from nsa_jax.pallas import BlockSizes
+from nsa_jax.pallas.local import doc_last, local_attention
+from nsa_testutil import rel_err
+from packed_util import segments
+
+HI = jax.lax.Precision.HIGHEST
+
+
+def masked_local(q, k, v, start, window):
+    """Plain masked softmax attention: query t sees s iff start(t) <= s <= t (and s > t - w)."""
+    B, T, Hq, Dk = q.shape
+    h = Hq // k.shape[2]
+    kk, vv = jnp.repeat(k, h, axis=2), jnp.repeat(v, h, axis=2)
+    s = jnp.einsum("bthd,bshd->bhts", q, kk, precision=HI) / math.sqrt(Dk)
+    t = jnp.arange(T)
+    vis = semantics.window_visible(t[:, None], t[None, :], T + 1 if window is None else window,
+                                   start[:, :, None])
+    p = semantics.masked_softmax(s, vis[:, None])
+    return jnp.einsum("bhts,bshd->bthd", p, vv, precision=HI)
+
+
+def _inputs(seed, B, T, Hq, G, Dk, Dv):
+    rng = np.random.default_rng(seed)
+    n = lambda *s: jnp.asarray(2.0 * rng.standard_normal(s), jnp.float32)
+    return n(B, T, Hq, Dk), n(B, T, G, Dk), n(B, T, G, Dv), n(B, T, Hq, Dv)
+
+
+SMALL = BlockSizes(win_q=16, win_keys=16)
+
+
+@pytest.mark.parametrize("lengths,Hq,G,D,window", [
+    # documents of length 1, shorter than a tile, straddling tiles, a row cut mid-document
+    ([[1, 5, 16, 21, 13], [40, 7, 9]], 4, 2, 8, 6),
+    ([[1, 5, 16, 21, 13], [40, 7, 9]], 6, 1, 12, None),   # packed dense, h = 6, padded D
+    ([[37]], 2, 2, 16, 20),                                # one document: plain window, h = 1
+])
+def test_local_matches_masked_attention(lengths, Hq, G, D, window):
+    seg = segments(lengths)
+    start = semantics.document_starts(seg)
+    B, T = seg.shape
+    q, k, v, ct = _inputs(len(lengths[0]) + Hq, B, T, Hq, G, D, D)
+
+    def run(f):
+        o, vjp = jax.vjp(f, q, k, v)
+        return (o,) + vjp(ct)
+
+    got = jax.jit(lambda: run(lambda a, b, c: local_attention(
+        a, b, c, start, window, SMALL, interpret=True)))()
+    want = run(lambda a, b, c: masked_local(a, b, c, start, window))
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        assert np.abs(np.asarray(w)).max() > 0, name
+        assert rel_err(g, w) <= 2e-5, (name, rel_err(g, w))
+
+
+def test_doc_last():
+    start = semantics.document_starts(segments([[1, 5, 3], [9]]))
+    np.testing.assert_array_equal(doc_last(start), [[0, 5, 5, 5, 5, 5, 8, 8, 8], [8] * 9])
+
+
+def test_bad_arguments_name_them():
+    q, k, v, _ = _inputs(0, 1, 8, 3, 2, 8, 8)
+    with pytest.raises(ValueError, match="multiple of the KV heads"):
+        local_attention(q, k, v, interpret=True)
+    q, k, v, _ = _inputs(0, 1, 8, 2, 2, 8, 8)
+    with pytest.raises(ValueError, match="window"):
+        local_attention(q, k, v, window=0, interpret=True)
+    with pytest.raises(ValueError, match="start must have shape"):
+        local_attention(q, k, v, jnp.zeros((1, 7), jnp.int32), interpret=True)
