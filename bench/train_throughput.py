@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python bench/train_throughput.py [--out bench/results/train_throughput_<dev>.json]
         [--points 2048:16 8192:4 32768:1 65536:1] [--steps 10] [--models nsa_125m dense_125m]
-        [--mesh-data N] [--fsdp F] [--no-loader] [--smoke]
+        [--mesh-data N] [--fsdp F] [--no-loader] [--packing concat documents] [--smoke]
     # a point may name its devices: T:B@N uses the first N devices, T:B@N/F also mesh.fsdp=F
 
 For every model config and (seq_len T, global batch B) point it builds the product's own train step
@@ -21,6 +21,11 @@ of (visible compressed blocks + min(n*l', t+1) + min(w, t+1)). The loader's own 
 (synthetic and pretokenized ``tokens`` shards of the bundled sample) is measured first.
 The JSON is rewritten after every point, so a run cut short keeps what it measured.
 
+``--packing MODE ...`` (issue #16) feeds pretokenized ``tokens`` shards of the bundled FineWeb-Edu
+sample (documents of ~1-2k tokens) instead of synthetic batches, once per ``data.packing`` mode:
+``concat`` (documents joined, attention across them) against ``documents`` (segment ids,
+attention inside each document), same tokens; each point records its ``packing``.
+
 ``--smoke`` shrinks everything for a CPU check of the script (numbers meaningless).
 """
 from __future__ import annotations
@@ -38,7 +43,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from nsa_jax.config import load_config  # noqa: E402
@@ -98,12 +102,9 @@ def loader_throughput(cfg_path, smoke: bool) -> dict:
     """tokens/s of build_loader for synthetic and tokens shards (host side, prefetch off)."""
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        from nsa_jax.data.prepare import main as prepare_main
-        ov = ["data.source=text", "data.path=nsa_jax/assets/data/fineweb_edu_sample.jsonl",
-              f"data.out_dir={tmp}/tok", "data.tokenizer=gpt2"]
-        prepare_main(["--config", str(cfg_path), *ov])
+        tok = prepare_sample(tmp, smoke)
         for src, extra, T, B in (("synthetic", [], 2048, 16),
-                                 ("tokens", [f"data.path={tmp}/tok"], 2048, 16)):
+                                 ("tokens", [f"data.path={tok}"], 2048, 16)):
             c = load_config(cfg_path, [f"data.source={src}", *extra, f"data.seq_len={T}",
                                        "data.prefetch=0", "data.eval_fraction=0.05"])
             with build_loader(c, "train", batch_size=B) as ld:
@@ -115,6 +116,15 @@ def loader_throughput(cfg_path, smoke: bool) -> dict:
                 dt = time.perf_counter() - t0
             out[src] = {"tokens_per_s": n * B * T / dt, "batch": B, "seq_len": T}
     return out
+
+
+def prepare_sample(tmp: str, smoke: bool) -> str:
+    """Pretokenized shards (GPT-2 tokenizer, document boundaries kept) of the bundled sample."""
+    from nsa_jax.data.prepare import main as prepare_main
+    ov = ["data.source=text", "data.path=nsa_jax/assets/data/fineweb_edu_sample.jsonl",
+          f"data.out_dir={tmp}/tok", "data.tokenizer=gpt2"]
+    prepare_main(["--config", str(REPO / "configs" / "nsa_125m.yaml"), *ov])
+    return f"{tmp}/tok"
 
 
 def build_point(name: str, T: int, B: int, steps: int, smoke: bool, mesh_data: int | None,
@@ -144,8 +154,9 @@ def build_point(name: str, T: int, B: int, steps: int, smoke: bool, mesh_data: i
 
 
 def run_point(name: str, T: int, B: int, steps: int, smoke: bool, mesh_data: int | None,
-              fsdp: int = 1) -> dict:
-    cfg, devices, step, state, batches = build_point(name, T, B, steps, smoke, mesh_data, fsdp)
+              fsdp: int = 1, extra=()) -> dict:
+    cfg, devices, step, state, batches = build_point(name, T, B, steps, smoke, mesh_data, fsdp,
+                                                     extra)
     t0 = time.perf_counter()
     step = step.lower(state, batches[0]).compile()
     compile_s = time.perf_counter() - t0
@@ -175,7 +186,8 @@ def run_point(name: str, T: int, B: int, steps: int, smoke: bool, mesh_data: int
             "compile_s": compile_s,
             "model_tflops_per_s": fpt * tps / 1e12, "flops_per_token": fpt,
             "losses": losses, "finite": bool(np.all(np.isfinite(losses))),
-            "nsa_impl": cfg.exec.nsa_impl, "attention": cfg.model.attention}
+            "nsa_impl": cfg.exec.nsa_impl, "attention": cfg.model.attention,
+            "source": cfg.data.source, "packing": cfg.data.packing}
 
 
 def main(argv=None) -> int:
@@ -188,6 +200,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fsdp", type=int, default=1, help="mesh.fsdp (divides the device count)")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--no-loader", action="store_true", help="skip the loader measurement")
+    ap.add_argument("--packing", nargs="+", choices=["concat", "documents"], default=None,
+                    help="bundled-sample token shards with these data.packing modes "
+                         "(default: synthetic batches)")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args(argv)
     if a.smoke:
@@ -204,29 +219,36 @@ def main(argv=None) -> int:
            "loader": None if a.no_loader else loader_throughput(REPO / "configs" / "nsa_125m.yaml",
                                                                  a.smoke),
            "points": []}
+    tmp = tempfile.TemporaryDirectory()
+    vocab = ("model.vocab_size=50304",) if a.smoke else ()   # GPT-2 ids in the smoke model
+    tok = prepare_sample(tmp.name, a.smoke) if a.packing else None
+    feeds = [()] if not a.packing else [
+        vocab + ("data.source=tokens", f"data.path={tok}", f"data.packing={m}") for m in a.packing]
     for pt in a.points:   # T:B, or T:B@N (first N devices) or T:B@N/F (and mesh.fsdp=F)
         pt, _, where = pt.partition("@")
         T, B = (int(x) for x in pt.split(":"))
         nd, _, fs = where.partition("/")
         nd, fs = (int(nd) if nd else a.mesh_data), (int(fs) if fs else a.fsdp)
-        for name in a.models:
+        for name, feed in ((n, f) for n in a.models for f in feeds):
             try:
-                r = run_point(name, T, B, a.steps, a.smoke, nd, fs)
+                r = run_point(name, T, B, a.steps, a.smoke, nd, fs, feed)
                 r["mfu"] = r["model_tflops_per_s"] / (a.peak_tflops * r["devices"])
             except Exception as e:  # noqa: BLE001 - an OOM at one point must not lose the rest
-                r = {"model": name, "seq_len": T, "batch": B, "error": str(e).splitlines()[0][:300]}
+                r = {"model": name, "seq_len": T, "batch": B, "error": str(e).splitlines()[0][:300],
+                     "packing": feed[-1].split("=")[1] if feed else None}
             res["points"].append(r)
             out.write_text(json.dumps(res, indent=1))
             print(json.dumps({k: v for k, v in r.items() if k not in ("step_ms_all", "losses")}),
                   flush=True)
-    print(f"\nwrote {out}\n{'model':<11} {'T':>6} {'B':>3} {'dev':>3} {'fsdp':>4} {'ms/step':>9} "
-          f"{'tok/s':>10} {'peakGB':>7} {'MFU':>6}")
+    tmp.cleanup()
+    print(f"\nwrote {out}\n{'model':<11} {'T':>6} {'B':>3} {'dev':>3} {'fsdp':>4} {'packing':>9} "
+          f"{'ms/step':>9} {'tok/s':>10} {'peakGB':>7} {'MFU':>6}")
     for r in res["points"]:
         if "error" in r:
             print(f"{r['model']:<11} {r['seq_len']:>6} {r['batch']:>3}  ERROR {r['error'][:60]}")
             continue
         print(f"{r['model']:<11} {r['seq_len']:>6} {r['batch']:>3} {r['devices']:>3} "
-              f"{r['mesh']['fsdp']:>4} {r['step_ms']:>9.1f} "
+              f"{r['mesh']['fsdp']:>4} {r['packing'] if a.packing else '-':>9} {r['step_ms']:>9.1f} "
               f"{r['tokens_per_s']:>10.0f} {r['compiled_peak_gb'] or 0:>7.1f} {r['mfu']:>6.1%}")
     return 0
 
