@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Kernel checks + peers on the device machine (repo root; carry .whl and .peers):
-#   bench/kernels_gpu.sh [tests] [peers] [peers-smoke]
+#   bench/kernels_gpu.sh [tests] [peers] [peers-smoke] [packed] [packed-train]
 # tests: every @gpu kernel test; peers: bench/peers.py (fla-core from .whl, XunhaoLai from
-# .peers/xunhao) at the bench and 125m shapes, T = 16k and 64k. Logs in $OUT/kernels.log.
+# .peers/xunhao) at the bench and 125m shapes, T = 16k and 64k; packed: bench/packed.py (window
+# branch, NSA, dense; packed vs unpacked at 8k and 64k); packed-train: 125M training tok/s with
+# data.packing concat vs documents. Logs in $OUT/kernels.log.
 set -u
 OUT=${OUT:-/tmp/nsa_kernels_out}
 mkdir -p "$OUT"
@@ -32,6 +34,14 @@ for stage in "$@"; do
       timeout 480 python3 bench/peers.py --shapes bench 125m --T 16384 65536 "${peer[@]}" \
         --out "$OUT/peers_h200.json" >> "$LOG" 2>&1 || rc=1
       sed -n '/^shape/,$p' "$LOG" | tail -n 40 ;;
+    packed)
+      timeout 420 python3 bench/packed.py --T 8192 65536 --reps 10 \
+        --attention window nsa dense > "$OUT/packed.jsonl" 2>> "$LOG" || rc=1
+      grep speed "$OUT/packed.jsonl" ;;
+    packed-train)
+      timeout 540 python3 bench/train_throughput.py --no-loader --packing concat documents \
+        --points 8192:4 65536:1 --out "$OUT/train_packed_h200.json" >> "$LOG" 2>&1 || rc=1
+      sed -n '/^model/,$p' "$LOG" | tail -n 10 ;;
   esac
 done
 exit $rc
