@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Kernel checks + peers on the device machine (repo root; carry .whl and .peers):
-#   bench/kernels_gpu.sh [tests] [peers] [peers-smoke] [packed] [packed-train]
+#   bench/kernels_gpu.sh [tests] [peers] [peers-smoke] [packed] [packed-train] [cmp]
 # tests: every @gpu kernel test; peers: bench/peers.py (fla-core from .whl, XunhaoLai from
 # .peers/xunhao) at the bench and 125m shapes, T = 16k and 64k; packed: bench/packed.py (window
 # branch, NSA, dense; packed vs unpacked at 8k and 64k); packed-train: 125M training tok/s with
-# data.packing concat vs documents. Logs in $OUT/kernels.log.
+# data.packing concat vs documents; cmp: bench/cmp_attn.py (compressed attention Pallas vs grouped
+# cuDNN, KernelChoices.cmp_attn). Logs in $OUT/kernels.log.
 set -u
 OUT=${OUT:-/tmp/nsa_kernels_out}
 mkdir -p "$OUT"
@@ -38,6 +39,10 @@ for stage in "$@"; do
       timeout 420 python3 bench/packed.py --T 8192 65536 --reps 10 \
         --attention window nsa dense > "$OUT/packed.jsonl" 2>> "$LOG" || rc=1
       grep speed "$OUT/packed.jsonl" ;;
+    cmp)
+      timeout 480 python3 bench/cmp_attn.py --shapes bench 125m --T 16384 65536 \
+        --out "$OUT/cmp_attn_h200.json" >> "$LOG" 2>&1 || rc=1
+      sed -n '/^shape /,$p' "$LOG" | tail -n 6 ;;
     packed-train)
       timeout 540 python3 bench/train_throughput.py --no-loader --packing concat documents \
         --points 8192:4 65536:1 --out "$OUT/train_packed_h200.json" >> "$LOG" 2>&1 || rc=1

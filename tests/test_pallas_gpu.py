@@ -232,3 +232,35 @@ def test_packed_bf16_matches_f32_reference(T):
     print("packed 125m", T, {k: f"{v:.2e}" for k, v in errs.items()})
     bad = {k: v for k, v in errs.items() if not v <= 5e-3}
     assert not bad, f"relative RMSE above 5e-3: {bad}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,T", [("125m", 2048), ("bench", 1027)])
+def test_cmp_attn_cudnn_matches_f32_reference(shape, T):
+    """KernelChoices(cmp_attn="cudnn"): compressed attention as a grouped causal cuDNN attention
+    (its backward too); bf16 output and all 8 gradients within 5e-3 (relative RMSE) of the float32
+    reference on the same selection, and cuDNN's lse (converted to base 2) equals the Pallas
+    lse where a block is visible (the selection scores depend on it)."""
+    from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped
+    from nsa_jax.pallas.common import BlockSizes
+    from nsa_jax.pallas.compressed import cmp_forward
+    Hq, G, D = SHAPES[shape]
+    args, cot = _inputs(T + 11, T, Hq, G, D, jnp.bfloat16)
+    _, lse = jax.jit(lambda q, kc, vc: cmp_attention_grouped(q, kc, vc, CFG, "cudnn"))(
+        *args[:3])
+    _, want = jax.jit(lambda q, kc: cmp_forward(q, kc, None, CFG, BlockSizes(), 1 / math.sqrt(D),
+                                                False))(args[0], args[1])
+    fin = np.isfinite(np.asarray(want))
+    assert np.array_equal(fin, np.isfinite(np.asarray(lse)))
+    lse_err = float(np.max(np.abs(np.asarray(lse)[fin] - np.asarray(want)[fin])))
+    idx = jax.jit(lambda q, kc: select_blocks_pallas(q, kc, CFG))(args[0], args[1])
+    out, grads = _pallas_fwd_bwd(args, cot, block_idx=idx,
+                                 choices=KernelChoices(cmp_attn="cudnn"))
+    ro, rgrads = _reference_by_group(args, cot, idx, G)
+    errs = {"out": _rel(out, ro)}
+    errs.update({n: _rel(a, b) for n, a, b in zip(NAMES, grads, rgrads)})
+    print("cmp_attn=cudnn", shape, T, f"lse max abs diff {lse_err:.2e}",
+          {k: f"{v:.2e}" for k, v in errs.items()})
+    assert lse_err <= 1e-3, lse_err   # same bf16 products, float32 sums: ~1e-6 expected
+    bad = {k: v for k, v in errs.items() if not v <= 5e-3}
+    assert not bad, f"relative RMSE above 5e-3: {bad}"

@@ -12,6 +12,7 @@ SEL_IMPLS = ("auto", "gather", "tiled")
 SEL_BWDS = ("inverted", "atomic")
 SCORE_DOTS = ("ieee", "tf32x3")
 F32_DOTS = ("ieee", "tf32")
+CMP_ATTNS = ("pallas", "cudnn", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,12 @@ class KernelChoices:
                         the Pallas dots and the window branch's XLA einsums) or "tf32" (tensor-
                         core tf32, ~1e-3 relative; faster). bf16 inputs use bf16 tensor cores
                         either way, and the CPU interpreter is exact either way.
+    cmp_attn:           compressed attention output and its backward: "pallas" (the NSA
+                        kernels), "cudnn" (a causal cuDNN attention over the compressed keys with
+                        the d queries of a stride in the head axis; bf16/fp16 on a GPU; the
+                        selection scores still run in Pallas) or "xla" (the same grouping in
+                        XLA, O(Tc^2) memory: the CPU twin of "cudnn"). Packed rows always take
+                        "pallas" (``nsa_jax/pallas/cmp_grouped.py``).
     """
     sel_impl: str = "auto"
     sel_tiled_max_t: int = 4096
@@ -38,6 +45,7 @@ class KernelChoices:
     cmp_bwd_split: int = 8
     score_dot: str = "ieee"
     f32_dot: str = "ieee"
+    cmp_attn: str = "pallas"
 
     def __post_init__(self):
         def fail(field, msg):
@@ -49,6 +57,8 @@ class KernelChoices:
             fail("sel_bwd", f"one of {list(SEL_BWDS)}, got {self.sel_bwd!r}")
         if self.score_dot not in SCORE_DOTS:
             fail("score_dot", f"one of {list(SCORE_DOTS)}, got {self.score_dot!r}")
+        if self.cmp_attn not in CMP_ATTNS:
+            fail("cmp_attn", f"one of {list(CMP_ATTNS)}, got {self.cmp_attn!r}")
         if self.f32_dot not in F32_DOTS:
             fail("f32_dot", f"one of {list(F32_DOTS)}, got {self.f32_dot!r}")
         if not isinstance(self.sel_tiled_max_t, int) or self.sel_tiled_max_t < 0:

@@ -31,11 +31,12 @@ from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (MIN_DOT, BlockSizes, choices_or_default, next_pow2,
                                    use_interpret)
+from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped, uses_cudnn_cmp
 from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
 from nsa_jax.pallas.selection import sel_backward, sel_forward
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
 from nsa_jax.pallas.topn import topn_pallas
-from nsa_jax.pallas.window import window_attention
+from nsa_jax.pallas.window import window_attention, xla_precision
 
 
 def _pad_dim(x, D: int):
@@ -137,6 +138,21 @@ def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg
     return _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st)
 
 
+def _grouped_cmp(q, k_cmp, v_cmp, st: _Static):
+    """Compressed attention through ``cmp_grouped`` (``KernelChoices.cmp_attn`` "cudnn" /
+    "xla"): (o float32, its vjp, base-2 lse for the selection scores)."""
+    impl = st.choices.cmp_attn
+    if impl == "cudnn" and not uses_cudnn_cmp(q, v_cmp, st.interpret):
+        raise ValueError(
+            "kernel.cmp_attn: 'cudnn' needs bf16/fp16 operands on a GPU with equal head dims "
+            f"<= 128 (multiples of 8); got {jnp.dtype(q.dtype).name}, head dims {q.shape[-1]}/"
+            f"{v_cmp.shape[-1]}, {'interpret mode' if st.interpret else 'GPU'}; use 'pallas' or "
+            "'xla'")
+    return jax.vjp(lambda a, b, c: cmp_attention_grouped(a, b, c, st.cfg, impl,
+                                                         xla_precision(st.choices)),
+                   q, k_cmp, v_cmp, has_aux=True)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(10,))
 def _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _Static):
     return _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st)[0]
@@ -151,7 +167,11 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
     br = cfg.branches
     o_cmp = o_slc = o_win = None
     res = {}
-    if "cmp" in br or ("slc" in br and st.select):
+    if "cmp" in br and seg is None and st.choices.cmp_attn != "pallas":
+        o_c, cmp_vjp, lse_c = _grouped_cmp(q, k_cmp, v_cmp, st)
+        o_cmp = o_c
+        res["cmp_grouped"] = (o_c, cmp_vjp)
+    elif "cmp" in br or ("slc" in br and st.select):
         vcp = _pad_dim(v_cmp, Dvp) if "cmp" in br else None
         o_c, lse_c = cmp_forward(qp, kcp, vcp, cfg, bs, scale, interpret, choices=st.choices,
                                  seg=seg)
@@ -190,6 +210,11 @@ def _nsa_bwd(st: _Static, resid, dout):
     dq = jnp.zeros(qp.shape, jnp.float32)
     zeros = [jnp.zeros_like(x) for x in (k_cmp, v_cmp, k_slc, v_slc, k_win, v_win)]
     dkc, dvc, dks, dvs, dkw, dvw = zeros
+    if "cmp_grouped" in res:
+        o_c, cmp_vjp = res["cmp_grouped"]
+        dgates[0] = jnp.sum(o_c * dout32, axis=-1)
+        dq_c, dkc, dvc = cmp_vjp(g[..., 0:1] * dout32)
+        dq = dq + _pad_dim(dq_c.astype(jnp.float32), Dkp)
     if "cmp" in res:
         o_c, lse_c = res["cmp"]
         dgates[0] = jnp.sum(o_c[..., :Dv] * dout32, axis=-1)

@@ -1,0 +1,120 @@
+"""Compressed attention (NSA §3.3.1, Eq. 7-8 applied) as a plain causal attention, so that a
+fused dense-attention library (cuDNN) can run its matmuls (``KernelChoices.cmp_attn``).
+
+Query t sees compressed block i iff i*d + l - 1 <= t (``semantics.cmp_visible``), i.e.
+i <= c(t) = floor((t - l + 1) / d) for t >= l - 1 and nothing before. The d consecutive queries
+t = l - 1 + c*d + r (r < d) share c, so moving r into the head axis gives a causal attention over
+the compressed sequence: query row c (heads ordered (group g, head i, r), GQA ratio h*d) sees
+keys i <= c. Rows past the last query and keys past Tc are padding (a query row c < Tc never sees
+a key >= Tc under the causal mask; padded query rows are dropped). Queries t < l - 1 get o = 0
+and lse = +inf, as in the Pallas kernels.
+
+Returns o (float32) and the base-2 log-sum-exp of the scaled logits (the selection scores,
+Eq. 9, need it; not differentiated). Two implementations:
+
+* ``"cudnn"``: cuDNN fused attention, forward and backward (``return_residual`` gives the
+  natural-log lse, converted to base 2). GPU, bf16/fp16, head dims <= 128 and multiples of 8.
+* ``"xla"``: the same grouping with explicit [Tc, Tc] logits in XLA (O(Tc^2) memory): the CPU
+  twin that the tests use to check the grouping; also a fallback where cuDNN is unavailable.
+
+Cost: the grouping copies q (and o, dq, do in the backward) through a transpose; the attention
+itself is causal over Tc keys with Hq*d query heads, the same FLOPs as the Pallas kernels.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from nsa_jax.nsa import semantics
+from nsa_jax.nsa.config import NSAConfig
+from nsa_jax.pallas.common import LOG2E, POS_INF
+
+CUDNN_ALIGN = 64  # the compressed sequence is padded to a multiple of this for cuDNN
+
+
+def _grouped_len(T: int, cfg: NSAConfig, align: int) -> int:
+    Tc = cfg.num_cmp_blocks(T)
+    return -(-Tc // align) * align
+
+
+def group_queries(q, cfg: NSAConfig, G: int, Tq: int):
+    """q [B,T,Hq,D] -> [B,Tq,Hq*d,D]: row c holds queries l-1 + c*d + r, heads (g, i, r)."""
+    B, T, Hq, D = q.shape
+    d, l = cfg.stride_d, cfg.block_l
+    x = q[:, l - 1:]
+    x = jnp.pad(x, ((0, 0), (0, Tq * d - x.shape[1]), (0, 0), (0, 0)))
+    x = x.reshape(B, Tq, d, G, Hq // G, D).transpose(0, 1, 3, 4, 2, 5)
+    return x.reshape(B, Tq, Hq * d, D)
+
+
+def ungroup(x, T: int, cfg: NSAConfig, G: int, fill):
+    """Inverse of :func:`group_queries` for per-query values x [B,Tq,Hq*d,...] -> [B,T,Hq,...];
+    queries t < l - 1 get ``fill``."""
+    B, Tq, N = x.shape[:3]
+    d, l = cfg.stride_d, cfg.block_l
+    Hq = N // d
+    rest = x.shape[3:]
+    y = x.reshape(B, Tq, G, Hq // G, d, *rest)
+    y = jnp.moveaxis(y, 4, 2).reshape(B, Tq * d, Hq, *rest)[:, :T - (l - 1)]
+    front = jnp.full((B, l - 1, Hq, *rest), fill, x.dtype)
+    return jnp.concatenate([front, y], axis=1)
+
+
+def _pad_keys(k, Tq: int):
+    return jnp.pad(k, ((0, 0), (0, Tq - k.shape[1]), (0, 0), (0, 0)))
+
+
+def _xla_causal(qg, k, v, scale: float, precision):
+    """Causal GQA attention with its base-e lse: qg [B,Tq,N,D], k/v [B,Tq,G,D]."""
+    B, Tq, N, D = qg.shape
+    G = k.shape[2]
+    qh = qg.reshape(B, Tq, G, N // G, D).astype(jnp.float32)
+    s = jnp.einsum("bcgjd,bigd->bgjci", qh, k.astype(jnp.float32), precision=precision) * scale
+    c = jnp.arange(Tq)
+    vis = c[None, :] <= c[:, None]                                        # [c, i]
+    p = semantics.masked_softmax(s, vis)
+    o = jnp.einsum("bgjci,bigd->bcgjd", p, v.astype(jnp.float32), precision=precision)
+    lse = jax.nn.logsumexp(jnp.where(vis, jax.lax.stop_gradient(s), -jnp.inf), axis=-1)
+    return o.reshape(B, Tq, N, v.shape[-1]), lse.transpose(0, 3, 1, 2).reshape(B, Tq, N)
+
+
+def _cudnn_causal(qg, k, v, scale: float):
+    from jax._src.cudnn.fused_attention_stablehlo import MaskType
+    from jax._src.cudnn.fused_attention_stablehlo import dot_product_attention as cudnn_attn
+    k, v = k.astype(qg.dtype), v.astype(qg.dtype)
+    o, lse = cudnn_attn(qg, k, v, scale=scale, mask_type=MaskType.CAUSAL, return_residual=True)
+    # the residual is [B, N, Tq] (softmax statistics of the BTNH call), natural log
+    return o.astype(jnp.float32), jnp.swapaxes(jax.lax.stop_gradient(lse), 1, 2)
+
+
+def cmp_attention_grouped(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision=None):
+    """q [B,T,Hq,Dk], k_cmp/v_cmp [B,Tc,G,D] -> (o_cmp float32 [B,T,Hq,Dv], lse2 float32
+    [B,T,Hq]: base-2 log-sum-exp of the scaled logits, +inf where no block is visible).
+    Differentiable in q, k_cmp, v_cmp through o_cmp (lse2 is not). ``precision``: XLA matmul
+    precision of the ``"xla"`` path's float32 einsums."""
+    B, T, Hq, Dk = q.shape
+    Tc, G = k_cmp.shape[1], k_cmp.shape[2]
+    Dv = v_cmp.shape[-1]
+    if Tc == 0:
+        return (jnp.zeros((B, T, Hq, Dv), jnp.float32),
+                jnp.full((B, T, Hq), POS_INF, jnp.float32))
+    if impl not in ("cudnn", "xla"):
+        raise ValueError(f"impl must be 'cudnn' or 'xla', got {impl!r}")
+    Tq = _grouped_len(T, cfg, CUDNN_ALIGN if impl == "cudnn" else 1)
+    qg = group_queries(q, cfg, G, Tq)
+    kp, vp = _pad_keys(k_cmp, Tq), _pad_keys(v_cmp, Tq)
+    scale = 1.0 / math.sqrt(Dk)
+    if impl == "cudnn":
+        og, lse = _cudnn_causal(qg, kp, vp, scale)
+    else:
+        og, lse = _xla_causal(qg, kp, vp, scale, precision)
+    return ungroup(og, T, cfg, G, 0.0), ungroup(lse * LOG2E, T, cfg, G, POS_INF)
+
+
+def uses_cudnn_cmp(q, v_cmp, interpret: bool) -> bool:
+    """cuDNN can run the grouped compressed attention for these operands."""
+    return (not interpret) and jnp.dtype(q.dtype) in (jnp.dtype(jnp.bfloat16),
+                                                      jnp.dtype(jnp.float16)) \
+        and q.shape[-1] <= 128 and q.shape[-1] % 8 == 0 and v_cmp.shape[-1] == q.shape[-1]

@@ -1,0 +1,64 @@
+"""Compressed attention as a grouped causal attention (``nsa_jax.pallas.cmp_grouped``,
+``KernelChoices.cmp_attn``): the XLA twin against the reference and the Pallas lse, and the whole
+op with ``cmp_attn="xla"`` against the reference (values and all 8 gradients, float32, <= 2e-5).
+The cuDNN call itself runs only on a GPU (tests/test_pallas_gpu.py)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nsa_jax.nsa import KernelChoices, NSAConfig
+from nsa_jax.nsa import reference as ref
+from nsa_jax.pallas import BlockSizes
+from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped, group_queries, ungroup
+from nsa_jax.pallas.common import POS_INF
+from nsa_jax.pallas.compressed import cmp_forward
+from nsa_testutil import rel_err
+from test_pallas import TINY, _assert_parity, _inputs
+
+HI = jax.lax.Precision.HIGHEST
+
+
+@pytest.mark.parametrize("cfg,T", [
+    (TINY, 37),                                            # l=8, d=4, odd T
+    (NSAConfig(block_l=32, stride_d=16, sel_block=64, n_sel=4, window=32), 95),
+    (TINY, 5),                                              # T < l: no block
+])
+def test_grouped_matches_reference_and_pallas_lse(cfg, T):
+    (q, kc, vc, *_), _ = _inputs(T, 2, T, 6, 2, cfg, Dk=16, Dv=8)
+    o, lse = jax.jit(lambda *a: cmp_attention_grouped(*a, cfg, "xla", HI))(q, kc, vc)
+    if kc.shape[1] == 0:
+        assert np.all(np.asarray(o) == 0) and np.all(np.asarray(lse) == POS_INF)
+        return
+    assert rel_err(o, ref.compressed_attention(q, kc, vc, cfg)) <= 2e-5
+    _, want = cmp_forward(q, kc, None, cfg, BlockSizes(), 0.25, True)
+    lse, want = np.asarray(lse), np.asarray(want)
+    np.testing.assert_array_equal(lse == POS_INF, want == POS_INF)   # t < l - 1: no block
+    fin = want != POS_INF
+    assert fin.any()
+    np.testing.assert_allclose(lse[fin], want[fin], rtol=0, atol=2e-5)
+
+
+def test_group_and_ungroup_are_inverse_on_the_queries_that_see_a_block():
+    cfg = TINY
+    T, G, Hq = 29, 2, 6
+    q = jnp.arange(2 * T * Hq, dtype=jnp.float32).reshape(2, T, Hq, 1)
+    Tq = cfg.num_cmp_blocks(T)
+    back = ungroup(group_queries(q, cfg, G, Tq), T, cfg, G, -1.0)
+    np.testing.assert_array_equal(back[:, cfg.block_l - 1:], q[:, cfg.block_l - 1:])
+    assert np.all(np.asarray(back[:, :cfg.block_l - 1]) == -1)
+
+
+@pytest.mark.parametrize("h,G", [(1, 2), (6, 1)])
+def test_op_with_grouped_cmp_matches_reference(h, G):
+    args, cot = _inputs(11 + h, 1, 45, h * G, G, TINY)
+    _assert_parity(args, cot, TINY, choices=KernelChoices(cmp_attn="xla"))
+
+
+def test_cudnn_choice_off_gpu_is_one_clear_error():
+    from nsa_jax.nsa import nsa_attention
+    args, _ = _inputs(0, 1, 16, 2, 1, TINY)
+    with pytest.raises(ValueError, match="kernel.cmp_attn"):
+        nsa_attention(*args, TINY, impl="pallas", choices=KernelChoices(cmp_attn="cudnn"))
+    with pytest.raises(ValueError, match="kernel.cmp_attn"):
+        KernelChoices(cmp_attn="flash")
