@@ -37,8 +37,8 @@ for stage in "$@"; do
       sed -n '/^shape/,$p' "$LOG" | tail -n 40 ;;
     packed)
       timeout 420 python3 bench/packed.py --T 8192 65536 --reps 10 \
-        --attention window nsa dense > "$OUT/packed.jsonl" 2>> "$LOG" || rc=1
-      grep speed "$OUT/packed.jsonl" ;;
+        --attention window nsa dense parts > "$OUT/packed.jsonl" 2>> "$LOG" || rc=1
+      grep -E "speed|parts" "$OUT/packed.jsonl" ;;
     cmp)
       timeout 480 python3 bench/cmp_attn.py --shapes bench 125m --T 16384 65536 \
         --out "$OUT/cmp_attn_h200.json" >> "$LOG" 2>&1 || rc=1

@@ -5,10 +5,11 @@ Dense: the model's packed path (the document-local Pallas kernel, ``dense_packed
 ``segment_ids`` against the same call without (bf16, the 125M shape by default: 12 heads,
 2 KV groups, D=64, paper NSA config). Window: the NSA window branch alone
 (``pallas.window.window_attention``: cuDNN's local window unpacked, the document-local kernel
-packed). Prints one JSON line per (attention, T, mode) and the packed/unpacked speed ratio
-(target >= 0.9).
+packed). Parts: each NSA part alone (selection, compressed, selected, window), packed vs unpacked,
+to find where packing costs. Prints one JSON line per (attention, T, mode) and the
+packed/unpacked speed ratio (target >= 0.9).
 
-    python bench/packed.py --T 8192 65536 [--attention dense nsa window]
+    python bench/packed.py --T 8192 65536 [--attention dense nsa window parts]
 """
 from __future__ import annotations
 
@@ -69,6 +70,39 @@ def nsa_bench(a, T, seg, docs):
           flush=True)
 
 
+def branches_bench(a, T, seg, docs):
+    """Where packing costs: each part of the NSA op alone, packed vs unpacked, fwd+bwd through
+    the Pallas kernels: ``select`` (compressed lse + scores + top-n, forward only), ``cmp``,
+    ``slc`` (with that mode's own selection given) and ``win`` (``NSAConfig.branches``)."""
+    import dataclasses
+
+    from nsa_jax.nsa import select_blocks
+    base = NSAConfig()
+    rng = np.random.default_rng(2)
+    Tc = base.num_cmp_blocks(T)
+    n = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
+    H, G, D = a.heads, a.groups, a.head_dim
+    args = (n(1, T, H, D), n(1, Tc, G, D), n(1, Tc, G, D), n(1, T, G, D), n(1, T, G, D),
+            n(1, T, G, D), n(1, T, G, D),
+            jax.nn.sigmoid(n(1, T, H, 3).astype(jnp.float32)).astype(jnp.bfloat16))
+    ct = n(1, T, H, D)
+    for mode, s in (("unpacked", None), ("packed", seg)):
+        sel = jax.jit(lambda q, kc, s=s: select_blocks(q, kc, base, impl="pallas",
+                                                       segment_ids=s))
+        row = {"attention": "nsa-parts", "T": T, "mode": mode, "docs": docs,
+               "select_fwd_ms": round(timed(sel, [(args[0], args[1])], a.reps), 3)}
+        idx = sel(args[0], args[1])
+        for br in ("cmp", "slc", "win"):
+            cfg = dataclasses.replace(base, branches=(br,))
+
+            def f(args, ct, cfg=cfg, s=s):
+                o, vjp = jax.vjp(lambda *x: nsa_attention(*x, cfg, impl="pallas", segment_ids=s,
+                                                          block_idx=idx), *args)
+                return o, vjp(ct)
+            row[f"{br}_fwd_bwd_ms"] = round(timed(jax.jit(f), [(args, ct)], a.reps), 3)
+        print(json.dumps(row), flush=True)
+
+
 def window_bench(a, T, seg, docs):
     """The NSA window branch alone, fwd+bwd: unpacked (cuDNN) and packed (document-local)."""
     from nsa_jax.nsa import semantics
@@ -105,7 +139,7 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--attention", nargs="+", default=["dense", "nsa", "window"],
-                   choices=["dense", "nsa", "window"])
+                   choices=["dense", "nsa", "window", "parts"])
     a = p.parse_args(argv)
     for T in a.T:
         lengths = doc_lengths(T, a.mean_doc)
@@ -114,6 +148,8 @@ def main(argv=None):
             nsa_bench(a, T, seg, len(lengths))
         if "window" in a.attention:
             window_bench(a, T, seg, len(lengths))
+        if "parts" in a.attention:
+            branches_bench(a, T, seg, len(lengths))
         if "dense" not in a.attention:
             continue
         rng = np.random.default_rng(1)
