@@ -119,8 +119,9 @@ def test_bad_segment_ids_name_the_argument(bad, msg):
     assert msg in str(e.value)
 
 
-def _pallas_vs_reference(args, seg, cfg, ct, **kw):
-    """Output and the 8 input gradients through impl="pallas" and the reference, packed."""
+def _pallas_vs_reference(args, seg, cfg, ct, kernel=None, **kw):
+    """Output and the 8 input gradients through impl="pallas" and the reference, packed
+    (``kernel``: name of a Pallas kernel the pallas forward + backward must run)."""
     def fb(impl, **kw):
         @jax.jit
         def run(args, seg, ct):
@@ -129,6 +130,8 @@ def _pallas_vs_reference(args, seg, cfg, ct, **kw):
             return o, vjp(ct)
         return run
     pal = fb("pallas", **kw)
+    if kernel is not None:
+        assert kernel in str(jax.make_jaxpr(pal)(args, seg, ct)), f"{kernel} not called"
     got, want = pal(args, seg, ct), fb("reference")(args, seg, ct)
     for name, g, w in zip(("out",) + NAMES, (got[0],) + got[1], (want[0],) + want[1]):
         assert np.abs(np.asarray(w)).max() > 0, name  # every input gets a gradient
@@ -136,13 +139,18 @@ def _pallas_vs_reference(args, seg, cfg, ct, **kw):
     return pal
 
 
-def test_pallas_packed_matches_reference_and_no_gradient_crosses():
-    """h=2, default kernels (selection "auto" -> gather for packed rows) on the rows above
-    (documents of length 1, < l, = l', not a multiple of l', a row ending mid-document; tiles
-    spanning several documents); the reference is tied to each document alone by the tests
-    above. Then a cotangent on one document: every other document's inputs get exactly 0."""
+@pytest.mark.parametrize("sel_impl, kernel", [("auto", "nsa_sel_tiled_fwd"),
+                                              ("gather", "nsa_sel_fwd")])
+def test_pallas_packed_matches_reference_and_no_gradient_crosses(sel_impl, kernel):
+    """h=2, default kernels (selection "auto" -> the tiled kernels at this T, packed rows
+    too) and the gather selection kernels (inverted dK/dV) on the rows above (documents of
+    length 1, < l, = l', not a multiple of l', a row ending mid-document; tiles spanning several
+    documents); the reference is tied to each document alone by the tests above. Then a
+    cotangent on one document: every other document's inputs get exactly 0."""
+    from nsa_jax.nsa import KernelChoices
     args, seg = packed_inputs(4, LENGTHS, 4, 2, 8, 8, CFG)
-    pal = _pallas_vs_reference(args, seg, CFG, cotangent(5, args[0].shape))
+    pal = _pallas_vs_reference(args, seg, CFG, cotangent(5, args[0].shape), kernel=kernel,
+                               choices=KernelChoices(sel_impl=sel_impl))
     start, L, off, doc = alone(args, seg, CFG, 0)[3]
     Tc = doc[1].shape[1]
     _, grads = pal(args, seg, jnp.zeros(args[0].shape).at[0, start:start + L].set(1.0))
@@ -158,15 +166,20 @@ def test_pallas_packed_matches_reference_and_no_gradient_crosses():
         assert np.all(outside == 0.0), name
 
 
-def test_pallas_packed_small_tiles_general_scoring():
+@pytest.mark.parametrize("sel_impl, kernel", [("gather", "nsa_sel_bwd_atomic"),
+                                              ("tiled", "nsa_sel_tiled_bwd_dkv")])
+def test_pallas_packed_small_tiles_general_scoring(sel_impl, kernel):
     """h=1, l'/d = 3 (general scoring path), several compressed-key tiles (a document whose
-    slots start past the first tile), 16-row tiles, atomic selection dK/dV, split compressed
-    dK/dV; sel_impl="tiled" is routed to the gather kernels for packed rows."""
+    slots start past the first tile), 16-row tiles, split compressed dK/dV; the selection by
+    the gather kernels with atomic dK/dV, or by the tiled kernels with 16-query tiles that span
+    documents (starts 70, 73, 103: not multiples of l' = 12, itself not a multiple of the
+    16-key sub-tile)."""
     from nsa_jax.nsa import KernelChoices
     from nsa_jax.pallas import BlockSizes
     cfg = NSAConfig(block_l=8, stride_d=4, sel_block=12, n_sel=3, window=8)
     args, seg = packed_inputs(6, [[70, 3, 30, 17]], 2, 2, 8, 8, cfg)
-    bs = BlockSizes(cmp_bwd_keys=16, cmp_keys=16, cmp_rows=16, score_sel=16, sel_keys=16)
-    ch = KernelChoices(sel_impl="tiled", sel_bwd="atomic", cmp_bwd_split=2)
-    _pallas_vs_reference(args, seg, cfg, cotangent(7, args[0].shape), block_sizes=bs,
-                         choices=ch)
+    bs = BlockSizes(cmp_bwd_keys=16, cmp_keys=16, cmp_rows=16, score_sel=16, sel_keys=16,
+                    sel_tile_q=16)
+    ch = KernelChoices(sel_impl=sel_impl, sel_bwd="atomic", cmp_bwd_split=2)
+    _pallas_vs_reference(args, seg, cfg, cotangent(7, args[0].shape), kernel=kernel,
+                         block_sizes=bs, choices=ch)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nsa_jax.nsa import KernelChoices, NSAConfig, nsa_attention
+from nsa_jax.nsa import KernelChoices, NSAConfig, nsa_attention, semantics
 from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import BlockSizes, selection_kernels
 from nsa_jax.pallas.common import LN2, use_interpret
@@ -64,13 +64,14 @@ def _selection(rng, B, T, G, cfg, future=0.1):
 
 
 @functools.partial(jax.jit, static_argnums=6)
-def _reference(q, k, v, idx, do, gs, cfg):
+def _reference(q, k, v, idx, do, gs, cfg, seg=None):
     """Reference o, (dq, dk, dv) for the cotangent gs * do, and the base-2 log-sum-exp of the
-    scaled logits over the selected visible keys (+inf where there is none)."""
-    o, vjp = jax.vjp(lambda q, k, v: ref.selection_attention(q, k, v, idx, cfg), q, k, v)
+    scaled logits over the selected visible keys (+inf where there is none); ``seg``: packed
+    rows' segment ids (idx document-relative)."""
+    o, vjp = jax.vjp(lambda q, k, v: ref.selection_attention(q, k, v, idx, cfg, seg), q, k, v)
     B, T, Hq, D = q.shape
     G = k.shape[2]
-    mask = ref.selected_token_mask(idx, T, cfg)[:, :, :, None, :]  # [B,T,G,1,S]
+    mask = ref.selected_token_mask(idx, T, cfg, seg)[:, :, :, None, :]  # [B,T,G,1,S]
     s = jnp.einsum("btghd,bsgd->btghs", q.reshape(B, T, G, Hq // G, D), k) / math.sqrt(D)
     lse = jax.nn.logsumexp(jnp.where(mask, s, -jnp.inf), axis=-1) / LN2
     lse = jnp.where(jnp.any(mask, axis=-1), lse, jnp.inf).reshape(B, T, Hq)
@@ -147,6 +148,121 @@ def test_tile_index_lists_each_tile_union_and_its_inverse():
                 assert list(tiles[b, g, j, :tcount[b, g, j]]) == want
     # the hand-made tile 1 of (0, 0): even rows block 0, odd rows block 1
     assert list(blocks[0, 0, 1, :bcount[0, 0, 1]]) == [0, 1]
+
+
+# ---- packed documents (document-relative ids; issue #16) -----------------------------------------
+def _packed_selection(rng, start, G, cfg, future=0.1):
+    """Document-relative selections shaped like top-n's for packed rows (``start`` [B,T] numpy
+    document starts): the document's forced initial/local blocks, random other blocks of the
+    document at or before the query, now and then a later block of the document or an id past
+    Ts (both ignored), -1 in unused slots, random slot order. Row 3 of (b=B-1, g=G-1) selects
+    only a later block (sees no key)."""
+    B, T = start.shape
+    Ts, n, l = cfg.num_sel_blocks(T), cfg.n_sel, cfg.sel_block
+    idx = np.full((B, T, G, n), -1, np.int32)
+    for b in range(B):
+        for t in range(T):
+            cur = (t - start[b, t]) // l
+            for g in range(G):
+                forced = sorted({j for j in range(cfg.n_init)} | {cur - i for i in
+                                                                  range(cfg.n_local)})
+                forced = [j for j in forced if 0 <= j <= cur]
+                cand = [j for j in range(cur + 1) if j not in forced]
+                k = int(rng.integers(0, n - len(forced) + 1))
+                ids = forced + list(rng.choice(cand, size=min(k, len(cand)), replace=False))
+                if len(ids) < n and rng.random() < future:
+                    ids.append(int(rng.integers(cur + 1, Ts + 2)))
+                rng.shuffle(ids)
+                idx[b, t, g, :len(ids)] = ids
+    idx[B - 1, 3, G - 1, :] = -1
+    idx[B - 1, 3, G - 1, 1] = (3 - start[B - 1, 3]) // l + 1
+    return jnp.asarray(idx)
+
+
+def _starts(lengths_per_row):
+    return np.stack([np.repeat(np.cumsum([0] + ls[:-1]), ls) for ls in lengths_per_row])
+
+
+def test_tile_index_packed_lists_the_aligned_blocks_of_each_row():
+    """Packed rows: each selected document block j of row t puts the aligned block(s) holding
+    its keys [S + j*l', S + (j+1)*l') ∩ [S, t] (S = start(t)) in t's tile list."""
+    cfg = dataclasses.replace(TINY, sel_block=12, n_sel=3)
+    lengths = [[1, 5, 12, 29, 20, 8], [40, 7, 28]]
+    start = _starts(lengths)
+    B, T, G, bq, l = 2, 75, 2, 16, cfg.sel_block
+    Ts, nqt = cfg.num_sel_blocks(T), -(-T // bq)
+    idx = np.array(_packed_selection(np.random.default_rng(4), start, G, cfg))
+    blocks, bcount, tiles, tcount = [np.asarray(x) for x in jax.jit(
+        lambda i, s: tile_index(i, T, cfg, bq, s))(jnp.asarray(idx), jnp.asarray(start))]
+    assert blocks.shape == (B, G, nqt, Ts) and tiles.shape == (B, G, Ts, nqt)
+    for b in range(B):
+        for g in range(G):
+            for i in range(nqt):
+                want = set()
+                for t in range(i * bq, min((i + 1) * bq, T)):
+                    S = start[b, t]
+                    for j in idx[b, t, g]:
+                        if 0 <= j < Ts:
+                            want |= {s // l for s in range(S + j * l, min(S + (j + 1) * l,
+                                                                          t + 1))}
+                assert list(blocks[b, g, i, :bcount[b, g, i]]) == sorted(want), (b, g, i)
+            for u in range(Ts):
+                want = [i for i in range(nqt) if u in blocks[b, g, i, :bcount[b, g, i]]]
+                assert list(tiles[b, g, u, :tcount[b, g, u]]) == want
+
+
+@pytest.mark.parametrize("h,G,cfg,D,bs,lengths", [
+    # h=1; l'=12 (not a multiple of the 16-key sub-tile), 16-row tiles spanning documents of
+    # length 1, < l, = l', not a multiple of l'; each row's last document cut by the row end
+    (1, 2, dataclasses.replace(TINY, sel_block=12, n_sel=3), 16,
+     BlockSizes(sel_tile_q=16, sel_keys=16), [[1, 5, 12, 29, 20, 8], [40, 7, 28]]),
+    # h=2; blocks of 32 keys walked in 2 sub-tiles of 16; n=5 slots (padded to 8)
+    (2, 1, dataclasses.replace(TINY, sel_block=32, n_sel=5, n_local=2), 32,
+     BlockSizes(sel_tile_q=32, sel_keys=16), [[1, 20, 32, 70, 27], [100, 3, 47]]),
+])
+def test_tiled_selection_packed_matches_reference_and_gather(h, G, cfg, D, bs, lengths):
+    """Packed rows (document-relative ids): the tiled kernels against the float32 reference
+    (o, lse, dq, dk, dv <= 2e-5) and the gather kernels on the same ids; then a cotangent on
+    one document: no gradient reaches another document's queries or keys."""
+    B, T = len(lengths), sum(lengths[0])
+    start = _starts(lengths)
+    seg_ids = jnp.asarray(np.stack([np.repeat(np.arange(len(ls)), ls) for ls in lengths]))
+    seg = semantics.segment_layout(seg_ids, cfg)
+    q, k, v, do, gs = _sel_inputs(B, T, h * G, G, D, jax.random.PRNGKey(h + G + 7))
+    idx = _packed_selection(np.random.default_rng(h * 10 + G + 1), start, G, cfg)
+    scale = 1.0 / math.sqrt(D)
+
+    def run(fwd, bwd):
+        @jax.jit
+        def f(q, k, v, idx, do, gs, seg):
+            o, lse = fwd(q, k, v, idx, cfg, bs, scale, True, seg=seg)
+            return (o, lse), bwd(q, k, v, idx, o, lse, do, gs, cfg, bs, scale, True, seg=seg)
+        return f
+    tiled = run(sel_tiled_forward, sel_tiled_backward)
+    (o, lse), grads = tiled(q, k, v, idx, do, gs, seg)
+    (o_g, lse_g), grads_g = run(sel_forward, sel_backward)(q, k, v, idx, do, gs, seg)
+    o_r, g_r, lse_r = _reference(q, k, v, idx, do, gs, cfg, seg_ids)
+    fin = np.isfinite(np.asarray(lse_r))
+    np.testing.assert_array_equal(np.isfinite(np.asarray(lse)), fin)
+    errs = {}
+    for tag, (o_, lse_, g_) in {"": (o_r, lse_r, g_r), "gather ": (o_g, lse_g, grads_g)}.items():
+        errs[tag + "o"] = _rel(o, o_)
+        errs[tag + "lse"] = _rel(np.asarray(lse)[fin], np.asarray(lse_)[fin])
+        errs.update({tag + n: _rel(a, b) for n, a, b in zip(("dq", "dk", "dv"), grads, g_)})
+    bad = {k_: f"{e:.2e}" for k_, e in errs.items() if not e <= TOL}
+    assert not bad, f"relative error above {TOL}: {bad}"
+    heads = slice((G - 1) * h, G * h)  # row 3 of (B-1, G-1) sees no key
+    assert not np.isfinite(np.asarray(lse)[B - 1, 3, heads]).any()
+    assert np.abs(np.asarray(o)[B - 1, 3, heads]).max() == 0.0
+    # cotangent on the fourth document of row 0 only
+    s0, L = int(np.cumsum([0] + lengths[0])[3]), lengths[0][3]
+    do1 = jnp.zeros_like(do).at[0, s0:s0 + L].set(do[0, s0:s0 + L])
+    _, grads1 = tiled(q, k, v, idx, do1, gs, seg)
+    for name, g_ in zip(("dq", "dk", "dv"), grads1):
+        g_ = np.asarray(g_)
+        assert np.abs(g_[0, s0:s0 + L]).sum() > 0, name
+        outside = np.concatenate([g_[0, :s0], g_[0, s0 + L:], g_[1]])
+        assert np.all(outside == 0.0), name
 
 
 def _nsa_fwd_bwd(impl, args, cot, cfg, **kw):

@@ -10,12 +10,14 @@ Packed documents (``segment_ids``, issue #16): the :class:`semantics.SegmentLayo
 (``start``, ``rel``, ``cmp_lo`` [B,T] and per-slot ``cmp_src``/``cmp_ok``; O(T), no [T, T]
 mask) goes to every kernel, which then applies each rule in document-relative coordinates:
 compressed fwd/bwd and scoring see slot i iff 0 <= i - lo and (i - lo)*d + l - 1 <= r (Eq. 8),
-top-n takes r as the position (Eq. 11, document-relative ids), the selection kernels load block
-j at start + j*l' and keep start <= s <= t, the window (the document-local kernel,
-``local.py``) keeps s >= start. Packed rows always take
-the gather selection kernels (``selection``): the tiled ones are not packed-aware, so
-``KernelChoices.sel_impl`` "tiled"/"auto" routes packed rows to gather. ``segment_ids=None``
-passes no layout and compiles exactly the unpacked kernels (packing is a static switch).
+top-n takes r as the position (Eq. 11, document-relative ids), the selection kernels keep key s
+of block j where start + j*l' <= s < start + (j+1)*l' and start <= s <= t (Eq. 12 per
+document; the gather kernels load the block at start + j*l', the tiled ones walk the one or two
+aligned blocks it overlaps: ``selection_tiled``), the window (the document-local kernel,
+``local.py``) keeps s >= start. Both selection
+implementations take packed rows, picked by ``KernelChoices.sel_impl`` as for unpacked ones.
+``segment_ids=None`` passes no layout and compiles exactly the unpacked kernels (packing is a
+static switch).
 """
 from __future__ import annotations
 
@@ -91,15 +93,15 @@ def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | Non
     return topn_pallas(scores, cfg, use_interpret(), None if seg is None else seg.rel)
 
 
-def selection_kernels(choices: KernelChoices | None, T: int, packed: bool = False):
+def selection_kernels(choices: KernelChoices | None, T: int):
     """(forward, backward) of the selection branch by ``choices.sel_impl``: "auto" takes the
     tiled (block-sparse flash) kernels up to ``choices.sel_tiled_max_t`` tokens, the gather ones
-    above. Both share one contract: ``fwd(q, k, v, idx, cfg, bs, scale, interpret) -> (o, lse)``
-    and ``bwd(q, k, v, idx, o, lse, do, gs, cfg, bs, scale, interpret, choices=) -> (dq, dk,
-    dv)``. Packed rows always get the gather kernels (they take ``seg=``; module docstring)."""
+    above, for unpacked and packed rows alike. Both share one contract: ``fwd(q, k, v, idx, cfg,
+    bs, scale, interpret, choices=, seg=) -> (o, lse)`` and ``bwd(q, k, v, idx, o, lse, do, gs,
+    cfg, bs, scale, interpret, choices=, seg=) -> (dq, dk, dv)`` (``seg``: packed rows' layout,
+    None = unpacked; module docstring)."""
     ch = choices_or_default(choices)
     tiled = ch.sel_impl == "tiled" or (ch.sel_impl == "auto" and T <= ch.sel_tiled_max_t)
-    tiled = tiled and not packed
     return (sel_tiled_forward, sel_tiled_backward) if tiled else (sel_forward, sel_backward)
 
 
@@ -183,10 +185,9 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
             idx = topn_pallas(cmp_block_scores(qp, kcp, lse_c, cfg, bs, scale, interpret,
                                                choices=st.choices, seg=seg), cfg, interpret,
                               None if seg is None else seg.rel)
-        sel_fwd = selection_kernels(st.choices, q.shape[1], seg is not None)[0]
+        sel_fwd = selection_kernels(st.choices, q.shape[1])[0]
         o_s, lse_s = sel_fwd(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, cfg, bs, scale,
-                             interpret, choices=st.choices,
-                             **({} if seg is None else {"seg": seg}))
+                             interpret, choices=st.choices, seg=seg)
         o_slc = o_s[..., :Dv]
         res["slc"] = (idx, o_s, lse_s)
     if "win" in br:
@@ -225,10 +226,10 @@ def _nsa_bwd(st: _Static, resid, dout):
     if "slc" in res:
         idx, o_s, lse_s = res["slc"]
         dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
-        sel_bwd = selection_kernels(st.choices, q.shape[1], seg is not None)[1]
+        sel_bwd = selection_kernels(st.choices, q.shape[1])[1]
         dq_s, dks, dvs = sel_bwd(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, o_s, lse_s,
                                  dop, g[..., 1], cfg, bs, scale, interpret, choices=st.choices,
-                                 **({} if seg is None else {"seg": seg}))
+                                 seg=seg)
         dq = dq + dq_s
     dq = dq[..., :Dk]
     if "win" in res:

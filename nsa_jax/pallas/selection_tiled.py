@@ -31,6 +31,21 @@ t < 1024 selects all of its blocks) and the tiled kernels do near-dense causal w
 tensor-core tile height with each K/V tile read once per (tile, head) instead of once per query;
 at long T the union approaches all visible blocks (random-like selections) and the work grows
 ~T^2 while the gather kernels grow ~T. ``nsa.py`` picks between them (``KernelChoices.sel_impl``).
+
+Packed documents (``seg``, a ``semantics.SegmentLayout``; None compiles exactly the unpacked
+kernels): ids are document-relative, so block j of the query at t covers keys [S + j*l',
+S + (j+1)*l'), S = start(t), visible where S <= s <= t. Documents need not start at multiples
+of l', so the kernels keep walking *aligned* blocks u (keys [u*l', (u+1)*l'), one K/V tile per
+(tile, block) as above) and ``tile_index`` lists, for each selected (t, j), the aligned block
+floor((S + j*l')/l') and, when S is unaligned, the next one (only blocks with a key <= t).
+Inside aligned block u, row t's document-relative block of key s is floor((s - S)/l'): at most
+two values, j0 = floor((u*l' - S)/l') and j0 + 1, split at S + (j0 + 1)*l'. The kernels test
+both for membership in the row's selection (O(bq * n) per block, as the unpacked test of u) and
+keep s where its half's block is selected, s >= S and s <= t (``_block_rule``, ``_visible``).
+No [T, T] mask and no per-query gather; the cost is in the union: a selected block of an
+unaligned document overlaps two aligned blocks, so a tile's union (and the K/V it reads) can
+grow to up to 2x the blocks of the same selection in an aligned document, and a tile that spans
+documents takes the union of their selections (as rows with different selections do).
 """
 from __future__ import annotations
 
@@ -52,7 +67,20 @@ def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
     return sel_sub_tiles(cfg.sel_block, bs.sel_keys)
 
 
-def tile_index(idx, T: int, cfg: NSAConfig, bq: int):
+def _aligned_blocks(jj, start, T: int, l_sel: int, Ts: int):
+    """Packed rows: document-relative ids ``jj`` [B,T,G,n] (Ts = unused) -> the aligned blocks
+    [B,T,G,2n] (Ts = none) that hold their visible keys. Block j of the query at t covers
+    [p, p + l'), p = start(t) + j*l'; it has a key s <= t iff p <= t, in aligned block
+    u = floor(p / l'), and its rest lies in u + 1 when p is unaligned and (u + 1)*l' <= t."""
+    t = jnp.arange(T, dtype=jnp.int32)[None, :, None, None]
+    p = start.astype(jnp.int32)[:, :, None, None] + jj * l_sel  # >= T > t for unused ids
+    u = p // l_sel
+    return jnp.concatenate([jnp.where(p <= t, u, Ts),
+                            jnp.where((u * l_sel != p) & ((u + 1) * l_sel <= t), u + 1, Ts)],
+                           axis=-1)
+
+
+def tile_index(idx, T: int, cfg: NSAConfig, bq: int, start=None):
     """Block-sparse layout of a selection for query tiles of ``bq`` rows.
 
     idx int32 [B,T,G,n] -> (blocks [B,G,nqt,Ts], bcount [B,G,nqt], tiles [B,G,Ts,nqt],
@@ -61,12 +89,18 @@ def tile_index(idx, T: int, cfg: NSAConfig, bq: int):
     (ids outside [0, Ts) ignored, and only blocks j with j*l' <= the tile's last query, since no
     row sees a later block); ``tiles[b, g, j, :tcount[b, g, j]]`` are the ascending tiles whose
     list holds block j. Entries past a count are padding (never read by the kernels).
+
+    Packed rows (``start`` [B,T], the document starts; idx document-relative): the lists hold
+    *aligned* blocks [u*l', (u+1)*l'), each row contributing the one or two aligned blocks each
+    of its selected blocks overlaps at or before the row (``_aligned_blocks``).
     """
     B, _, G, n = idx.shape
     Ts = cfg.num_sel_blocks(T)
     nqt = cdiv(T, bq)
     idx = idx.astype(jnp.int32)
     jj = jnp.where((idx >= 0) & (idx < Ts), idx, Ts)
+    if start is not None:
+        jj = _aligned_blocks(jj, start, T, cfg.sel_block, Ts)
     bi = jnp.arange(B, dtype=jnp.int32)[:, None, None, None]
     ti = idiv(jnp.arange(T, dtype=jnp.int32), bq)[None, :, None, None]
     gi = jnp.arange(G, dtype=jnp.int32)[None, None, :, None]
@@ -93,8 +127,41 @@ def _padded_idx(idx):
 
 
 def _members(sel, j):
-    """[bq] bool: row r selected block j (``sel`` [bq, n_p] block ids, -1 unused)."""
+    """[bq] bool: row r selected block j (``sel`` [bq, n_p] block ids, -1 unused; j a scalar or
+    one id per row, [bq, 1])."""
     return jnp.max(jnp.where(sel == j, 1, 0), axis=1) > 0
+
+
+def _block_rule(sel, j, l_sel: int, st):
+    """Per-row facts that decide which keys of aligned block j (keys [j*l', (j+1)*l')) a tile's
+    rows see (``_visible``). Unpacked (``st`` None): block j is in row r's selection or not.
+    Packed (``st`` [bq] document starts): row r's document-relative block of key s is
+    floor((s - st_r) / l'), which over block j takes at most two values, j0 = floor((j*l' -
+    st_r) / l') below the split st_r + (j0 + 1)*l' and j0 + 1 from there; -> (j0 selected,
+    j0 + 1 selected, split, st). j*l' - st_r is clamped to >= -l' (an earlier block lies wholly
+    before the document, masked by s >= st_r) so the division is of non-negative values; a
+    clamped j0 = -1 may match an unused -1 slot, but only for keys s < split = st_r."""
+    if st is None:
+        return _members(sel, j)
+    j0 = idiv(jnp.maximum(j * l_sel - st, -l_sel) + l_sel, l_sel) - 1
+    return (_members(sel, j0[:, None]), _members(sel, j0[:, None] + 1),
+            st + (j0 + 1) * l_sel, st)
+
+
+def _visible(rule, t, kpos, kvalid):
+    """[bq, bk] bool: row t sees key kpos (``rule`` from ``_block_rule``): s in one of its
+    selected blocks, s <= t, s < T (and s >= its document's start, packed)."""
+    if not isinstance(rule, tuple):
+        return rule[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
+    m0, m1, split, st = rule
+    s = kpos[None, :]
+    member = ((s < split[:, None]) & m0[:, None]) | ((s >= split[:, None]) & m1[:, None])
+    return member & (s >= st[:, None]) & kvalid[None, :] & (s <= t[:, None])
+
+
+def _starts(st_ref, b, qt, bq: int, ok):
+    """[bq] document starts of a tile's rows (packed kernels; 0 for rows past T)."""
+    return load(st_ref.at[b, pl.ds(qt * bq, bq)], ok)
 
 
 def _tile_program(T: int, bq: int):
@@ -110,20 +177,25 @@ def _tile_rows(qt, bq: int, T: int):
 
 
 # ---- forward ---------------------------------------------------------------------------------
-def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, o_ref, lse_ref, *, h, bq,
-                l_sel, bk, n_sub, scale, prec):
+def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, *refs, h, bq, l_sel, bk,
+                n_sub, scale, prec, packed=False):
+    if packed:
+        st_ref, o_ref, lse_ref = refs
+    else:
+        o_ref, lse_ref = refs
     T, Dv = q_ref.shape[1], v_ref.shape[-1]
     hd, b, qt = _tile_program(T, bq)
     g = idiv(hd, h)
     t, ok = _tile_rows(qt, bq, T)
     q = load(q_ref.at[b, pl.ds(qt * bq, bq), hd, :], ok[:, None])
     sel = load(idx_ref.at[b, pl.ds(qt * bq, bq), g, :], ok[:, None], other=-1)
+    st = _starts(st_ref, b, qt, bq, ok) if packed else None
     c = scale * LOG2E
 
     def block(u, carry):
         m, lsum, acc = carry
         j = blocks_ref[b, g, qt, u]
-        member = _members(sel, j)
+        rule = _block_rule(sel, j, l_sel, st)
         base = j * l_sel
         for sub in range(n_sub):
             off = sub * bk + jnp.arange(bk)
@@ -132,7 +204,7 @@ def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, o_ref, lse
             k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
             v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
             s = dot(q, k, trans_b=True, precision=prec) * c
-            vis = member[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
+            vis = _visible(rule, t, kpos, kvalid)
             s = jnp.where(vis, s, NEG_INF)
             m, alpha, p, lsum = softmax_step(m, lsum, s)
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
@@ -146,31 +218,42 @@ def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, o_ref, lse
     store(lse_ref.at[b, t_st, hd], lse, ok)
 
 
+def _seg_args(seg):
+    """Extra kernel operands of packed rows (the document starts); none unpacked."""
+    return () if seg is None else (seg.start,)
+
+
 def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float,
-                      interpret: bool, *, choices=None):
+                      interpret: bool, *, choices=None, seg=None):
     """-> o float32 [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of scaled logits,
     +inf for a row with no visible key); same as ``selection.sel_forward`` (``choices``:
-    ``KernelChoices``, None = defaults)."""
+    ``KernelChoices``, None = defaults; ``seg``: packed rows' ``semantics.SegmentLayout``, idx
+    document-relative, None = unpacked)."""
     B, T, Hq, _ = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     bq = bs.sel_tile_q
     bk, n_sub = _sub_tiles(cfg, bs)
-    blocks, bcount, _, _ = tile_index(idx, T, cfg, bq)
+    segs = _seg_args(seg)
+    blocks, bcount, _, _ = tile_index(idx, T, cfg, bq, *segs)
     kern = functools.partial(_fwd_kernel, h=Hq // G, bq=bq, l_sel=cfg.sel_block, bk=bk,
                              n_sub=n_sub, scale=scale,
-                             prec=dot_precision(q.dtype, interpret, choices))
+                             prec=dot_precision(q.dtype, interpret, choices), packed=bool(segs))
     return pl.pallas_call(
         kern, grid=(Hq, B, cdiv(T, bq)),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_fwd",
-    )(blocks, bcount, q, k, v, _padded_idx(idx))
+    )(blocks, bcount, q, k, v, _padded_idx(idx), *segs)
 
 
 # ---- backward: dQ ------------------------------------------------------------------------------
 def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref,
-                   delta_ref, dq_ref, *, h, bq, l_sel, bk, n_sub, scale, prec):
+                   delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec, packed=False):
+    if packed:
+        st_ref, dq_ref = refs
+    else:
+        (dq_ref,) = refs
     T, Dk = q_ref.shape[1], q_ref.shape[-1]
     hd, b, qt = _tile_program(T, bq)
     g = idiv(hd, h)
@@ -183,11 +266,12 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
     lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
     delta = load(delta_ref.at[b, rows, hd], ok)
     sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
+    st = _starts(st_ref, b, qt, bq, ok) if packed else None
     c = scale * LOG2E
 
     def block(u, dq):
         j = blocks_ref[b, g, qt, u]
-        member = _members(sel, j)
+        rule = _block_rule(sel, j, l_sel, st)
         base = j * l_sel
         for sub in range(n_sub):
             off = sub * bk + jnp.arange(bk)
@@ -196,7 +280,7 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
             k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
             v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
             s = dot(q, k, trans_b=True, precision=prec) * c
-            vis = member[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
+            vis = _visible(rule, t, kpos, kvalid)
             p = probs(s, vis, lse)
             ds = dscores(p, do, v, gs, delta, prec)
             dq = dq + dot(ds.astype(cdt), k, precision=prec)
@@ -210,7 +294,11 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
 
 # ---- backward: dK/dV ---------------------------------------------------------------------------
 def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref,
-                    delta_ref, dk_ref, dv_ref, *, h, bq, l_sel, bk, n_sub, scale, prec):
+                    delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec, packed=False):
+    if packed:
+        st_ref, dk_ref, dv_ref = refs
+    else:
+        dk_ref, dv_ref = refs
     g, b, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     T, Dk, Dv = q_ref.shape[1], q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
@@ -231,8 +319,8 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
             t, ok = _tile_rows(qt, bq, T)
             rows = pl.ds(qt * bq, bq)
             sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
-            vis = (_members(sel, j)[:, None] & kvalid[None, :]
-                   & (kpos[None, :] <= t[:, None]))
+            st = _starts(st_ref, b, qt, bq, ok) if packed else None
+            vis = _visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid)
 
             def head(i, carry):
                 dk, dv = carry
@@ -259,54 +347,57 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
 
 
 def _bwd_common(q, k, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool,
-                choices=None):
+                choices=None, seg=None):
     bk, n_sub = _sub_tiles(cfg, bs)
     return dict(h=q.shape[2] // k.shape[2], bq=bs.sel_tile_q, l_sel=cfg.sel_block, bk=bk,
-                n_sub=n_sub, scale=scale, prec=dot_precision(q.dtype, interpret, choices))
+                n_sub=n_sub, scale=scale, prec=dot_precision(q.dtype, interpret, choices),
+                packed=seg is not None)
 
 
 def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAConfig,
-                     bs: BlockSizes, scale: float, interpret: bool, *, choices=None):
+                     bs: BlockSizes, scale: float, interpret: bool, *, choices=None, seg=None):
     """dQ float32 [B,T,Hq,Dk] (kernel ``nsa_sel_tiled_bwd_dq``) from ``tile_index``'s per-tile
-    lists, float32 ``gs`` and ``delta = gs * rowsum(o * do)``."""
+    lists, float32 ``gs`` and ``delta = gs * rowsum(o * do)`` (``seg``: packed rows' layout,
+    the one ``tile_index`` was given)."""
     B, T, Hq, Dk = q.shape
     return pl.pallas_call(
         functools.partial(_bwd_dq_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret,
-                                                                 choices)),
+                                                        choices, seg)),
         grid=(Hq, B, cdiv(T, bs.sel_tile_q)),
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dq",
-    )(blocks, bcount, q, k, v, _padded_idx(idx), do, gs, lse, delta)
+    )(blocks, bcount, q, k, v, _padded_idx(idx), do, gs, lse, delta, *_seg_args(seg))
 
 
 def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAConfig,
-                      bs: BlockSizes, scale: float, interpret: bool, *, choices=None):
+                      bs: BlockSizes, scale: float, interpret: bool, *, choices=None, seg=None):
     """dK, dV float32 [B,T,G,D] (kernel ``nsa_sel_tiled_bwd_dkv``) from ``tile_index``'s
     per-block tile lists; other arguments as ``sel_tiled_bwd_dq``."""
     B, T, G, Dk = k.shape
     Dv = v.shape[-1]
     return pl.pallas_call(
         functools.partial(_bwd_dkv_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret,
-                                                                 choices)),
+                                                         choices, seg)),
         grid=(G, B, cfg.num_sel_blocks(T)),
         out_shape=[jax.ShapeDtypeStruct((B, T, G, Dk), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, G, Dv), jnp.float32)],
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dkv",
-    )(tiles, tcount, q, k, v, _padded_idx(idx), do, gs, lse, delta)
+    )(tiles, tcount, q, k, v, _padded_idx(idx), do, gs, lse, delta, *_seg_args(seg))
 
 
 def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,
-                       scale: float, interpret: bool, *, choices=None):
+                       scale: float, interpret: bool, *, choices=None, seg=None):
     """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
     same contract as ``selection.sel_backward`` (``do`` in its own dtype, ``gs`` [B,T,Hq] float32
-    per-row scale, None = 1); ``choices.f32_dot`` sets float32 dot precision."""
+    per-row scale, None = 1; ``seg`` as ``sel_tiled_forward``); ``choices.f32_dot`` sets float32
+    dot precision."""
     B, T, Hq, _ = q.shape
     gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
-    blocks, bcount, tiles, tcount = tile_index(idx, T, cfg, bs.sel_tile_q)
+    blocks, bcount, tiles, tcount = tile_index(idx, T, cfg, bs.sel_tile_q, *_seg_args(seg))
     args = (do, gs, lse, delta, cfg, bs, scale, interpret)
-    dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, *args, choices=choices)
-    dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args, choices=choices)
+    dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, *args, choices=choices, seg=seg)
+    dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args, choices=choices, seg=seg)
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)
