@@ -58,8 +58,9 @@ def _fwd_bwd(**kw):
 
 
 @pytest.mark.parametrize("dtype,packed,sel_impl", [
-    (jnp.bfloat16, True, "auto"),      # packed: compressed/scoring/top-n/selection/local window
-    (jnp.float32, False, "tiled"),     # float32 window: the local kernel; tiled selection
+    (jnp.bfloat16, True, "tiled"),     # packed: compressed/scoring/top-n/selection/local window
+    (jnp.bfloat16, True, "gather"),
+    (jnp.float32, False, "tiled"),     # float32 window: the local kernel
     (jnp.float32, False, "gather"),
 ])
 def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl):
@@ -75,7 +76,8 @@ def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl):
     compiled_kernels(monkeypatch)
     names = triton_kernels(f, *shapes)
     assert {"nsa_local_fwd", "nsa_local_bwd_dq", "nsa_local_bwd_dkv"} <= names, names
-    assert any(n.startswith("nsa_sel") for n in names), names
+    sel = "nsa_sel_tiled_" if sel_impl == "tiled" else "nsa_sel_"
+    assert {sel + "fwd", sel + "bwd_dq", sel + "bwd_dkv"} <= names, names
 
 
 @pytest.mark.parametrize("window", [512, None])
