@@ -142,8 +142,14 @@ def fill_dense(kv: dict, k, v) -> dict:
     return dict(kv, k=_set_prefix(kv["k"], _gsd(k)), v=_set_prefix(kv["v"], _gsd(v)))
 
 
-def append_dense(kv: dict, t, k, v) -> dict:
-    """Token t[b] ([B,1,G,D]) into a dense layer's cache."""
+def append_dense(kv: dict, t, k, v, interpret: bool | None = None) -> dict:
+    """Token t[b] ([B,1,G,D]) into a dense layer's cache. ``interpret`` not None: both writes in
+    one Pallas kernel (``pallas.cache_write``; the Pallas decode path), else two XLA scatters."""
+    if interpret is not None:
+        from nsa_jax.pallas.cache_write import write_rows_pallas
+        kk, vv = write_rows_pallas((kv["k"], kv["v"]), (k[:, 0], v[:, 0]), (t, t),
+                                   interpret=interpret)
+        return dict(kv, k=kk, v=vv)
     return dict(kv, k=write_rows(kv["k"], k[:, 0], t), v=write_rows(kv["v"], v[:, 0], t))
 
 
@@ -168,10 +174,16 @@ def fill_nsa(kv: dict, lengths, k_c, v_c, k_cmp, v_cmp, k_s, v_s, k_w, v_w) -> d
     return kv
 
 
-def append_nsa(kv: dict, t, cfg: NSAConfig, compress, k_c, v_c, k_s, v_s, k_w, v_w) -> dict:
+def append_nsa(kv: dict, t, cfg: NSAConfig, compress, k_c, v_c, k_s, v_s, k_w, v_w,
+               interpret: bool | None = None) -> dict:
     """Token t[b] ([B,1,G,D] tensors) into an NSA layer's caches; emits compressed block
     i = (t - l + 1) / d when a block ends at t. ``compress(kb, vb, offset)`` is the layer's φ + RoPE
-    over un-rotated blocks [B,l,G,D] starting at positions offset [B]."""
+    over un-rotated blocks [B,l,G,D] starting at positions offset [B]. ``interpret`` not None:
+    the token writes and the ring readout in one Pallas kernel and the emission in a second
+    (``pallas.cache_write``; the Pallas decode path), else XLA scatters/gathers; same values."""
+    if interpret is not None:
+        return _append_nsa_fused(dict(kv), t, cfg, compress, k_c, v_c, k_s, v_s, k_w, v_w,
+                                 interpret)
     kv = dict(kv)
     if "k_slc" in kv:
         kv["k_slc"] = write_rows(kv["k_slc"], k_s[:, 0], t)
@@ -194,6 +206,43 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, k_c, v_c, k_s, v_s, k_w, v
         i = jnp.where(emit, jnp.maximum(start, 0) // d, scratch)
         kv["k_cmp"] = write_rows(kv["k_cmp"], kc[:, 0], i)
         kv["v_cmp"] = write_rows(kv["v_cmp"], vc[:, 0], i)
+    return kv
+
+
+def _append_nsa_fused(kv: dict, t, cfg: NSAConfig, compress, k_c, v_c, k_s, v_s, k_w, v_w,
+                      interpret: bool) -> dict:
+    """:func:`append_nsa` through ``pallas.cache_write.write_rows_pallas``."""
+    from nsa_jax.pallas.cache_write import write_rows_pallas
+    names, rows, idx = [], [], []
+
+    def add(name, x, i):
+        names.append(name)
+        rows.append(x[:, 0])
+        idx.append(i)
+
+    if "k_slc" in kv:
+        add("k_slc", k_s, t)
+        add("v_slc", v_s, t)
+    if "k_win" in kv:
+        W = kv["k_win"].shape[2]
+        add("k_win", k_w, t % W)
+        add("v_win", v_w, t % W)
+    ring = start = None
+    if "k_cmp" in kv:
+        l, d = cfg.block_l, cfg.stride_d
+        add("kc_raw", k_c, t % l)
+        add("vc_raw", v_c, t % l)
+        ring, start = (len(names) - 2, len(names) - 1), t - (l - 1)
+    out = write_rows_pallas(tuple(kv[n] for n in names), tuple(rows), tuple(idx), ring=ring,
+                            ring_start=start, interpret=interpret)
+    kv.update(zip(names, out[:len(names)]))
+    if "k_cmp" in kv:
+        kb, vb = out[len(names):]                                # [B,l,G,D], token order
+        emit = (start >= 0) & (jnp.mod(start, d) == 0)
+        kc, vc = compress(kb, vb, jnp.maximum(start, 0))         # [B,1,G,D]
+        i = jnp.where(emit, jnp.maximum(start, 0) // d, kv["k_cmp"].shape[2] - 1)  # or scratch
+        kv["k_cmp"], kv["v_cmp"] = write_rows_pallas(
+            (kv["k_cmp"], kv["v_cmp"]), (kc[:, 0], vc[:, 0]), (i, i), interpret=interpret)
     return kv
 
 

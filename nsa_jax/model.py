@@ -52,6 +52,17 @@ def nsa_decode(q, kv, t, gates, cfg: NSAConfig, impl: str):
     return nsa_decode_attention(q, kv, t, gates, cfg)
 
 
+def fused_writes(impl: str):
+    """The decode step's cache writes: None (XLA scatters) unless ``exec.decode_impl`` resolves to
+    the Pallas kernels, then the interpret flag of ``pallas.cache_write`` (one kernel per layer
+    for the token writes; dense layers get the same treatment, for a fair comparison)."""
+    from nsa_jax.nsa.attention import Backend, resolve_impl
+    if resolve_impl(impl) is not Backend.PALLAS:
+        return None
+    from nsa_jax.pallas.common import use_interpret
+    return use_interpret()
+
+
 def _no_packed_cache(cache, segment_ids):
     if cache is not None and segment_ids is not None:
         raise ValueError("segment_ids: packed documents are not supported with a KV cache "
@@ -234,7 +245,7 @@ class NSAAttention(nnx.Module):
         t = cache.pos
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, t[:, None])
         kv = kvcache.append_nsa(cache.kv, t, self.ncfg, self.compress_block, k_c, v_c, k_s, v_s,
-                                k_w, v_w)
+                                k_w, v_w, fused_writes(impl))
         o = nsa_decode(q[:, 0], kv, t, gates[:, 0], self.ncfg, impl)
         out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
         return out, dataclasses.replace(cache, kv=kv)
@@ -278,7 +289,7 @@ class DenseAttention(nnx.Module):
         if cache is not None and S == 1:
             t = cache.pos
             q, k, v = self.project(x, t[:, None])
-            kv = kvcache.append_dense(cache.kv, t, k, v)
+            kv = kvcache.append_dense(cache.kv, t, k, v, fused_writes(self.xcfg.decode_impl))
             o = dense_decode_attention(q[:, 0], kv["k"], kv["v"], t)
             return self.wo(o.reshape(B, 1, -1)), dataclasses.replace(cache, kv=kv)
         q, k, v = self.project(x, positions)

@@ -99,3 +99,16 @@ def test_decode_kernels_lower_to_triton(monkeypatch):
     names = triton_kernels(lambda q, kv, t, g: pdecode.nsa_decode_pallas(q, kv, t, g, CFG),
                            S(4, G * h, D), kv, S(4, dtype=jnp.int32), S(4, G * h, 3))
     assert len(names) >= 4, names
+
+
+def test_cache_write_kernel_lowers_to_triton():
+    from nsa_jax.pallas.cache_write import write_rows_pallas
+    Bq, N, W, L = 8, 4096, CFG.window, CFG.block_l
+    bufs = (S(Bq, G, N, D), S(Bq, G, N, D), S(Bq, G, W, D), S(Bq, G, W, D), S(Bq, G, L, D),
+            S(Bq, G, L, D))
+
+    def f(bufs, rows, t):
+        return write_rows_pallas(bufs, rows, (t, t, t % W, t % W, t % L, t % L), ring=(4, 5),
+                                 ring_start=t - (L - 1), interpret=False)
+    names = triton_kernels(f, bufs, tuple(S(Bq, G, D) for _ in range(6)), S(Bq, dtype=jnp.int32))
+    assert names == {"nsa_cache_write"}, names
