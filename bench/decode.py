@@ -6,15 +6,19 @@
         [--profile 65536:1 65536:8] [--hlo] [--smoke]
 
 For each model (configs/nsa_125m.yaml, configs/dense_125m.yaml: bf16, 12 layers, random
-parameters), batch B and context N: caches of ``max_len = N + warm-up + reps + 1`` tokens are
-filled with random keys/values as after a prompt of N-1 tokens (prefill is not timed), then the
-jitted decode step (:func:`nsa_jax.decode.step_jit`: one call for all layers, caches donated,
-bf16 inference weights from :func:`nsa_jax.decode.inference_state`) is called repeatedly, one
-token per row; positions advance from N-1. Recorded per point:
+parameters), batch B and context N: caches with room for every timed step (``max_len = N +
+warm-up + reps + 60 + 16 * 6`` tokens) are filled with random keys/values as after a prompt of
+N-1 tokens (prefill is not timed), then the jitted decode step (:func:`nsa_jax.decode.step_jit`:
+one call for all layers, caches donated, bf16 inference weights from
+:func:`nsa_jax.decode.inference_state`) is called repeatedly, one token per row; positions
+advance from N-1. Recorded per point:
 
 * ``step_ms``: median of ``--reps`` steps, each synchronised (block_until_ready on the logits),
   i.e. the latency a sampling loop sees; ``stream_ms``: per-step time of 10 steps issued back to
-  back and synchronised once (median of 5 rounds), closer to device time;
+  back and synchronised once (median of 5 rounds), closer to device time; ``loop_ms``: per-token
+  time of one call of the jitted decode loop (:func:`nsa_jax.decode_loop.decode_loop_jit`, what
+  ``generate_batch`` runs) of ``loop_k`` = 16 tokens per row, greedy sampling included, each
+  call synchronised once (median of 5 calls after one that compiles);
 * ``floor_bytes``: what the step must read at least: the inference weights once plus, per layer,
   the keys and values the attention reads (NSA: visible compressed blocks + n·l' selected tokens
   + the window; dense: the whole context), and ``floor_ms`` at 4.3 TB/s; ``achieved_gbs`` =
@@ -49,14 +53,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from nsa_jax.config import load_config  # noqa: E402
-from nsa_jax.decode import (cache_bytes, decode_reads, dense_reads, inference_state,  # noqa: E402
-                            init_cache, step_jit)
+from nsa_jax.decode import (cache_bytes, decode_loop_jit, decode_reads, dense_reads,  # noqa: E402
+                            inference_state, init_cache, step_jit)
 from nsa_jax.model import build_model, count_params  # noqa: E402
 
 MODELS = ("nsa_125m", "dense_125m")
 SMOKE_MODEL = {"n_layers": 2, "dim": 64, "n_heads": 4, "n_kv_groups": 2, "head_dim": 16,
                "mlp_hidden": 128, "vocab_size": 512}
 HBM_BPS = 4.3e12
+LOOP_K, LOOP_CALLS = 16, 5      # loop_ms: tokens per call, timed calls (after a compiling one)
 
 
 def device_name() -> str:
@@ -142,6 +147,22 @@ def stream_time(graphdef, state, cache, B, rounds=5, n=10):
     return statistics.median(per), cache
 
 
+def loop_time(graphdef, state, cache, B, vocab):
+    """Per-token seconds of one decode-loop call of LOOP_K greedy tokens (median of LOOP_CALLS
+    calls, each synchronised on its ids; one call before them compiles)."""
+    logits = jnp.zeros((B, vocab), jnp.float32)
+    key, done = jax.random.PRNGKey(0), jnp.zeros((B,), bool)
+    per = []
+    for i in range(LOOP_CALLS + 1):
+        t0 = time.perf_counter()
+        ids, logits, cache, key, done = decode_loop_jit(graphdef, state, cache, logits, key,
+                                                        done, steps=LOOP_K, temperature=0.0)
+        jax.block_until_ready((ids, logits))
+        if i:
+            per.append((time.perf_counter() - t0) / LOOP_K)
+    return statistics.median(per), cache
+
+
 def profile(graphdef, state, cache, B, steps=5) -> dict:
     from profile_step import load_trace, summarise
     tok = jnp.ones((B,), jnp.int32)
@@ -178,7 +199,8 @@ def main(argv=None) -> int:
                f"decode_{dev}{'_smoke' if a.smoke else ''}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     d0 = jax.devices()[0]
-    result = {"benchmark": "decode-step latency with KV caches (nsa_jax.decode.step_jit)",
+    result = {"benchmark": ("decode-step latency with KV caches (nsa_jax.decode.step_jit; "
+                           "loop_ms: nsa_jax.decode_loop.decode_loop_jit)"),
               "device": str(getattr(d0, "device_kind", d0)), "backend": jax.default_backend(),
               "jax": jax.__version__, "python": platform.python_version(), "smoke": a.smoke,
               "xla_flags": os.environ.get("XLA_FLAGS", ""), "sets": a.set, "reps": reps,
@@ -198,7 +220,7 @@ def main(argv=None) -> int:
         item = jnp.dtype(model.dtype).itemsize
         for N in contexts:
             for B in batches:
-                max_len = N + a.warmup + reps + 60
+                max_len = N + a.warmup + reps + 60 + LOOP_K * (LOOP_CALLS + 1)
                 pt = {"model": name, "attention": cfg.model.attention, "context": N, "batch": B}
                 est = (cfg.model.n_layers * B * 2 * cfg.model.n_kv_groups * max_len
                        * cfg.model.head_dim * item)
@@ -217,6 +239,7 @@ def main(argv=None) -> int:
                     ts, compile_s, cache = time_point(graphdef, state, cache, B,
                                                       cfg.model.vocab_size, reps, a.warmup)
                     stream_s, cache = stream_time(graphdef, state, cache, B)
+                    loop_s, cache = loop_time(graphdef, state, cache, B, cfg.model.vocab_size)
                     if (N, B) in prof:
                         pt["profile"] = profile(graphdef, state, cache, B)
                     del cache
@@ -230,6 +253,7 @@ def main(argv=None) -> int:
                 med = statistics.median(ts) * 1e3
                 fb = floor_bytes(cfg, model_bytes, N, B, item)
                 pt.update(step_ms=med, step_ms_min=min(ts) * 1e3, stream_ms=stream_s * 1e3,
+                          loop_ms=loop_s * 1e3, loop_k=LOOP_K,
                           tokens_per_s=B / (med / 1e3), compile_s=compile_s,
                           floor_bytes=fb, floor_ms=fb / HBM_BPS * 1e3,
                           achieved_gbs=fb / (stream_s * 1e9),
@@ -238,7 +262,8 @@ def main(argv=None) -> int:
                                                  else dense_reads(N - 1)))
                 result["points"].append(pt)
                 print(f"{name:10s} N={N:6d} B={B:2d}  step {med:8.3f} ms  stream "
-                      f"{stream_s * 1e3:8.3f} ms  floor {pt['floor_ms']:6.3f} ms  "
+                      f"{stream_s * 1e3:8.3f} ms  loop {loop_s * 1e3:8.3f} ms  "
+                      f"floor {pt['floor_ms']:6.3f} ms  "
                       f"{pt['achieved_gbs']:7.1f} GB/s"
                       + (f"  hlo copies {pt['hlo']['cache_copies']} temp "
                          f"{pt['hlo']['temp_bytes'] / 1e6:.1f} MB" if "hlo" in pt else ""),

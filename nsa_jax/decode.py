@@ -23,7 +23,6 @@ compiled step serves rows at any positions.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Any
 
@@ -31,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from nsa_jax.decode_loop import decode_loop_jit, prefill_jit, put_rows_jit, step_jit
 from nsa_jax.nsa import NSAConfig
 from nsa_jax.nsa.decoding import gather_rows, ring_positions, write_rows
 
@@ -265,36 +265,8 @@ def inference_state(model):
     return graphdef, jax.tree_util.tree_map_with_path(cast, state)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "all_logits"), donate_argnames=("cache",))
-def prefill_jit(graphdef, state, tokens, lengths, cache, all_logits=False):
-    """Jitted prefill: (float32 logits, cache). Logits [B,P,V] if ``all_logits`` else [B,V] at
-    each row's last prompt token."""
-    model = nnx.merge(graphdef, state)
-    h, cache = model.extend(tokens, cache, lengths)
-    if not all_logits:
-        h = jnp.take_along_axis(h, (lengths - 1)[:, None, None], axis=1)
-    logits = model.head_logits(h).astype(jnp.float32)
-    return (logits if all_logits else logits[:, 0]), cache
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
-def step_jit(graphdef, state, cache, tokens):
-    """Jitted decode step: one token per row at its own position -> (float32 logits [B,V],
-    cache)."""
-    model = nnx.merge(graphdef, state)
-    h, cache = model.extend(tokens[:, None], cache)
-    return model.head_logits(h[:, 0]).astype(jnp.float32), cache
-
-
-@functools.partial(jax.jit, donate_argnames=("cache",))
-def put_rows_jit(cache: Cache, part: Cache, rows):
-    """``cache`` with rows ``rows`` [g] (distinct) replaced by ``part``, a g-row cache of the same
-    max_len (in place: ``cache`` is donated)."""
-    return jax.tree.map(lambda a, p: a.at[rows].set(p), cache, part)
-
-
-_PREFILL_EXECS: dict = {}      # AOT-compiled prefill calls, shared by Decoders of one model
-_PREFILL_EXECS_MAX = 32
+_EXECS: dict = {}      # AOT-compiled prefill and decode calls, shared by Decoders of one model
+_EXECS_MAX = 32
 
 
 def _tree_bytes(tree) -> int:
@@ -307,6 +279,7 @@ class Decoder:
     >>> dec = Decoder(model, batch=2, max_len=512)
     >>> logits = dec.prefill(prompt_ids, lengths=[7, 3])   # [B,V] at each row's last token
     >>> logits = dec.step(next_ids)                         # one token per row, repeat
+    >>> ids, logits, key, done = dec.decode(logits, 16, key, temperature=0)  # or 16 at a time
 
     A batch whose prefill does not fit at once is prefilled in row groups, each from an empty
     g-row cache written into its rows of the batch cache:
@@ -314,9 +287,10 @@ class Decoder:
     >>> dec.prefill_rows([0, 1], ids[:2], lengths=[7, 3])  # any order, any group sizes
     >>> dec.prefill_rows([2, 3], ids[2:], lengths=[5, 9])  # step() once every row is filled
 
-    Prefill calls are compiled ahead of time, once per (rows, width, all_logits): their compile
-    seconds accumulate in ``compile_s`` (so throughput can exclude them) and
-    :meth:`prefill_bytes` reads their memory needs from XLA before anything runs.
+    Prefill and :meth:`decode` calls are compiled ahead of time, once per shape (prefill: rows,
+    width, all_logits; decode: steps and the sampling settings): their compile seconds
+    accumulate in ``compile_s`` (so throughput can exclude them) and :meth:`prefill_bytes`
+    reads a prefill's memory needs from XLA before anything runs.
     """
 
     def __init__(self, model, batch: int, max_len: int):
@@ -328,6 +302,7 @@ class Decoder:
         self.steps = 0
         self.compile_s = 0.0
         self._filled: list[int | None] = [None] * batch
+        self._sig = tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(self.state))
 
     @property
     def pos(self) -> int:
@@ -343,16 +318,15 @@ class Decoder:
     def _compiled(self, key: tuple, lower):
         """``lower().compile()``, cached per model and ``key`` across Decoders (a new Decoder of
         a seen shape does not compile); compile seconds go to ``compile_s``."""
-        sig = tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(self.state))
-        key = (self.graphdef, sig, self.max_len) + key
-        if key not in _PREFILL_EXECS:
+        key = (self.graphdef, self._sig, self.max_len) + key
+        if key not in _EXECS:
             t0 = time.perf_counter()
             run = lower().compile()
             self.compile_s += time.perf_counter() - t0
-            if len(_PREFILL_EXECS) >= _PREFILL_EXECS_MAX:
-                _PREFILL_EXECS.pop(next(iter(_PREFILL_EXECS)))
-            _PREFILL_EXECS[key] = run
-        return _PREFILL_EXECS[key]
+            if len(_EXECS) >= _EXECS_MAX:
+                _EXECS.pop(next(iter(_EXECS)))
+            _EXECS[key] = run
+        return _EXECS[key]
 
     def _exec(self, rows: int, width: int, all_logits: bool):
         """The prefill of ``rows`` rows right-padded to ``width`` tokens."""
@@ -439,21 +413,71 @@ class Decoder:
         return logits
 
     # ---- decode ----------------------------------------------------------------------------
+    def _check_prefilled(self, what: str) -> None:
+        if self.lengths is None:
+            missing = [r for r, n in enumerate(self._filled) if n is None]
+            if len(missing) < self.batch:
+                raise DecodeError(f"call prefill_rows for rows {missing} before {what}")
+            raise DecodeError(f"call prefill with a prompt before {what}")
+
     def step(self, tokens):
         tokens = jnp.asarray(tokens, jnp.int32).reshape(-1)
         if tokens.shape[0] != self.batch:
             raise DecodeError(f"step needs one token per sequence ({self.batch}), got "
                               f"{tokens.shape[0]}")
-        if self.lengths is None:
-            missing = [r for r, n in enumerate(self._filled) if n is None]
-            if len(missing) < self.batch:
-                raise DecodeError(f"call prefill_rows for rows {missing} before step")
-            raise DecodeError("call prefill with a prompt before step")
+        self._check_prefilled("step")
         if self.pos >= self.max_len:
             raise DecodeError(f"cache full: max_len={self.max_len} tokens")
         logits, self.cache = step_jit(self.graphdef, self.state, self.cache, tokens)
         self.steps += 1
         return logits
+
+    def decode(self, logits, steps: int, key, *, temperature: float = 1.0, top_k: int = 0,
+               top_p: float = 1.0, vocab_limit: int | None = None, eos_id: int | None = None,
+               done=None, feed_last: bool = True):
+        """``steps`` tokens per row in one jitted call
+        (:func:`nsa_jax.decode_loop.decode_loop_jit`): sample from ``logits`` [B,V] with ``key``
+        (split once per token, as a host loop of ``key, sub = jax.random.split(key)`` +
+        ``sample`` does), feed the ids to the model, repeat.
+
+        Returns (ids int32 [B,steps], logits [B,V] after the last fed ids, key, done): pass the
+        logits and key back to continue the same stream. ``done`` (bool [B], default all False)
+        is or-ed with ``ids == eos_id``; done rows keep stepping. Sampling settings as in
+        :func:`nsa_jax.sampling.sample`; each (steps, settings, feed_last) compiles once.
+
+        Every sampled id is fed (it takes a cache slot), so ``pos + steps <= max_len`` is
+        needed; with ``feed_last=False`` the last ids are not fed (the end of a generation:
+        ``steps - 1`` slots, and the returned logits are those the last ids came from).
+        ``self.steps`` advances by the tokens fed.
+        """
+        steps = int(steps)
+        if steps < 1:
+            raise DecodeError(f"steps must be >= 1, got {steps}")
+        logits = jnp.asarray(logits, jnp.float32)
+        if logits.ndim != 2 or logits.shape[0] != self.batch:
+            raise DecodeError(f"logits must have shape [batch={self.batch}, V], got "
+                              f"{tuple(logits.shape)}")
+        self._check_prefilled("decode")
+        fed = steps if feed_last else steps - 1
+        if self.pos + fed > self.max_len:
+            raise DecodeError(f"cache full: decoding steps={steps} tokens from position "
+                              f"{self.pos} feeds {fed}, {self.max_len - self.pos} slot(s) left "
+                              f"of max_len={self.max_len}")
+        done = (jnp.zeros((self.batch,), bool) if done is None
+                else jnp.asarray(done, bool).reshape(self.batch))
+        key = key if isinstance(key, jax.Array) else jnp.asarray(key)
+        statics = dict(steps=steps, temperature=float(temperature), top_k=int(top_k),
+                       top_p=float(top_p),
+                       vocab_limit=None if vocab_limit is None else int(vocab_limit),
+                       eos_id=None if eos_id is None else int(eos_id), feed_last=bool(feed_last))
+        run = self._compiled(
+            ("decode", self.batch, logits.shape, key.shape, str(key.dtype),
+             tuple(sorted(statics.items()))),
+            lambda: decode_loop_jit.lower(self.graphdef, self.state, self.cache, logits, key,
+                                          done, **statics))
+        ids, logits, self.cache, key, done = run(self.state, self.cache, logits, key, done)
+        self.steps += fed
+        return ids, logits, key, done
 
 
 # ---- read counters --------------------------------------------------------------------------

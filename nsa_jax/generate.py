@@ -28,9 +28,14 @@ class Timing:
     """Where a :func:`generate_batch` call spent its time (seconds, wall clock).
 
     prefill_s excludes compilation (``prefill_compile_s``: the prefill is compiled ahead of time,
-    including any group sizes tried for memory). The first decode iteration (sampling the first
-    new tokens + the first step) compiles the step and the sampler: it is timed apart
-    (``first_step_s``), and ``decode_s`` / ``decode_tokens`` cover the iterations after it.
+    including any group sizes tried for memory). Decoding runs in calls of up to
+    ``steps_per_call`` tokens per row (:meth:`nsa_jax.decode.Decoder.decode`: sampling and model
+    steps in one jitted call). The first call (``first_steps`` tokens per row) compiles: it is
+    timed apart (``first_step_s``, including its compilation, the copy of its ids to the host
+    and the callbacks). ``decode_s`` covers the calls after it, each timed from its issue until
+    its ids are on the host and passed to the callbacks, without the compilation of a shorter
+    last call (``decode_compile_s``); ``decode_tokens`` counts the tokens those calls sampled,
+    over all rows (rows already done included: they step with the batch).
     """
     rows: int = 0
     width: int = 0
@@ -39,7 +44,10 @@ class Timing:
     prompt_tokens: int = 0
     prefill_s: float = 0.0
     prefill_compile_s: float = 0.0
+    steps_per_call: int = 0
+    first_steps: int = 0
     first_step_s: float = 0.0
+    decode_compile_s: float = 0.0
     decode_tokens: int = 0
     decode_s: float = 0.0
     kept_tokens: int = 0
@@ -50,15 +58,18 @@ class Timing:
                f"{self.width} ({groups} group(s) of <= {self.rows_per_group} rows), in "
                f"{self.prefill_s:.3f}s = {self.prompt_tokens / max(self.prefill_s, 1e-9):.1f} "
                f"tok/s (compilation {self.prefill_compile_s:.2f}s excluded)"]
+        first = (f"first call of {self.first_steps} step(s) {self.first_step_s:.2f}s, which "
+                 f"compiles")
         if self.decode_tokens:
+            comp = (f", and {self.decode_compile_s:.2f}s compiling a shorter last call"
+                    if self.decode_compile_s else "")
             out.append(f"decode: {self.decode_tokens} tokens ({self.rows} row(s) x "
-                       f"{self.decode_tokens // self.rows} steps) in {self.decode_s:.3f}s = "
-                       f"{self.decode_tokens / max(self.decode_s, 1e-9):.1f} tok/s (first step "
-                       f"{self.first_step_s:.2f}s, which compiles, excluded); "
-                       f"{self.kept_tokens} tokens kept before EOS")
+                       f"{self.decode_tokens // self.rows} steps, <= {self.steps_per_call} per "
+                       f"call) in {self.decode_s:.3f}s = "
+                       f"{self.decode_tokens / max(self.decode_s, 1e-9):.1f} tok/s ({first}"
+                       f"{comp}, excluded); {self.kept_tokens} tokens kept before EOS")
         else:
-            out.append(f"decode: no timed steps (first step {self.first_step_s:.2f}s incl. "
-                       f"compilation); {self.kept_tokens} tokens kept")
+            out.append(f"decode: no timed steps ({first}); {self.kept_tokens} tokens kept")
         return out
 
 
@@ -67,24 +78,35 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                    vocab_limit: int | None = None, eos_id: int | None = None,
                    max_len: int | None = None, memory_limit: int | None = None,
-                   rows_per_group: int | None = None, on_token=None, on_done=None,
-                   timing: Timing | None = None) -> list[list[int]]:
+                   rows_per_group: int | None = None, steps_per_call: int = 16, on_token=None,
+                   on_done=None, timing: Timing | None = None) -> list[list[int]]:
     """Generate up to ``max_new_tokens`` ids after each prompt (lists of ids, any lengths), all
     rows in one batch; returns each row's new ids (ending with EOS when it was sampled).
 
     Prompts are right-padded to :func:`bucket` of the longest and prefilled with the parallel
     (training-kernel) forward, in row groups of ``rows_per_group`` (default: as many as fit in
-    memory); then one jitted step per token for all rows. A row that samples ``eos_id`` is done:
-    it keeps stepping with the batch but its tokens are discarded. One PRNG key per step is
-    split from ``seed`` and drawn over all rows (batch 1 reproduces :func:`generate_ids`).
+    memory); then all rows decode together, ``steps_per_call`` tokens per jitted call
+    (:meth:`nsa_jax.decode.Decoder.decode`; the last call is shortened to the tokens left, so
+    at most two call lengths compile). A row that samples ``eos_id`` is done: it keeps stepping
+    with the batch but its tokens are discarded; decoding stops after the call in which every
+    row is done. One PRNG key per token is split from ``seed`` and drawn over all rows (batch 1
+    reproduces :func:`generate_ids`). The ids do not depend on ``steps_per_call`` (the key
+    sequence and the sampling math are the same; see :func:`nsa_jax.decode_loop.decode_loop_jit`
+    on the logits of a step compiled inside the loop); larger calls pay the per-call host cost
+    less often, smaller ones hand ids to the callbacks sooner.
 
     ``max_len``: the context, tokens per row (prompt + new); default prompt + new (at most
     :data:`HARD_MAX_LEN`). The cache holds :func:`bucket` (longest prompt + new) tokens, capped
     at ``max_len``. Requests that cannot run raise :class:`RequestError` before any cache is
     allocated or prefill runs (memory: :func:`free_memory` with ``memory_limit``).
 
-    ``on_token(row, id)`` is called for every kept id as soon as it is sampled, ``on_done(row,
-    ids)`` once per row when it finishes; ``timing`` (a :class:`Timing`) is filled in.
+    ``on_token(row, id)`` is called for every kept id, in token order (rows in order within a
+    token), as soon as the call that sampled it returns; ``on_done(row, ids)`` once per row when
+    it finishes; ``timing`` (a :class:`Timing`) is filled in.
+
+    The last call does not feed its last ids to the model (they are never needed), so the model
+    steps ``max_new_tokens - 1`` times at most, as a per-token loop does, and the positions
+    written stay below longest prompt + ``max_new_tokens`` <= the cache length.
     """
     import numpy as np
     from nsa_jax.decode import Decoder
@@ -94,6 +116,9 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
     if max_len is None:
         max_len = min(longest + max(max_new_tokens, 0), HARD_MAX_LEN)
     check_request(prompts, max_new_tokens, max_len)
+    if int(steps_per_call) < 1:
+        raise RequestError("steps_per_call", f"must be >= 1, got {steps_per_call}")
+    k = int(steps_per_call)
     B = len(prompts)
     cache_len = min(bucket(longest + max_new_tokens), max_len)
     width = min(bucket(longest), cache_len)
@@ -109,6 +134,7 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
     lengths = [len(p) for p in prompts]
     t = timing if timing is not None else Timing()
     t.rows, t.width, t.cache_len, t.rows_per_group = B, width, cache_len, g
+    t.steps_per_call = k
     t.prompt_tokens = sum(lengths)
 
     compile0, t0 = dec.compile_s, time.perf_counter()     # group sizes tried: compiled already
@@ -125,34 +151,38 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B
     key = jax.random.PRNGKey(seed)
-    for i in range(max_new_tokens):
-        t1 = time.perf_counter()
-        key, sub = jax.random.split(key)
-        toks = sample(logits, sub, temperature=float(temperature), top_k=int(top_k),
-                      top_p=float(top_p), vocab_limit=vocab_limit)
-        host = np.asarray(toks)
-        for b in range(B):
-            if done[b]:
-                continue
-            tok = int(host[b])
-            out[b].append(tok)
-            if on_token is not None:
-                on_token(b, tok)
-            if tok == eos_id or i == max_new_tokens - 1:
-                done[b] = True
-                if on_done is not None:
-                    on_done(b, out[b])
-        if not all(done):
-            logits = dec.step(toks)
-            logits.block_until_ready()
+    row_done = None                       # the device's copy of ``done`` (EOS only)
+    i = 0                                 # tokens sampled per row so far
+    while i < max_new_tokens and not all(done):
+        n = min(k, max_new_tokens - i)
+        last = i + n == max_new_tokens
+        t1, compile1 = time.perf_counter(), dec.compile_s
+        ids, logits, key, row_done = dec.decode(
+            logits, n, key, temperature=temperature, top_k=top_k, top_p=top_p,
+            vocab_limit=vocab_limit, eos_id=eos_id, done=row_done, feed_last=not last)
+        host = np.asarray(ids)
+        jax.block_until_ready(logits)
+        for j in range(n):
+            for b in range(B):
+                if done[b]:
+                    continue
+                tok = int(host[b, j])
+                out[b].append(tok)
+                if on_token is not None:
+                    on_token(b, tok)
+                if tok == eos_id or i + j == max_new_tokens - 1:
+                    done[b] = True
+                    if on_done is not None:
+                        on_done(b, out[b])
         dt = time.perf_counter() - t1
         if i == 0:
-            t.first_step_s = dt
+            t.first_steps, t.first_step_s = n, dt
         else:
-            t.decode_s += dt
-            t.decode_tokens += B
-        if all(done):
-            break
+            compile_s = dec.compile_s - compile1
+            t.decode_compile_s += compile_s
+            t.decode_s += dt - compile_s
+            t.decode_tokens += B * n
+        i += n
     t.kept_tokens = sum(len(o) for o in out)
     return out
 
@@ -160,7 +190,7 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
 def generate_ids(model, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 1.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  vocab_limit: int | None = None, eos_id: int | None = None,
-                 on_token=None) -> list[int]:
+                 steps_per_call: int = 16, on_token=None) -> list[int]:
     """Generate up to ``max_new_tokens`` ids after ``prompt_ids`` (batch 1); stops after EOS.
 
     ``on_token(id)`` is called for each new id as soon as it is sampled.
@@ -172,7 +202,7 @@ def generate_ids(model, prompt_ids: list[int], max_new_tokens: int, *, temperatu
     cb = None if on_token is None else (lambda _, i: on_token(i))
     return generate_batch(model, [prompt_ids], max_new_tokens, temperature=temperature,
                           top_k=top_k, top_p=top_p, seed=seed, vocab_limit=vocab_limit,
-                          eos_id=eos_id, on_token=cb)[0]
+                          eos_id=eos_id, steps_per_call=steps_per_call, on_token=cb)[0]
 
 
 if __name__ == "__main__":   # python -m nsa_jax.generate

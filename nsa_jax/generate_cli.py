@@ -2,18 +2,20 @@
 
     python -m nsa_jax.generate --checkpoint RUN_DIR [--prompt TEXT ... | --prompts-file FILE]
         [--max-new-tokens N] [--max-len N] [--memory-limit GIB] [--temperature T] [--top-k K]
-        [--top-p P] [--seed S] [--step STEP]
+        [--top-p P] [--seed S] [--steps-per-call N] [--step STEP]
 
 Loads the run (:func:`nsa_jax.inference.load_run`: ``config.yaml``, the newest usable checkpoint,
 the tokenizer ``data.tokenizer``) and generates every prompt in one batch
 (:func:`nsa_jax.generate.generate_batch`): prompts are right-padded to a bucketed width and prefilled with the
 parallel (training-kernel) forward, in row groups when the whole batch does not fit in memory,
-then decoded one token per step for all rows (:mod:`nsa_jax.decode`). A row stops at EOS (not
-printed) or after N tokens. With one prompt the text streams to stdout after the echoed
-prompt; with several, each completion is printed when its row is done, under a line
-``=== prompt I ===`` (I counts prompts from 0). An empty prompt starts from the EOS token.
-Temperature 0 is greedy decoding. Timings go to stderr at the end: prefill and decode tokens/s,
-both without compilation.
+then decoded for all rows, ``--steps-per-call`` tokens per jitted call (sampling and model
+steps in one call, :meth:`nsa_jax.decode.Decoder.decode`; it splits the work into calls and
+does not change the sampling). A row stops at EOS (not printed) or after N tokens. With one
+prompt the text streams to stdout after the echoed prompt, a call's tokens at a time; with several,
+each completion is printed when its row is done, under a line ``=== prompt I ===`` (I counts
+prompts from 0). An empty prompt starts from the EOS token. Temperature 0 is greedy decoding.
+Timings go to stderr at the end: prefill and decode tokens/s, both without compilation (decode:
+the calls after the first, see :class:`nsa_jax.generate.Timing`).
 
 The context is ``--max-len`` tokens per row (prompt + new), by default the run's
 ``data.seq_len``. Bad input (arguments, an empty prompts file, a prompt longer than the context,
@@ -88,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0, metavar="P",
                    help="nucleus sampling: keep the most likely tokens up to mass P; 1 = off")
     p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--steps-per-call", type=int, default=16, metavar="N",
+                   help="tokens per row sampled in one jitted call (default 16): larger N pays "
+                        "the per-call host cost less often (faster decoding), but text streams "
+                        "N tokens at a time; 1 = one call per token. The sampling is the same")
     p.add_argument("--debug", action="store_true", help="show tracebacks with errors")
     return p
 
@@ -106,6 +112,8 @@ def _check_args(a) -> str | None:
         return f"--top-k: must be >= 0 (0 = off), got {a.top_k}"
     if not 0 < a.top_p <= 1:
         return f"--top-p: must be in (0, 1], got {a.top_p}"
+    if a.steps_per_call < 1:
+        return f"--steps-per-call: must be >= 1, got {a.steps_per_call}"
     return None
 
 
@@ -178,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     names = {"prompts": "--prompts-file" if args.prompts_file else "--prompt",
              "max_new_tokens": "--max-new-tokens", "max_len": "--max-len",
-             "memory_limit": "--memory-limit"}
+             "memory_limit": "--memory-limit", "steps_per_call": "--steps-per-call"}
     try:
         run = load_run(args.checkpoint, step=args.step)
         printer = _Printer(run, prompts, sys.stdout)
@@ -187,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         ids = run.generate_ids([run.encode(p) for p in prompts], args.max_new_tokens,
                                temperature=args.temperature, top_k=args.top_k,
                                top_p=args.top_p, seed=args.seed, max_len=args.max_len,
-                               memory_limit=limit, on_token=printer.on_token,
+                               memory_limit=limit, steps_per_call=args.steps_per_call,
+                               on_token=printer.on_token,
                                on_done=printer.on_done, timing=timing)
         sys.stderr.write(f"{args.checkpoint}: {run.cfg.name}, attention="
                          f"{run.cfg.model.attention}, step {run.step}; {len(ids)} prompt(s), "

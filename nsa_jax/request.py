@@ -14,7 +14,8 @@ GiB = 1 << 30
 
 class RequestError(ValueError):
     """A generation request that cannot run (context, cache or memory); ``arg`` names the
-    argument at fault (``prompts``, ``max_new_tokens``, ``max_len``, ``memory_limit``).
+    argument at fault (``prompts``, ``max_new_tokens``, ``max_len``, ``memory_limit``,
+    ``steps_per_call``).
 
     ``detail`` may name other arguments as ``{max_len}``-style fields: :meth:`message` fills
     them with the caller's names (Python keywords by default, or the CLI's flags)."""
@@ -24,7 +25,8 @@ class RequestError(ValueError):
         super().__init__(self.message())
 
     def message(self, names: dict[str, str] | None = None) -> str:
-        names = {k: k for k in ("prompts", "max_new_tokens", "max_len", "memory_limit")} | (
+        names = {k: k for k in ("prompts", "max_new_tokens", "max_len", "memory_limit",
+                                "steps_per_call")} | (
             names or {})
         return f"{names[self.arg]}: {self.detail.format(**names)}"
 

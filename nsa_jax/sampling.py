@@ -1,5 +1,7 @@
 """From logits to token ids: :func:`filter_logits` (temperature, vocabulary padding, top-k,
-top-p) and :func:`sample` (jitted; temperature 0 is greedy)."""
+top-p), :func:`sample_ids` (plain: traced inside the jitted decode loop,
+:func:`nsa_jax.decode_loop.decode_loop_jit`) and :func:`sample` (the same, jitted on its own;
+temperature 0 is greedy)."""
 from __future__ import annotations
 
 import functools
@@ -35,13 +37,21 @@ def filter_logits(logits, temperature: float = 1.0, top_k: int = 0, top_p: float
     return x
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("temperature", "top_k", "top_p", "vocab_limit"))
-def sample(logits, key, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-           vocab_limit: int | None = None):
-    """Next token ids [...] from logits [..., V]. ``temperature == 0``: greedy (argmax)."""
+def sample_ids(logits, key, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+               vocab_limit: int | None = None):
+    """Next token ids [...] from logits [..., V]. ``temperature == 0``: greedy (argmax).
+
+    A plain function, so that the per-token sampler (:func:`sample`) and the multi-token decode
+    loop trace the same math."""
     x = filter_logits(logits, temperature, top_k, top_p, vocab_limit)
     if temperature == 0:
         return jnp.argmax(x, axis=-1).astype(jnp.int32)
     return jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
 
+
+@functools.partial(jax.jit,
+                   static_argnames=("temperature", "top_k", "top_p", "vocab_limit"))
+def sample(logits, key, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+           vocab_limit: int | None = None):
+    """:func:`sample_ids`, jitted (one call per token)."""
+    return sample_ids(logits, key, temperature, top_k, top_p, vocab_limit)

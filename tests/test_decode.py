@@ -258,6 +258,75 @@ def test_rows_at_different_positions(attention):
         assert _max_rel(got, want[rows, pos]) <= 1e-4, k
 
 
+def _sample_then_step(dec, logits, key, k, **kw):
+    """The per-token host loop: k x (split the key, sample, Decoder.step)."""
+    from nsa_jax.sampling import sample
+
+    ids = []
+    for _ in range(k):
+        key, sub = jax.random.split(key)
+        t = sample(logits, sub, **kw)
+        ids.append(np.asarray(t))
+        logits = dec.step(t)
+    return np.stack(ids, 1), logits, key
+
+
+@pytest.mark.parametrize("attention", ["nsa", "dense"])
+@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=1.0, top_k=20)],
+                         ids=["greedy", "top_k"])
+def test_decode_loop_equals_sample_then_step(attention, kw):
+    """Decoder.decode (k steps in one jitted call, here 2 calls of 4) gives the ids, final
+    logits, key, done flags and positions of 8 host iterations of sample + Decoder.step, for
+    rows at different prompt lengths (5, 23, 16). On the CPU the scan-compiled step gives the
+    same logits bit for bit. (The last call of a generation, ``feed_last=False``, is checked
+    through generate_batch in tests/test_generate.py.)"""
+    model = _model(attention)
+    lengths = [5, 23, 16]
+    toks = jax.random.randint(jax.random.PRNGKey(2), (3, max(lengths)), 0, 97)
+    a, b = Decoder(model, 3, 40), Decoder(model, 3, 40)
+    la, lb = a.prefill(toks, lengths), b.prefill(toks, lengths)
+    want, la, key_a = _sample_then_step(a, la, jax.random.PRNGKey(3), 8, **kw)
+    eos = int(want[1, 2])                       # row 1 samples it at step 2 (of 8)
+    done_a = (want == eos).any(axis=1)
+    ids1, lb, key_b, done_b = b.decode(lb, 4, jax.random.PRNGKey(3), eos_id=eos, **kw)
+    ids2, lb, key_b, done_b = b.decode(lb, 4, key_b, eos_id=eos, done=done_b, **kw)
+    got = np.concatenate([np.asarray(ids1), np.asarray(ids2)], axis=1)
+    np.testing.assert_array_equal(got, want)
+    assert len(set(want.ravel().tolist())) > 3          # not a constant stream
+    np.testing.assert_array_equal(np.asarray(lb), np.asarray(la))
+    np.testing.assert_array_equal(np.asarray(key_b), np.asarray(key_a))
+    np.testing.assert_array_equal(np.asarray(done_b), done_a)
+    assert done_a[1] and not done_a.all()
+    assert b.steps == a.steps == 8 and b.pos == a.pos == 23 + 8
+
+
+def test_decode_loop_checks_the_cache():
+    """decode needs a prefill and pos + steps <= max_len (pos + steps - 1 when the last ids are
+    not fed); a refused call changes nothing."""
+    model = _model("dense")
+    dec = Decoder(model, 2, 10)
+    key = jax.random.PRNGKey(0)
+    with pytest.raises(DecodeError, match="prefill"):
+        dec.decode(jnp.zeros((2, 97)), 2, key)
+    logits = dec.prefill(jnp.ones((2, 6), jnp.int32), lengths=[6, 3])
+    with pytest.raises(DecodeError, match="steps must be >= 1, got 0"):
+        dec.decode(logits, 0, key)
+    with pytest.raises(DecodeError, match=r"batch=2"):
+        dec.decode(logits[:1], 2, key)
+    with pytest.raises(DecodeError, match=r"steps=5 .* position 6 .* 4 slot\(s\) left .*"
+                                          r"max_len=10"):
+        dec.decode(logits, 5, key)
+    assert dec.steps == 0
+    ids, logits, key, _ = dec.decode(logits, 3, key, temperature=0)
+    assert ids.shape == (2, 3) and dec.pos == 9
+    with pytest.raises(DecodeError, match="max_len=10"):
+        dec.decode(logits, 2, key, temperature=0)
+    ids, _, _, _ = dec.decode(logits, 2, key, temperature=0, feed_last=False)
+    assert ids.shape == (2, 2) and dec.pos == 10
+    with pytest.raises(DecodeError, match="cache full"):
+        dec.step([1, 2])
+
+
 def test_bf16_inference_weights_change_nothing():
     """The decoder casts float32 parameters to the bf16 compute dtype once; every parameter is
     cast at its use anyway, so the logits are bit-identical to the model's own forward."""

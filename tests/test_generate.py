@@ -76,6 +76,7 @@ def test_text_stream_never_splits_utf8():
     (["--checkpoint", "x", "--top-p", "0"], "--top-p"),
     (["--checkpoint", "x", "--temperature", "-1"], "--temperature"),
     (["--checkpoint", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--checkpoint", "x", "--steps-per-call", "0"], "--steps-per-call: must be >= 1, got 0"),
     (["--prompt", "hi"], "--checkpoint"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(argv, needle, capsys):
@@ -215,6 +216,67 @@ def test_batch_of_prompts_equals_each_alone(tiny_run):
     assert texts == [run.decode(a) for a in alone]
     with pytest.raises(RequestError, match="^max_new_tokens: .*max_len=64"):
         run.generate(prompts, 60)
+
+
+def _per_token_loop(model, prompts, n, **kw):
+    """What generate_batch did before multi-token calls (seed 0, the same prefill and cache
+    length): per token, split the key, one ``sample`` call, then one Decoder.step (none after
+    the last token). Returns every row's n ids (EOS is not looked at)."""
+    from nsa_jax.decode import Decoder
+    from nsa_jax.request import bucket
+
+    B, longest = len(prompts), max(len(p) for p in prompts)
+    cache_len = longest + n      # generate_batch's: its default max_len caps bucket(longest + n)
+    dec = Decoder(model, B, cache_len)
+    toks = np.zeros((B, min(bucket(longest), cache_len)), np.int32)
+    for b, p in enumerate(prompts):
+        toks[b, :len(p)] = p
+    logits = dec.prefill(toks, [len(p) for p in prompts])
+    key, out = jax.random.PRNGKey(0), []
+    for i in range(n):
+        key, sub = jax.random.split(key)
+        t = sample(logits, sub, **kw)
+        out.append(np.asarray(t).tolist())
+        if i < n - 1:
+            logits = dec.step(t)
+    return [list(row) for row in zip(*out)]
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=1.0, top_k=30)],
+                         ids=["greedy", "top_k"])
+def test_steps_per_call_changes_nothing_but_the_calls(kw):
+    """generate_batch with steps_per_call 1, 3 and 16 gives the ids of the per-token host loop
+    (sample + Decoder.step) and the same on_token / on_done sequences, with an EOS that stops a
+    row in the middle of a 3-token call and another row running to max_new_tokens; Timing
+    counts the tokens of the calls after the first."""
+    from nsa_jax.generate import Timing
+
+    model = _small_model()
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 97, n).tolist() for n in (3, 11, 6)]
+    n = 10
+    free = _per_token_loop(model, prompts, n, **kw)
+    # EOS: an id that row r first samples at index 4 (the middle of the call covering 3..5)
+    # and that some row never samples; each row keeps its ids up to its first EOS
+    eos, r = next((row[4], r) for r, row in enumerate(free)
+                  if row[4] not in row[:4] and any(row[4] not in o for o in free))
+    want = [row[:row.index(eos) + 1] if eos in row else row for row in free]
+    assert len(want[r]) == 5 and any(len(w) == n for w in want)
+    calls = {}
+    for k in (1, 3, 16):
+        log, t = [], Timing()
+        got = generate_batch(model, prompts, n, eos_id=eos, steps_per_call=k, timing=t,
+                             on_token=lambda b, i: log.append(("token", b, i)),
+                             on_done=lambda b, ids: log.append(("done", b, list(ids))), **kw)
+        assert got == want, k
+        calls[k] = log
+        assert t.first_steps == min(k, n) and t.decode_tokens == 3 * (n - min(k, n)), k
+    assert calls[1] == calls[3] == calls[16]
+    assert [c for c in calls[1] if c[0] == "done"] == sorted(
+        [("done", b, w) for b, w in enumerate(want)], key=lambda c: len(c[2]))
+    assert len(calls[1]) == sum(map(len, want)) + 3
+    with pytest.raises(RequestError, match="^steps_per_call: must be >= 1, got 0"):
+        generate_batch(model, prompts, n, steps_per_call=0)
 
 
 def _cache_row_bytes(run_dir, max_len):
