@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from nsa_jax import cache_update
 from nsa_jax import decode as kvcache
 from nsa_jax.config import ExecConfig, ModelConfig
 from nsa_jax.nsa import NSAConfig, nsa_attention, semantics
@@ -237,14 +238,14 @@ class NSAAttention(nnx.Module):
         out = self.wo(o.reshape(B, S, -1).astype(self.dtype))
         if cache is None:
             return out, None
-        kv = kvcache.fill_nsa(cache.kv, cache.n, k_c, v_c, k_cmp, v_cmp, k_s, v_s, k_w, v_w)
+        kv = cache_update.fill_nsa(cache.kv, cache.n, k_c, v_c, k_cmp, v_cmp, k_s, v_s, k_w, v_w)
         return out, dataclasses.replace(cache, kv=kv)
 
     def _decode(self, x, cache: kvcache.LayerCache, impl: str):
         B = x.shape[0]
         t = cache.pos
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, t[:, None])
-        kv = kvcache.append_nsa(cache.kv, t, self.ncfg, self.compress_block, k_c, v_c, k_s, v_s,
+        kv = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, k_c, v_c, k_s, v_s,
                                 k_w, v_w, fused_writes(impl))
         o = nsa_decode(q[:, 0], kv, t, gates[:, 0], self.ncfg, impl)
         out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
@@ -289,7 +290,7 @@ class DenseAttention(nnx.Module):
         if cache is not None and S == 1:
             t = cache.pos
             q, k, v = self.project(x, t[:, None])
-            kv = kvcache.append_dense(cache.kv, t, k, v, fused_writes(self.xcfg.decode_impl))
+            kv = cache_update.append_dense(cache.kv, t, k, v, fused_writes(self.xcfg.decode_impl))
             o = dense_decode_attention(q[:, 0], kv["k"], kv["v"], t)
             return self.wo(o.reshape(B, 1, -1)), dataclasses.replace(cache, kv=kv)
         q, k, v = self.project(x, positions)
@@ -306,7 +307,7 @@ class DenseAttention(nnx.Module):
         out = self.wo(o.reshape(B, S, -1))
         if cache is None:
             return out, None
-        return out, dataclasses.replace(cache, kv=kvcache.fill_dense(cache.kv, k, v))
+        return out, dataclasses.replace(cache, kv=cache_update.fill_dense(cache.kv, k, v))
 
 
 class SwiGLU(nnx.Module):

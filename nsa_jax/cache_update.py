@@ -1,0 +1,144 @@
+"""How tokens enter the KV caches of :mod:`nsa_jax.decode`: a prefill fills them, a decode step
+appends one token per row (in XLA, or in one Pallas kernel per layer on the Pallas decode path:
+:mod:`nsa_jax.pallas.cache_write`).
+
+Appending token t: its selection K/V go to index t, its window K/V to ring slot ``t % W``, its
+un-rotated cmp-branch K/V to ring slot ``t % l``; when t is the last token of compressed block
+``i = (t - l + 1) / d`` (Eq. 7), φ runs on the ring (in token order) and the key is rotated at t.
+φ runs at every step; when no block ends at t its output goes to the compressed cache's last
+slot, a scratch slot that no position up to ``max_len`` can see (``cache_sizes`` allocates one
+more than the blocks ``max_len`` tokens hold): no branch and no read of the old value, so one
+compiled step serves rows at any positions.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from nsa_jax.nsa import NSAConfig
+from nsa_jax.nsa.decoding import gather_rows, ring_positions, write_rows
+
+
+# ---- how tokens enter the cache -------------------------------------------------------------
+def _gsd(x):
+    """[B,T,G,D] -> [B,G,T,D]."""
+    return jnp.swapaxes(x, 1, 2)
+
+
+def _set_prefix(buf, x):
+    """buf [B,G,S,D] <- x [B,G,P,D] at indices 0..P-1 (P <= S)."""
+    return jax.lax.dynamic_update_slice(buf, x.astype(buf.dtype), (0, 0, 0, 0))
+
+
+def _ring_fill(ring, x, lengths):
+    """Ring [B,G,R,D] after the first lengths[b] tokens of x [B,G,P,D]: slot s % R holds s."""
+    return gather_rows(x, ring_positions(lengths - 1, ring.shape[2])).astype(ring.dtype)
+
+
+def fill_dense(kv: dict, k, v) -> dict:
+    """Prompt keys/values [B,P,G,D] into a dense layer's cache."""
+    return dict(kv, k=_set_prefix(kv["k"], _gsd(k)), v=_set_prefix(kv["v"], _gsd(v)))
+
+
+def append_dense(kv: dict, t, k, v, interpret: bool | None = None) -> dict:
+    """Token t[b] ([B,1,G,D]) into a dense layer's cache. ``interpret`` not None: both writes in
+    one Pallas kernel (``pallas.cache_write``; the Pallas decode path), else two XLA scatters."""
+    if interpret is not None:
+        from nsa_jax.pallas.cache_write import write_rows_pallas
+        kk, vv = write_rows_pallas((kv["k"], kv["v"]), (k[:, 0], v[:, 0]), (t, t),
+                                   interpret=interpret)
+        return dict(kv, k=kk, v=vv)
+    return dict(kv, k=write_rows(kv["k"], k[:, 0], t), v=write_rows(kv["v"], v[:, 0], t))
+
+
+def fill_nsa(kv: dict, lengths, k_c, v_c, k_cmp, v_cmp, k_s, v_s, k_w, v_w) -> dict:
+    """Caches after prompts of lengths[b] tokens (right-padded to P). Token tensors [B,P,G,D],
+    compressed [B,Tc(P),G,D]. Blocks and slots holding padding are never visible to a valid
+    position: a block past a row's prompt is rewritten when decoding reaches its last token."""
+    kv = dict(kv)
+    if "k_cmp" in kv:
+        if k_cmp.shape[1]:
+            n = min(k_cmp.shape[1], kv["k_cmp"].shape[2])
+            kv["k_cmp"] = _set_prefix(kv["k_cmp"], _gsd(k_cmp[:, :n]))
+            kv["v_cmp"] = _set_prefix(kv["v_cmp"], _gsd(v_cmp[:, :n]))
+        kv["kc_raw"] = _ring_fill(kv["kc_raw"], _gsd(k_c), lengths)
+        kv["vc_raw"] = _ring_fill(kv["vc_raw"], _gsd(v_c), lengths)
+    if "k_slc" in kv:
+        kv["k_slc"] = _set_prefix(kv["k_slc"], _gsd(k_s))
+        kv["v_slc"] = _set_prefix(kv["v_slc"], _gsd(v_s))
+    if "k_win" in kv:
+        kv["k_win"] = _ring_fill(kv["k_win"], _gsd(k_w), lengths)
+        kv["v_win"] = _ring_fill(kv["v_win"], _gsd(v_w), lengths)
+    return kv
+
+
+def append_nsa(kv: dict, t, cfg: NSAConfig, compress, k_c, v_c, k_s, v_s, k_w, v_w,
+               interpret: bool | None = None) -> dict:
+    """Token t[b] ([B,1,G,D] tensors) into an NSA layer's caches; emits compressed block
+    i = (t - l + 1) / d when a block ends at t. ``compress(kb, vb, offset)`` is the layer's φ + RoPE
+    over un-rotated blocks [B,l,G,D] starting at positions offset [B]. ``interpret`` not None:
+    the token writes and the ring readout in one Pallas kernel and the emission in a second
+    (``pallas.cache_write``; the Pallas decode path), else XLA scatters/gathers; same values."""
+    if interpret is not None:
+        return _append_nsa_fused(dict(kv), t, cfg, compress, k_c, v_c, k_s, v_s, k_w, v_w,
+                                 interpret)
+    kv = dict(kv)
+    if "k_slc" in kv:
+        kv["k_slc"] = write_rows(kv["k_slc"], k_s[:, 0], t)
+        kv["v_slc"] = write_rows(kv["v_slc"], v_s[:, 0], t)
+    if "k_win" in kv:
+        W = kv["k_win"].shape[2]
+        kv["k_win"] = write_rows(kv["k_win"], k_w[:, 0], t % W)
+        kv["v_win"] = write_rows(kv["v_win"], v_w[:, 0], t % W)
+    if "k_cmp" in kv:
+        l, d = cfg.block_l, cfg.stride_d
+        kv["kc_raw"] = write_rows(kv["kc_raw"], k_c[:, 0], t % l)
+        kv["vc_raw"] = write_rows(kv["vc_raw"], v_c[:, 0], t % l)
+        start = t - (l - 1)                       # first token of the block ending at t
+        emit = (start >= 0) & (jnp.mod(start, d) == 0)
+        slots = jnp.mod(start[:, None] + jnp.arange(l), l)       # ring slots in token order
+        kb = _gsd(gather_rows(kv["kc_raw"], slots))              # [B,l,G,D], un-rotated
+        vb = _gsd(gather_rows(kv["vc_raw"], slots))
+        kc, vc = compress(kb, vb, jnp.maximum(start, 0))          # [B,1,G,D]
+        scratch = kv["k_cmp"].shape[2] - 1        # never visible: see cache_sizes
+        i = jnp.where(emit, jnp.maximum(start, 0) // d, scratch)
+        kv["k_cmp"] = write_rows(kv["k_cmp"], kc[:, 0], i)
+        kv["v_cmp"] = write_rows(kv["v_cmp"], vc[:, 0], i)
+    return kv
+
+
+def _append_nsa_fused(kv: dict, t, cfg: NSAConfig, compress, k_c, v_c, k_s, v_s, k_w, v_w,
+                      interpret: bool) -> dict:
+    """:func:`append_nsa` through ``pallas.cache_write.write_rows_pallas``."""
+    from nsa_jax.pallas.cache_write import write_rows_pallas
+    names, rows, idx = [], [], []
+
+    def add(name, x, i):
+        names.append(name)
+        rows.append(x[:, 0])
+        idx.append(i)
+
+    if "k_slc" in kv:
+        add("k_slc", k_s, t)
+        add("v_slc", v_s, t)
+    if "k_win" in kv:
+        W = kv["k_win"].shape[2]
+        add("k_win", k_w, t % W)
+        add("v_win", v_w, t % W)
+    ring = start = None
+    if "k_cmp" in kv:
+        l, d = cfg.block_l, cfg.stride_d
+        add("kc_raw", k_c, t % l)
+        add("vc_raw", v_c, t % l)
+        ring, start = (len(names) - 2, len(names) - 1), t - (l - 1)
+    out = write_rows_pallas(tuple(kv[n] for n in names), tuple(rows), tuple(idx), ring=ring,
+                            ring_start=start, interpret=interpret)
+    kv.update(zip(names, out[:len(names)]))
+    if "k_cmp" in kv:
+        kb, vb = out[len(names):]                                # [B,l,G,D], token order
+        emit = (start >= 0) & (jnp.mod(start, d) == 0)
+        kc, vc = compress(kb, vb, jnp.maximum(start, 0))         # [B,1,G,D]
+        i = jnp.where(emit, jnp.maximum(start, 0) // d, kv["k_cmp"].shape[2] - 1)  # or scratch
+        kv["k_cmp"], kv["v_cmp"] = write_rows_pallas(
+            (kv["k_cmp"], kv["v_cmp"]), (kc[:, 0], vc[:, 0]), (i, i), interpret=interpret)
+    return kv
