@@ -40,9 +40,23 @@ def doc_lengths(T: int, mean: int, seed: int = 0) -> list[int]:
     return out
 
 
-def nsa_bench(a, T, seg, docs):
-    """NSA fwd+bwd through the Pallas kernels, packed (segment_ids) and unpacked."""
-    cfg = NSAConfig()
+def compare(a, attention, T, docs, unpacked, packed, args):
+    """Time both functions on ``args``; one JSON line each and one with the speed ratio."""
+    ms = {}
+    for name, fn in (("unpacked", unpacked), ("packed", packed)):
+        ms[name] = timed(fn, [args], a.reps)
+        print(json.dumps({"attention": attention, "T": T, "mode": name, "docs": docs,
+                          "fwd_bwd_ms": round(ms[name], 3),
+                          "device": jax.devices()[0].device_kind}), flush=True)
+    print(json.dumps({"attention": attention, "T": T,
+                      "packed_speed_over_unpacked": round(ms["unpacked"] / ms["packed"], 3)}),
+          flush=True)
+    return ms
+
+
+def nsa_inputs(a, T, cfg):
+    """Random bf16 NSA inputs (the 8 arguments) and an output cotangent at the --heads/--groups/
+    --head-dim shape, B=1."""
     rng = np.random.default_rng(2)
     Tc = cfg.num_cmp_blocks(T)
     n = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
@@ -50,7 +64,13 @@ def nsa_bench(a, T, seg, docs):
     args = (n(1, T, H, D), n(1, Tc, G, D), n(1, Tc, G, D), n(1, T, G, D), n(1, T, G, D),
             n(1, T, G, D), n(1, T, G, D),
             jax.nn.sigmoid(n(1, T, H, 3).astype(jnp.float32)).astype(jnp.bfloat16))
-    ct = n(1, T, H, D)
+    return args, n(1, T, H, D)
+
+
+def nsa_bench(a, T, seg, docs):
+    """NSA fwd+bwd through the Pallas kernels, packed (segment_ids) and unpacked."""
+    cfg = NSAConfig()
+    args, ct = nsa_inputs(a, T, cfg)
 
     def fb(seg_ids):
         def f(args, ct):
@@ -59,15 +79,7 @@ def nsa_bench(a, T, seg, docs):
             return o, vjp(ct)
         return jax.jit(f)
 
-    ms = {}
-    for name, fn in (("unpacked", fb(None)), ("packed", fb(seg))):
-        ms[name] = timed(fn, [(args, ct)], a.reps)
-        print(json.dumps({"attention": "nsa", "T": T, "mode": name, "docs": docs,
-                          "fwd_bwd_ms": round(ms[name], 3),
-                          "device": jax.devices()[0].device_kind}), flush=True)
-    print(json.dumps({"attention": "nsa", "T": T,
-                      "packed_speed_over_unpacked": round(ms["unpacked"] / ms["packed"], 3)}),
-          flush=True)
+    compare(a, "nsa", T, docs, fb(None), fb(seg), (args, ct))
 
 
 def branches_bench(a, T, seg, docs):
@@ -78,14 +90,7 @@ def branches_bench(a, T, seg, docs):
 
     from nsa_jax.nsa import select_blocks
     base = NSAConfig()
-    rng = np.random.default_rng(2)
-    Tc = base.num_cmp_blocks(T)
-    n = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
-    H, G, D = a.heads, a.groups, a.head_dim
-    args = (n(1, T, H, D), n(1, Tc, G, D), n(1, Tc, G, D), n(1, T, G, D), n(1, T, G, D),
-            n(1, T, G, D), n(1, T, G, D),
-            jax.nn.sigmoid(n(1, T, H, 3).astype(jnp.float32)).astype(jnp.bfloat16))
-    ct = n(1, T, H, D)
+    args, ct = nsa_inputs(a, T, base)
     for mode, s in (("unpacked", None), ("packed", seg)):
         sel = jax.jit(lambda q, kc, s=s: select_blocks(q, kc, base, impl="pallas",
                                                        segment_ids=s))
@@ -119,15 +124,7 @@ def window_bench(a, T, seg, docs):
             return o, vjp(ct.astype(jnp.float32))
         return jax.jit(f)
 
-    ms = {}
-    for name, fn in (("unpacked", fb(None)), ("packed", fb(lay))):
-        ms[name] = timed(fn, [(q, k, v, ct)], a.reps)
-        print(json.dumps({"attention": "window", "T": T, "mode": name, "docs": docs,
-                          "fwd_bwd_ms": round(ms[name], 3),
-                          "device": jax.devices()[0].device_kind}), flush=True)
-    print(json.dumps({"attention": "window", "T": T,
-                      "packed_speed_over_unpacked": round(ms["unpacked"] / ms["packed"], 3)}),
-          flush=True)
+    compare(a, "window", T, docs, fb(None), fb(lay), (q, k, v, ct))
 
 
 def main(argv=None):
@@ -165,15 +162,8 @@ def main(argv=None):
         plain = fb(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                                                  implementation="cudnn"))
         packed = fb(lambda q, k, v: dense_packed_attention(q, k, v, seg, "pallas"))
-        ms = {}
-        for name, fn in (("unpacked", plain), ("packed", packed)):
-            ms[name] = timed(fn, [(q, k, v, ct)], a.reps)
-            print(json.dumps({"attention": "dense", "T": T, "mode": name, "docs": len(lengths),
-                              "fwd_bwd_ms": round(ms[name], 3),
-                              "device": jax.devices()[0].device_kind}), flush=True)
         # packed attends only inside documents: less work, so >= 1 is expected; >= 0.9 required
-        print(json.dumps({"attention": "dense", "T": T,
-                          "packed_speed_over_unpacked": round(ms["unpacked"] / ms["packed"], 3)}))
+        compare(a, "dense", T, len(lengths), plain, packed, (q, k, v, ct))
 
 
 if __name__ == "__main__":

@@ -49,8 +49,8 @@ def test_group_and_ungroup_are_inverse_on_the_queries_that_see_a_block():
     assert np.all(np.asarray(back[:, :cfg.block_l - 1]) == -1)
 
 
-@pytest.mark.parametrize("h,G", [(1, 2), (6, 1)])
-def test_op_with_grouped_cmp_matches_reference(h, G):
+def test_op_with_grouped_cmp_matches_reference():
+    h, G = 3, 2                       # several groups and several heads per group
     args, cot = _inputs(11 + h, 1, 45, h * G, G, TINY)
     _assert_parity(args, cot, TINY, choices=KernelChoices(cmp_attn="xla"))
 

@@ -32,17 +32,17 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / nb)
 
 
-def _selection(rng, B, T, G, cfg, future=0.1):
-    """Random selections shaped like top-n's: forced initial/local blocks, a random number of
-    other visible blocks, -1 in unused slots, now and then a block after the query (ignored),
-    ids in random slot order. Then hand-made rows: in query tile 1 (16 rows) of (b=0, g=0) even
-    rows select only block 0 and odd rows only block 1 (disjoint selections within a tile);
-    rows 3 and 4 of (b=B-1, g=G-1) see no key (only a future block / all slots unused)."""
-    Ts, n, l = cfg.num_sel_blocks(T), cfg.n_sel, cfg.sel_block
+def _top_n_like(rng, rel, G, cfg, future, later):
+    """int32 [B,T,G,n] selections shaped like top-n's for queries at (document-relative)
+    positions ``rel`` [B,T]: the forced initial/local blocks, a random number of other visible
+    blocks, -1 in unused slots, random slot order, and with probability ``future`` one id drawn
+    from ``later(cur)`` = [lo, hi) (None: none) after the query's block ``cur``."""
+    B, T = rel.shape
+    n, l = cfg.n_sel, cfg.sel_block
     idx = np.full((B, T, G, n), -1, np.int32)
     for b in range(B):
         for t in range(T):
-            cur = t // l
+            cur = int(rel[b, t]) // l
             for g in range(G):
                 forced = sorted({j for j in range(cfg.n_init)} | {cur - i for i in
                                                                   range(cfg.n_local)})
@@ -50,10 +50,23 @@ def _selection(rng, B, T, G, cfg, future=0.1):
                 cand = [j for j in range(cur + 1) if j not in forced]
                 k = int(rng.integers(0, n - len(forced) + 1))
                 ids = forced + list(rng.choice(cand, size=min(k, len(cand)), replace=False))
-                if len(ids) < n and cur + 1 < Ts and rng.random() < future:
-                    ids.append(int(rng.integers(cur + 1, Ts)))
+                span = later(cur)
+                if len(ids) < n and span is not None and rng.random() < future:
+                    ids.append(int(rng.integers(*span)))
                 rng.shuffle(ids)
                 idx[b, t, g, :len(ids)] = ids
+    return idx
+
+
+def _selection(rng, B, T, G, cfg, future=0.1):
+    """Random selections shaped like top-n's: forced initial/local blocks, a random number of
+    other visible blocks, -1 in unused slots, now and then a block after the query (ignored),
+    ids in random slot order. Then hand-made rows: in query tile 1 (16 rows) of (b=0, g=0) even
+    rows select only block 0 and odd rows only block 1 (disjoint selections within a tile);
+    rows 3 and 4 of (b=B-1, g=G-1) see no key (only a future block / all slots unused)."""
+    Ts = cfg.num_sel_blocks(T)
+    idx = _top_n_like(rng, np.broadcast_to(np.arange(T), (B, T)), G, cfg, future,
+                      lambda cur: (cur + 1, Ts) if cur + 1 < Ts else None)
     assert T >= 32 and Ts >= 3
     idx[0, 16:32, 0, :] = -1
     idx[0, 16:32:2, 0, 0] = 0
@@ -158,22 +171,9 @@ def _packed_selection(rng, start, G, cfg, future=0.1):
     Ts (both ignored), -1 in unused slots, random slot order. Row 3 of (b=B-1, g=G-1) selects
     only a later block (sees no key)."""
     B, T = start.shape
-    Ts, n, l = cfg.num_sel_blocks(T), cfg.n_sel, cfg.sel_block
-    idx = np.full((B, T, G, n), -1, np.int32)
-    for b in range(B):
-        for t in range(T):
-            cur = (t - start[b, t]) // l
-            for g in range(G):
-                forced = sorted({j for j in range(cfg.n_init)} | {cur - i for i in
-                                                                  range(cfg.n_local)})
-                forced = [j for j in forced if 0 <= j <= cur]
-                cand = [j for j in range(cur + 1) if j not in forced]
-                k = int(rng.integers(0, n - len(forced) + 1))
-                ids = forced + list(rng.choice(cand, size=min(k, len(cand)), replace=False))
-                if len(ids) < n and rng.random() < future:
-                    ids.append(int(rng.integers(cur + 1, Ts + 2)))
-                rng.shuffle(ids)
-                idx[b, t, g, :len(ids)] = ids
+    Ts, l = cfg.num_sel_blocks(T), cfg.sel_block
+    idx = _top_n_like(rng, np.arange(T)[None, :] - start, G, cfg, future,
+                      lambda cur: (cur + 1, Ts + 2))
     idx[B - 1, 3, G - 1, :] = -1
     idx[B - 1, 3, G - 1, 1] = (3 - start[B - 1, 3]) // l + 1
     return jnp.asarray(idx)

@@ -104,12 +104,21 @@ def test_leaf_spec_rule():
 
 @pytest.fixture(scope="module")
 def two_devices(tmp_path_factory):
-    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT,
-                       env=cli_env(tmp_path_factory.mktemp("jax_cache")),
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    """The two-device subprocess's results, computed once per test session: pytest-xdist
+    workers share them through a file under the session's common temp root (a lock makes the
+    second worker wait for the first instead of running the same ~1 min subprocess again)."""
+    from filelock import FileLock
+    shared = tmp_path_factory.getbasetemp().parent / "two_devices.json"
+    with FileLock(str(shared) + ".lock"):
+        if shared.is_file():
+            return json.loads(shared.read_text())
+        r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT,
+                           env=cli_env(tmp_path_factory.mktemp("jax_cache")),
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+        shared.write_text(line[len("RESULT "):])
+        return json.loads(line[len("RESULT "):])
 
 
 def test_batch_parallel_runs_per_shard(two_devices):

@@ -121,6 +121,18 @@ def dscores(p, do, v, gs, delta, prec):
     return p * (dp - delta[:, None])
 
 
+def grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, rows, hd, ok, cdt):
+    """A backward tile's per-row operands for the query rows ``rows`` (a ``pl.ds``) of head hd:
+    q, dO (cast to the compute dtype ``cdt``), the output scale gs, the saved base-2 lse (+inf on
+    masked rows, so their recomputed p is 0) and delta; rows where ``ok`` is False load 0."""
+    q = load(q_ref.at[b, rows, hd, :], ok[:, None])
+    do = load(do_ref.at[b, rows, hd, :], ok[:, None]).astype(cdt)
+    gs = load(gs_ref.at[b, rows, hd], ok)
+    lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
+    delta = load(delta_ref.at[b, rows, hd], ok)
+    return q, do, gs, lse, delta
+
+
 def sel_sub_tiles(l_sel: int, sel_keys: int):
     """Key sub-tile size BK and count for one selected block of l' keys (selection kernels)."""
     bk = min(sel_keys, max(MIN_DOT, next_pow2(l_sel)))

@@ -389,8 +389,9 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
 
     ``cmp_keys`` compressed keys per tile, ``win_keys`` window slots per program (powers of two
     >= 16); ``splits`` programs per (row, group) over the compressed keys (default: enough to fill
-    the GPU); ``sel_chunk`` selection blocks per scoring program (a power of two). Head dims that are not a power of two >= 16 are zero-padded (a copy of the caches:
-    fine for tests, slow for real models, which use 64 or 128)."""
+    the GPU); ``sel_chunk`` selection blocks per scoring program (a power of two). Head dims
+    that are not a power of two >= 16 are zero-padded (a copy of the caches: fine for tests,
+    slow for real models, which use 64 or 128)."""
     B, Hq, Dk = q.shape
     t = jnp.broadcast_to(jnp.asarray(t, jnp.int32), (B,))
     br = cfg.branches

@@ -37,10 +37,11 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.options import KernelChoices
-from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, cdiv,
+from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, BlockSizes, cdiv,
                                    choices_or_default, compiler_params, dot, dot_precision,
-                                   dscores, idiv, load, next_pow2, probs, softmax_finish,
-                                   softmax_init, softmax_step, store, use_interpret)
+                                   dscores, grad_rows, idiv, load, next_pow2, probs,
+                                   softmax_finish, softmax_init, softmax_step, store,
+                                   use_interpret)
 
 
 def doc_last(start) -> jax.Array:
@@ -139,11 +140,8 @@ def _dq_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_re
     cdt = q_ref.dtype
     t, ok = _rows(qt, bq, T)
     rows = pl.ds(qt * bq, bq)
-    q = load(q_ref.at[b, rows, hd, :], ok[:, None])
-    do = load(do_ref.at[b, rows, hd, :], ok[:, None]).astype(cdt)
-    gs = load(gs_ref.at[b, rows, hd], ok)
-    lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
-    delta = load(delta_ref.at[b, rows, hd], ok)
+    q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
+                                      b, rows, hd, ok, cdt)
     st = load(start_ref.at[b, rows], ok, other=T)
     k0, nk = _key_tiles(qt, st, bq, bk, w, T)
     c = scale * LOG2E
@@ -191,11 +189,8 @@ def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
         def head(j, carry):
             dk, dv = carry
             hd = g * h + j
-            q = load(q_ref.at[b, rows, hd, :], ok[:, None])
-            do = load(do_ref.at[b, rows, hd, :], ok[:, None]).astype(cdt)
-            gs = load(gs_ref.at[b, rows, hd], ok)
-            lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
-            delta = load(delta_ref.at[b, rows, hd], ok)
+            q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
+                                              b, rows, hd, ok, cdt)
             p = probs(dot(q, k, trans_b=True, precision=prec) * c, vis, lse)
             dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
             ds = dscores(p, do, v, gs, delta, prec)

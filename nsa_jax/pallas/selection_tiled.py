@@ -57,10 +57,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
-from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, cdiv, compiler_params,
-                                   dot, dot_precision, dscores, idiv, load, next_pow2, probs,
-                                   sel_sub_tiles, softmax_finish, softmax_init, softmax_step,
-                                   store)
+from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, compiler_params, dot,
+                                   dot_precision, dscores, grad_rows, idiv, load, next_pow2,
+                                   probs, sel_sub_tiles, softmax_finish, softmax_init,
+                                   softmax_step, store)
 
 
 def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
@@ -260,11 +260,8 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
     cdt = q_ref.dtype
     t, ok = _tile_rows(qt, bq, T)
     rows = pl.ds(qt * bq, bq)
-    q = load(q_ref.at[b, rows, hd, :], ok[:, None])
-    do = load(do_ref.at[b, rows, hd, :], ok[:, None]).astype(cdt)
-    gs = load(gs_ref.at[b, rows, hd], ok)
-    lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
-    delta = load(delta_ref.at[b, rows, hd], ok)
+    q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
+                                      b, rows, hd, ok, cdt)
     sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
     st = _starts(st_ref, b, qt, bq, ok) if packed else None
     c = scale * LOG2E
@@ -325,11 +322,8 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
             def head(i, carry):
                 dk, dv = carry
                 hd = g * h + i
-                q = load(q_ref.at[b, rows, hd, :], ok[:, None])
-                do = load(do_ref.at[b, rows, hd, :], ok[:, None]).astype(cdt)
-                gs = load(gs_ref.at[b, rows, hd], ok)
-                lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
-                delta = load(delta_ref.at[b, rows, hd], ok)
+                q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
+                                                  b, rows, hd, ok, cdt)
                 s = dot(q, k, trans_b=True, precision=prec) * c
                 p = probs(s, vis, lse)
                 dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
