@@ -42,6 +42,11 @@ def _rel(a, b):
 
 
 def _pallas_fwd_bwd(args, cot, **kw):
+    """impl="pallas" output and input gradients; without ``choices`` the compressed branch runs
+    the Pallas kernels (cmp_attn="pallas": the default "auto" would take cuDNN on a GPU, which
+    ``test_cmp_attn_cudnn_matches_f32_reference`` covers)."""
+    kw.setdefault("choices", KernelChoices(cmp_attn="pallas"))
+
     @jax.jit
     def run(args, cot):
         out, vjp = jax.vjp(lambda *a: nsa_attention(*a, CFG, impl="pallas", **kw), *args)
@@ -112,11 +117,12 @@ def test_scores_and_selection_f32(shape):
     assert agree >= 0.999, f"selection rows agreeing: {agree:.4f}"
 
 
-def test_no_nan_at_64k():
+@pytest.mark.parametrize("cmp_attn", ["pallas", "auto"])
+def test_no_nan_at_64k(cmp_attn):
     Hq, G, D = SHAPES["bench"]
     T = 65536
     args, cot = _inputs(3, T, Hq, G, D, jnp.bfloat16)
-    out, grads = _pallas_fwd_bwd(args, cot)
+    out, grads = _pallas_fwd_bwd(args, cot, choices=KernelChoices(cmp_attn=cmp_attn))
     for name, x in zip(("out",) + NAMES, (out,) + tuple(grads)):
         assert bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))), f"non-finite {name} at T={T}"
     scale = math.sqrt(float(jnp.mean(out.astype(jnp.float32) ** 2)))

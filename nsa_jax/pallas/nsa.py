@@ -140,10 +140,18 @@ def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg
     return _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st)
 
 
+def _cmp_attn(q, v_cmp, st: _Static) -> str:
+    """``KernelChoices.cmp_attn`` resolved: "auto" -> "cudnn" where cuDNN applies, else "pallas"."""
+    c = st.choices.cmp_attn
+    if c == "auto":
+        return "cudnn" if uses_cudnn_cmp(q, v_cmp, st.interpret) else "pallas"
+    return c
+
+
 def _grouped_cmp(q, k_cmp, v_cmp, st: _Static):
     """Compressed attention through ``cmp_grouped`` (``KernelChoices.cmp_attn`` "cudnn" /
     "xla"): (o float32, its vjp, base-2 lse for the selection scores)."""
-    impl = st.choices.cmp_attn
+    impl = _cmp_attn(q, v_cmp, st)
     if impl == "cudnn" and not uses_cudnn_cmp(q, v_cmp, st.interpret):
         raise ValueError(
             "kernel.cmp_attn: 'cudnn' needs bf16/fp16 operands on a GPU with equal head dims "
@@ -169,7 +177,7 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
     br = cfg.branches
     o_cmp = o_slc = o_win = None
     res = {}
-    if "cmp" in br and seg is None and st.choices.cmp_attn != "pallas":
+    if "cmp" in br and seg is None and _cmp_attn(q, v_cmp, st) != "pallas":
         o_c, cmp_vjp, lse_c = _grouped_cmp(q, k_cmp, v_cmp, st)
         o_cmp = o_c
         res["cmp_grouped"] = (o_c, cmp_vjp)
