@@ -40,15 +40,20 @@ def fill_dense(kv: dict, k, v) -> dict:
     return dict(kv, k=_set_prefix(kv["k"], _gsd(k)), v=_set_prefix(kv["v"], _gsd(v)))
 
 
+def _write(bufs, rows, idx, interpret: bool | None):
+    """Caches ``bufs`` with ``rows[i]`` [B,G,D] at sequence index ``idx[i]`` [B]: one XLA scatter
+    per cache (``interpret`` None) or all in one Pallas kernel (``pallas.cache_write``)."""
+    if interpret is None:
+        return tuple(write_rows(b, x, i) for b, x, i in zip(bufs, rows, idx))
+    from nsa_jax.pallas.cache_write import write_rows_pallas
+    return write_rows_pallas(tuple(bufs), tuple(rows), tuple(idx), interpret=interpret)
+
+
 def append_dense(kv: dict, t, k, v, interpret: bool | None = None) -> dict:
     """Token t[b] ([B,1,G,D]) into a dense layer's cache. ``interpret`` not None: both writes in
     one Pallas kernel (``pallas.cache_write``; the Pallas decode path), else two XLA scatters."""
-    if interpret is not None:
-        from nsa_jax.pallas.cache_write import write_rows_pallas
-        kk, vv = write_rows_pallas((kv["k"], kv["v"]), (k[:, 0], v[:, 0]), (t, t),
-                                   interpret=interpret)
-        return dict(kv, k=kk, v=vv)
-    return dict(kv, k=write_rows(kv["k"], k[:, 0], t), v=write_rows(kv["v"], v[:, 0], t))
+    kk, vv = _write((kv["k"], kv["v"]), (k[:, 0], v[:, 0]), (t, t), interpret)
+    return dict(kv, k=kk, v=vv)
 
 
 def fill_nsa(kv: dict, lengths, k_c, v_c, k_cmp, v_cmp, k_s, v_s, k_w, v_w) -> dict:
@@ -79,66 +84,40 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, k_c, v_c, k_s, v_s, k_w, v
     over un-rotated blocks [B,l,G,D] starting at positions offset [B]. ``interpret`` not None:
     the token writes and the ring readout in one Pallas kernel and the emission in a second
     (``pallas.cache_write``; the Pallas decode path), else XLA scatters/gathers; same values."""
-    if interpret is not None:
-        return _append_nsa_fused(dict(kv), t, cfg, compress, k_c, v_c, k_s, v_s, k_w, v_w,
-                                 interpret)
     kv = dict(kv)
+    l, d = cfg.block_l, cfg.stride_d
+    writes = []                               # (cache, row [B,G,D], index [B]) of token t
     if "k_slc" in kv:
-        kv["k_slc"] = write_rows(kv["k_slc"], k_s[:, 0], t)
-        kv["v_slc"] = write_rows(kv["v_slc"], v_s[:, 0], t)
+        writes += [("k_slc", k_s, t), ("v_slc", v_s, t)]
     if "k_win" in kv:
         W = kv["k_win"].shape[2]
-        kv["k_win"] = write_rows(kv["k_win"], k_w[:, 0], t % W)
-        kv["v_win"] = write_rows(kv["v_win"], v_w[:, 0], t % W)
-    if "k_cmp" in kv:
-        l, d = cfg.block_l, cfg.stride_d
-        kv["kc_raw"] = write_rows(kv["kc_raw"], k_c[:, 0], t % l)
-        kv["vc_raw"] = write_rows(kv["vc_raw"], v_c[:, 0], t % l)
-        start = t - (l - 1)                       # first token of the block ending at t
+        writes += [("k_win", k_w, t % W), ("v_win", v_w, t % W)]
+    cmp = "k_cmp" in kv
+    if cmp:
+        writes += [("kc_raw", k_c, t % l), ("vc_raw", v_c, t % l)]
+    names = [n for n, _, _ in writes]
+    rows = [x[:, 0] for _, x, _ in writes]
+    idx = [i for _, _, i in writes]
+    start = t - (l - 1)                       # first token of the block ending at t
+    if interpret is None:
+        kv.update(zip(names, _write([kv[n] for n in names], rows, idx, None)))
+        if cmp:
+            slots = jnp.mod(start[:, None] + jnp.arange(l), l)   # ring slots in token order
+            kb = _gsd(gather_rows(kv["kc_raw"], slots))          # [B,l,G,D], un-rotated
+            vb = _gsd(gather_rows(kv["vc_raw"], slots))
+    else:
+        from nsa_jax.pallas.cache_write import write_rows_pallas
+        out = write_rows_pallas(tuple(kv[n] for n in names), tuple(rows), tuple(idx),
+                                ring=(len(names) - 2, len(names) - 1) if cmp else None,
+                                ring_start=start if cmp else None, interpret=interpret)
+        kv.update(zip(names, out[:len(names)]))
+        if cmp:
+            kb, vb = out[len(names):]                            # [B,l,G,D], token order
+    if cmp:
         emit = (start >= 0) & (jnp.mod(start, d) == 0)
-        slots = jnp.mod(start[:, None] + jnp.arange(l), l)       # ring slots in token order
-        kb = _gsd(gather_rows(kv["kc_raw"], slots))              # [B,l,G,D], un-rotated
-        vb = _gsd(gather_rows(kv["vc_raw"], slots))
         kc, vc = compress(kb, vb, jnp.maximum(start, 0))          # [B,1,G,D]
         scratch = kv["k_cmp"].shape[2] - 1        # never visible: see cache_sizes
         i = jnp.where(emit, jnp.maximum(start, 0) // d, scratch)
-        kv["k_cmp"] = write_rows(kv["k_cmp"], kc[:, 0], i)
-        kv["v_cmp"] = write_rows(kv["v_cmp"], vc[:, 0], i)
-    return kv
-
-
-def _append_nsa_fused(kv: dict, t, cfg: NSAConfig, compress, k_c, v_c, k_s, v_s, k_w, v_w,
-                      interpret: bool) -> dict:
-    """:func:`append_nsa` through ``pallas.cache_write.write_rows_pallas``."""
-    from nsa_jax.pallas.cache_write import write_rows_pallas
-    names, rows, idx = [], [], []
-
-    def add(name, x, i):
-        names.append(name)
-        rows.append(x[:, 0])
-        idx.append(i)
-
-    if "k_slc" in kv:
-        add("k_slc", k_s, t)
-        add("v_slc", v_s, t)
-    if "k_win" in kv:
-        W = kv["k_win"].shape[2]
-        add("k_win", k_w, t % W)
-        add("v_win", v_w, t % W)
-    ring = start = None
-    if "k_cmp" in kv:
-        l, d = cfg.block_l, cfg.stride_d
-        add("kc_raw", k_c, t % l)
-        add("vc_raw", v_c, t % l)
-        ring, start = (len(names) - 2, len(names) - 1), t - (l - 1)
-    out = write_rows_pallas(tuple(kv[n] for n in names), tuple(rows), tuple(idx), ring=ring,
-                            ring_start=start, interpret=interpret)
-    kv.update(zip(names, out[:len(names)]))
-    if "k_cmp" in kv:
-        kb, vb = out[len(names):]                                # [B,l,G,D], token order
-        emit = (start >= 0) & (jnp.mod(start, d) == 0)
-        kc, vc = compress(kb, vb, jnp.maximum(start, 0))         # [B,1,G,D]
-        i = jnp.where(emit, jnp.maximum(start, 0) // d, kv["k_cmp"].shape[2] - 1)  # or scratch
-        kv["k_cmp"], kv["v_cmp"] = write_rows_pallas(
-            (kv["k_cmp"], kv["v_cmp"]), (kc[:, 0], vc[:, 0]), (i, i), interpret=interpret)
+        kv["k_cmp"], kv["v_cmp"] = _write((kv["k_cmp"], kv["v_cmp"]), (kc[:, 0], vc[:, 0]),
+                                          (i, i), interpret)
     return kv

@@ -245,8 +245,8 @@ class NSAAttention(nnx.Module):
         B = x.shape[0]
         t = cache.pos
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, t[:, None])
-        kv = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, k_c, v_c, k_s, v_s,
-                                k_w, v_w, fused_writes(impl))
+        kv = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, k_c, v_c, k_s,
+                                     v_s, k_w, v_w, fused_writes(impl))
         o = nsa_decode(q[:, 0], kv, t, gates[:, 0], self.ncfg, impl)
         out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
         return out, dataclasses.replace(cache, kv=kv)

@@ -111,10 +111,3 @@ def cmp_attention_grouped(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision=
     else:
         og, lse = _xla_causal(qg, kp, vp, scale, precision)
     return ungroup(og, T, cfg, G, 0.0), ungroup(lse * LOG2E, T, cfg, G, POS_INF)
-
-
-def uses_cudnn_cmp(q, v_cmp, interpret: bool) -> bool:
-    """cuDNN can run the grouped compressed attention for these operands."""
-    return (not interpret) and jnp.dtype(q.dtype) in (jnp.dtype(jnp.bfloat16),
-                                                      jnp.dtype(jnp.float16)) \
-        and q.shape[-1] <= 128 and q.shape[-1] % 8 == 0 and v_cmp.shape[-1] == q.shape[-1]

@@ -45,6 +45,26 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def pad_dim(x, D: int):
+    """Zero-pad the last (head) dim to D (kernels use power-of-two head dims >= 16)."""
+    if x.shape[-1] == D:
+        return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, D - x.shape[-1])])
+
+
+def padded_dims(Dk: int, Dv: int) -> tuple[int, int]:
+    """The kernels' head dims for Dk, Dv: powers of two >= MIN_DOT."""
+    return max(MIN_DOT, next_pow2(Dk)), max(MIN_DOT, next_pow2(Dv))
+
+
+def cudnn_applies(q, v, interpret: bool) -> bool:
+    """cuDNN's fused attention can run these operands: compiled (not interpret) bf16/fp16 with
+    equal head dims <= 128, multiples of 8 (the window branch and ``cmp_attn`` use it)."""
+    return (not interpret) and jnp.dtype(q.dtype) in (jnp.dtype(jnp.bfloat16),
+                                                      jnp.dtype(jnp.float16)) \
+        and q.shape[-1] <= 128 and q.shape[-1] % 8 == 0 and v.shape[-1] == q.shape[-1]
+
+
 def compiler_params(num_warps: int, num_stages: int):
     return _CompilerParams(num_warps=num_warps, num_stages=num_stages)
 

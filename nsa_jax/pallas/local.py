@@ -37,11 +37,10 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.options import KernelChoices
-from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, BlockSizes, cdiv,
-                                   choices_or_default, compiler_params, dot, dot_precision,
-                                   dscores, grad_rows, idiv, load, next_pow2, probs,
-                                   softmax_finish, softmax_init, softmax_step, store,
-                                   use_interpret)
+from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, choices_or_default,
+                                   compiler_params, dot, dot_precision, dscores, grad_rows, idiv,
+                                   load, pad_dim, padded_dims, probs, softmax_finish,
+                                   softmax_init, softmax_step, store, use_interpret)
 
 
 def doc_last(start) -> jax.Array:
@@ -241,10 +240,6 @@ class _Static:
     scale: float
 
 
-def _pad(x, D: int):
-    return x if x.shape[-1] == D else jnp.pad(x, [(0, 0)] * 3 + [(0, D - x.shape[-1])])
-
-
 def local_attention(q, k, v, start=None, window: int | None = None,
                     block_sizes: BlockSizes | None = None, *, interpret: bool | None = None,
                     choices: KernelChoices | None = None):
@@ -267,8 +262,8 @@ def local_attention(q, k, v, start=None, window: int | None = None,
     bs = block_sizes or BlockSizes.for_shape(Hq // G, max(Dk, Dv), jnp.dtype(q.dtype).itemsize)
     st = _Static(window, bs, choices_or_default(choices),
                  use_interpret() if interpret is None else bool(interpret), 1.0 / math.sqrt(Dk))
-    Dkp, Dvp = (max(MIN_DOT, next_pow2(d)) for d in (Dk, Dv))
-    o = _local(_pad(q, Dkp), _pad(k, Dkp), _pad(v, Dvp), lax.stop_gradient(start), st)
+    Dkp, Dvp = padded_dims(Dk, Dv)
+    o = _local(pad_dim(q, Dkp), pad_dim(k, Dkp), pad_dim(v, Dvp), lax.stop_gradient(start), st)
     return o[..., :Dv]
 
 

@@ -31,25 +31,14 @@ import jax.numpy as jnp
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
-from nsa_jax.pallas.common import (MIN_DOT, BlockSizes, choices_or_default, next_pow2,
-                                   use_interpret)
-from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped, uses_cudnn_cmp
+from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped
+from nsa_jax.pallas.common import (BlockSizes, choices_or_default, cudnn_applies, pad_dim,
+                                   padded_dims, use_interpret)
 from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
 from nsa_jax.pallas.selection import sel_backward, sel_forward
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
 from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention, xla_precision
-
-
-def _pad_dim(x, D: int):
-    """Zero-pad the head dim to D (kernels use power-of-two head dims >= 16)."""
-    if x.shape[-1] == D:
-        return x
-    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, D - x.shape[-1])])
-
-
-def _padded_dims(Dk: int, Dv: int):
-    return max(MIN_DOT, next_pow2(Dk)), max(MIN_DOT, next_pow2(Dv))
 
 
 def _block_sizes(q, G: int, block_sizes):
@@ -76,8 +65,8 @@ def block_scores_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | None
     G, Dk = k_cmp.shape[2], q.shape[-1]
     bs = _block_sizes(q, G, block_sizes)
     interpret = use_interpret()
-    Dkp, _ = _padded_dims(Dk, Dk)
-    qp, kp = _pad_dim(q, Dkp), _pad_dim(k_cmp, Dkp)
+    Dkp, _ = padded_dims(Dk, Dk)
+    qp, kp = pad_dim(q, Dkp), pad_dim(k_cmp, Dkp)
     scale = 1.0 / math.sqrt(Dk)
     seg = _layout(segment_ids, cfg)
     _, lse = cmp_forward(qp, kp, None, cfg, bs, scale, interpret, choices=choices, seg=seg)
@@ -141,26 +130,19 @@ def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg
 
 
 def _cmp_attn(q, v_cmp, st: _Static) -> str:
-    """``KernelChoices.cmp_attn`` resolved: "auto" -> "cudnn" where cuDNN applies, else "pallas"."""
+    """``KernelChoices.cmp_attn`` resolved: "auto" -> "cudnn" where cuDNN applies, else "pallas";
+    an explicit "cudnn" that cannot run is one error naming the key."""
     c = st.choices.cmp_attn
+    ok = cudnn_applies(q, v_cmp, st.interpret)
     if c == "auto":
-        return "cudnn" if uses_cudnn_cmp(q, v_cmp, st.interpret) else "pallas"
-    return c
-
-
-def _grouped_cmp(q, k_cmp, v_cmp, st: _Static):
-    """Compressed attention through ``cmp_grouped`` (``KernelChoices.cmp_attn`` "cudnn" /
-    "xla"): (o float32, its vjp, base-2 lse for the selection scores)."""
-    impl = _cmp_attn(q, v_cmp, st)
-    if impl == "cudnn" and not uses_cudnn_cmp(q, v_cmp, st.interpret):
+        return "cudnn" if ok else "pallas"
+    if c == "cudnn" and not ok:
         raise ValueError(
             "kernel.cmp_attn: 'cudnn' needs bf16/fp16 operands on a GPU with equal head dims "
             f"<= 128 (multiples of 8); got {jnp.dtype(q.dtype).name}, head dims {q.shape[-1]}/"
             f"{v_cmp.shape[-1]}, {'interpret mode' if st.interpret else 'GPU'}; use 'pallas' or "
             "'xla'")
-    return jax.vjp(lambda a, b, c: cmp_attention_grouped(a, b, c, st.cfg, impl,
-                                                         xla_precision(st.choices)),
-                   q, k_cmp, v_cmp, has_aux=True)
+    return c
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(10,))
@@ -171,18 +153,21 @@ def _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _Stat
 def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _Static):
     cfg, bs, interpret = st.cfg, st.bs, st.interpret
     Dk, Dv = q.shape[-1], v_slc.shape[-1]
-    Dkp, Dvp = _padded_dims(Dk, Dv)
+    Dkp, Dvp = padded_dims(Dk, Dv)
     scale = 1.0 / math.sqrt(Dk)
-    qp, kcp = _pad_dim(q, Dkp), _pad_dim(k_cmp, Dkp)
+    qp, kcp = pad_dim(q, Dkp), pad_dim(k_cmp, Dkp)
     br = cfg.branches
     o_cmp = o_slc = o_win = None
     res = {}
-    if "cmp" in br and seg is None and _cmp_attn(q, v_cmp, st) != "pallas":
-        o_c, cmp_vjp, lse_c = _grouped_cmp(q, k_cmp, v_cmp, st)
-        o_cmp = o_c
-        res["cmp_grouped"] = (o_c, cmp_vjp)
+    cmp_attn = _cmp_attn(q, v_cmp, st) if "cmp" in br and seg is None else "pallas"
+    if cmp_attn != "pallas":   # compressed attention as grouped causal attention (cmp_grouped)
+        o_cmp, cmp_vjp, lse_c = jax.vjp(
+            lambda a, b, c: cmp_attention_grouped(a, b, c, cfg, cmp_attn,
+                                                  xla_precision(st.choices)),
+            q, k_cmp, v_cmp, has_aux=True)
+        res["cmp_grouped"] = (o_cmp, cmp_vjp)
     elif "cmp" in br or ("slc" in br and st.select):
-        vcp = _pad_dim(v_cmp, Dvp) if "cmp" in br else None
+        vcp = pad_dim(v_cmp, Dvp) if "cmp" in br else None
         o_c, lse_c = cmp_forward(qp, kcp, vcp, cfg, bs, scale, interpret, choices=st.choices,
                                  seg=seg)
         if "cmp" in br:
@@ -194,7 +179,7 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
                                                choices=st.choices, seg=seg), cfg, interpret,
                               None if seg is None else seg.rel)
         sel_fwd = selection_kernels(st.choices, q.shape[1])[0]
-        o_s, lse_s = sel_fwd(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, cfg, bs, scale,
+        o_s, lse_s = sel_fwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, cfg, bs, scale,
                              interpret, choices=st.choices, seg=seg)
         o_slc = o_s[..., :Dv]
         res["slc"] = (idx, o_s, lse_s)
@@ -210,9 +195,9 @@ def _nsa_bwd(st: _Static, resid, dout):
     cfg, bs, interpret = st.cfg, st.bs, st.interpret
     q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, seg, res = resid
     Dk, Dv = q.shape[-1], v_slc.shape[-1]
-    Dkp, Dvp = _padded_dims(Dk, Dv)
+    Dkp, Dvp = padded_dims(Dk, Dv)
     scale = 1.0 / math.sqrt(Dk)
-    qp, dop = _pad_dim(q, Dkp), _pad_dim(dout, Dvp)
+    qp, dop = pad_dim(q, Dkp), pad_dim(dout, Dvp)
     g = gates.astype(jnp.float32)
     dout32 = dout.astype(jnp.float32)
     dgates = [jnp.zeros(q.shape[:3], jnp.float32) for _ in range(3)]
@@ -223,11 +208,11 @@ def _nsa_bwd(st: _Static, resid, dout):
         o_c, cmp_vjp = res["cmp_grouped"]
         dgates[0] = jnp.sum(o_c * dout32, axis=-1)
         dq_c, dkc, dvc = cmp_vjp(g[..., 0:1] * dout32)
-        dq = dq + _pad_dim(dq_c.astype(jnp.float32), Dkp)
+        dq = dq + pad_dim(dq_c.astype(jnp.float32), Dkp)
     if "cmp" in res:
         o_c, lse_c = res["cmp"]
         dgates[0] = jnp.sum(o_c[..., :Dv] * dout32, axis=-1)
-        dq_c, dkc, dvc = cmp_backward(qp, _pad_dim(k_cmp, Dkp), _pad_dim(v_cmp, Dvp), o_c, lse_c,
+        dq_c, dkc, dvc = cmp_backward(qp, pad_dim(k_cmp, Dkp), pad_dim(v_cmp, Dvp), o_c, lse_c,
                                       dop, g[..., 0], None, cfg, bs, scale, interpret,
                                       choices=st.choices, seg=seg)
         dq = dq + dq_c
@@ -235,7 +220,7 @@ def _nsa_bwd(st: _Static, resid, dout):
         idx, o_s, lse_s = res["slc"]
         dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
         sel_bwd = selection_kernels(st.choices, q.shape[1])[1]
-        dq_s, dks, dvs = sel_bwd(qp, _pad_dim(k_slc, Dkp), _pad_dim(v_slc, Dvp), idx, o_s, lse_s,
+        dq_s, dks, dvs = sel_bwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, o_s, lse_s,
                                  dop, g[..., 1], cfg, bs, scale, interpret, choices=st.choices,
                                  seg=seg)
         dq = dq + dq_s

@@ -26,16 +26,8 @@ from jax import lax
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
-from nsa_jax.pallas.common import BlockSizes, choices_or_default
+from nsa_jax.pallas.common import BlockSizes, choices_or_default, cudnn_applies
 from nsa_jax.pallas.local import local_attention
-
-_CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
-
-def uses_cudnn(q, v, interpret: bool) -> bool:
-    return (not interpret) and jnp.dtype(q.dtype) in _CUDNN_DTYPES and q.shape[-1] <= 128 \
-        and q.shape[-1] % 8 == 0 and v.shape[-1] == q.shape[-1]
-
 
 def xla_precision(choices: KernelChoices | None):
     """XLA matmul precision of the window branch's float32 einsums by ``choices.f32_dot``."""
@@ -65,7 +57,7 @@ def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
     if seg is not None:
         return local_attention(q, k, v, seg.start, cfg.window, block_sizes,
                                interpret=interpret, choices=choices)
-    if uses_cudnn(q, v, interpret):
+    if cudnn_applies(q, v, interpret):
         T = q.shape[1]
         k, v = k.astype(q.dtype), v.astype(q.dtype)
         if T % 2:
