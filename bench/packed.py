@@ -7,9 +7,10 @@ Dense: the model's packed path (the document-local Pallas kernel, ``dense_packed
 (``pallas.window.window_attention``: cuDNN's local window unpacked, the document-local kernel
 packed). Parts: each NSA part alone (selection, compressed, selected, window), packed vs unpacked,
 to find where packing costs. Prints one JSON line per (attention, T, mode) and the
-packed/unpacked speed ratio (target >= 0.9).
+packed/unpacked speed ratio (target >= 0.9). ``--cmp-attn``: ``KernelChoices.cmp_attn`` of the NSA
+and parts runs (several values: each one run and labelled; default the product's "auto").
 
-    python bench/packed.py --T 8192 65536 [--attention dense nsa window parts]
+    python bench/packed.py --T 8192 65536 [--attention dense nsa window parts] [--cmp-attn auto]
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels import timed  # noqa: E402
 
 from nsa_jax.model import dense_packed_attention  # noqa: E402
-from nsa_jax.nsa import NSAConfig, nsa_attention  # noqa: E402
+from nsa_jax.nsa import KernelChoices, NSAConfig, nsa_attention  # noqa: E402
+from nsa_jax.nsa.options import CMP_ATTNS  # noqa: E402
 
 
 def doc_lengths(T: int, mean: int, seed: int = 0) -> list[int]:
@@ -40,15 +42,16 @@ def doc_lengths(T: int, mean: int, seed: int = 0) -> list[int]:
     return out
 
 
-def compare(a, attention, T, docs, unpacked, packed, args):
-    """Time both functions on ``args``; one JSON line each and one with the speed ratio."""
+def compare(a, attention, T, docs, unpacked, packed, args, **label):
+    """Time both functions on ``args``; one JSON line each and one with the speed ratio
+    (``label``: extra keys of every line)."""
     ms = {}
     for name, fn in (("unpacked", unpacked), ("packed", packed)):
         ms[name] = timed(fn, [args], a.reps)
-        print(json.dumps({"attention": attention, "T": T, "mode": name, "docs": docs,
+        print(json.dumps({"attention": attention, "T": T, "mode": name, "docs": docs, **label,
                           "fwd_bwd_ms": round(ms[name], 3),
                           "device": jax.devices()[0].device_kind}), flush=True)
-    print(json.dumps({"attention": attention, "T": T,
+    print(json.dumps({"attention": attention, "T": T, **label,
                       "packed_speed_over_unpacked": round(ms["unpacked"] / ms["packed"], 3)}),
           flush=True)
     return ms
@@ -67,22 +70,23 @@ def nsa_inputs(a, T, cfg):
     return args, n(1, T, H, D)
 
 
-def nsa_bench(a, T, seg, docs):
+def nsa_bench(a, T, seg, docs, cmp_attn):
     """NSA fwd+bwd through the Pallas kernels, packed (segment_ids) and unpacked."""
     cfg = NSAConfig()
     args, ct = nsa_inputs(a, T, cfg)
+    ch = KernelChoices(cmp_attn=cmp_attn)
 
     def fb(seg_ids):
         def f(args, ct):
-            o, vjp = jax.vjp(lambda *x: nsa_attention(*x, cfg, impl="pallas",
+            o, vjp = jax.vjp(lambda *x: nsa_attention(*x, cfg, impl="pallas", choices=ch,
                                                       segment_ids=seg_ids), *args)
             return o, vjp(ct)
         return jax.jit(f)
 
-    compare(a, "nsa", T, docs, fb(None), fb(seg), (args, ct))
+    compare(a, "nsa", T, docs, fb(None), fb(seg), (args, ct), cmp_attn=cmp_attn)
 
 
-def branches_bench(a, T, seg, docs):
+def branches_bench(a, T, seg, docs, cmp_attn):
     """Where packing costs: each part of the NSA op alone, packed vs unpacked, fwd+bwd through
     the Pallas kernels: ``select`` (compressed lse + scores + top-n, forward only), ``cmp``,
     ``slc`` (with that mode's own selection given) and ``win`` (``NSAConfig.branches``)."""
@@ -91,10 +95,11 @@ def branches_bench(a, T, seg, docs):
     from nsa_jax.nsa import select_blocks
     base = NSAConfig()
     args, ct = nsa_inputs(a, T, base)
+    ch = KernelChoices(cmp_attn=cmp_attn)
     for mode, s in (("unpacked", None), ("packed", seg)):
         sel = jax.jit(lambda q, kc, s=s: select_blocks(q, kc, base, impl="pallas",
                                                        segment_ids=s))
-        row = {"attention": "nsa-parts", "T": T, "mode": mode, "docs": docs,
+        row = {"attention": "nsa-parts", "T": T, "mode": mode, "docs": docs, "cmp_attn": cmp_attn,
                "select_fwd_ms": round(timed(sel, [(args[0], args[1])], a.reps), 3)}
         idx = sel(args[0], args[1])
         for br in ("cmp", "slc", "win"):
@@ -102,7 +107,7 @@ def branches_bench(a, T, seg, docs):
 
             def f(args, ct, cfg=cfg, s=s):
                 o, vjp = jax.vjp(lambda *x: nsa_attention(*x, cfg, impl="pallas", segment_ids=s,
-                                                          block_idx=idx), *args)
+                                                          block_idx=idx, choices=ch), *args)
                 return o, vjp(ct)
             row[f"{br}_fwd_bwd_ms"] = round(timed(jax.jit(f), [(args, ct)], a.reps), 3)
         print(json.dumps(row), flush=True)
@@ -137,16 +142,17 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--attention", nargs="+", default=["dense", "nsa", "window"],
                    choices=["dense", "nsa", "window", "parts"])
+    p.add_argument("--cmp-attn", nargs="+", default=["auto"], choices=list(CMP_ATTNS))
     a = p.parse_args(argv)
     for T in a.T:
         lengths = doc_lengths(T, a.mean_doc)
         seg = jnp.asarray(np.repeat(np.arange(len(lengths)), lengths)[None], jnp.int32)
-        if "nsa" in a.attention:
-            nsa_bench(a, T, seg, len(lengths))
+        for c in a.cmp_attn if "nsa" in a.attention else ():
+            nsa_bench(a, T, seg, len(lengths), c)
         if "window" in a.attention:
             window_bench(a, T, seg, len(lengths))
-        if "parts" in a.attention:
-            branches_bench(a, T, seg, len(lengths))
+        for c in a.cmp_attn if "parts" in a.attention else ():
+            branches_bench(a, T, seg, len(lengths), c)
         if "dense" not in a.attention:
             continue
         rng = np.random.default_rng(1)

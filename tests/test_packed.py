@@ -183,3 +183,27 @@ def test_pallas_packed_small_tiles_general_scoring(sel_impl, kernel):
     ch = KernelChoices(sel_impl=sel_impl, sel_bwd="atomic", cmp_bwd_split=2)
     _pallas_vs_reference(args, seg, cfg, cotangent(7, args[0].shape), kernel=kernel,
                          block_sizes=bs, choices=ch)
+
+
+def test_pallas_packed_grouped_cmp_matches_reference():
+    """KernelChoices(cmp_attn="xla"): packed compressed attention as a grouped causal attention
+    over the slots with the documents' slot mask (``cmp_grouped._packed``, the CPU twin of the
+    cuDNN path): output, the base-2 lse that scoring takes, and the whole op's 8 gradients."""
+    from nsa_jax.nsa import KernelChoices
+    from nsa_jax.pallas import BlockSizes
+    from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped
+    from nsa_jax.pallas.common import POS_INF
+    from nsa_jax.pallas.compressed import cmp_forward
+    args, seg = packed_inputs(8, LENGTHS, 4, 2, 8, 8, CFG)
+    lay = semantics.segment_layout(seg, CFG)
+    q, kc, vc = args[:3]
+    o, lse = jax.jit(lambda *a: cmp_attention_grouped(*a, CFG, "xla", jax.lax.Precision.HIGHEST,
+                                                      lay))(q, kc, vc)
+    o_p, want = cmp_forward(q, kc, vc, CFG, BlockSizes(), 1 / np.sqrt(8), True, seg=lay)
+    assert rel_err(o, o_p) <= 2e-5
+    lse, want = np.asarray(lse), np.asarray(want)
+    np.testing.assert_array_equal(lse == POS_INF, want == POS_INF)
+    fin = want != POS_INF
+    np.testing.assert_allclose(lse[fin], want[fin], rtol=0, atol=2e-5)
+    _pallas_vs_reference(args, seg, CFG, cotangent(9, q.shape),
+                         choices=KernelChoices(cmp_attn="xla"))

@@ -85,18 +85,26 @@ def _reference_by_group(args, cot, idx, G, cfg=CFG, segment_ids=None):
                                      # T >= 48 so that Tc >= 2: with a single compressed block the
                                      # exact d k_cmp is 0 and a relative error is undefined.
                                      ("125m", 53), ("125m", 1027)])
-def test_bf16_matches_f32_reference(shape, T):
+def test_bf16_matches_f32_reference(shape, T, **kw):
     Hq, G, D = SHAPES[shape]
     args, cot = _inputs(T + Hq, T, Hq, G, D, jnp.bfloat16)
     idx = jax.jit(lambda q, kc: select_blocks_pallas(q, kc, CFG))(args[0], args[1])
-    out, grads = _pallas_fwd_bwd(args, cot, block_idx=idx)
+    out, grads = _pallas_fwd_bwd(args, cot, block_idx=idx, **kw)
     assert out.dtype == jnp.bfloat16
     ro, rgrads = _reference_by_group(args, cot, idx, G)
     errs = {"out": _rel(out, ro)}
     errs.update({n: _rel(a, b) for n, a, b in zip(NAMES, grads, rgrads)})
-    print(shape, T, {k: f"{v:.2e}" for k, v in errs.items()})
+    print(shape, T, kw, {k: f"{v:.2e}" for k, v in errs.items()})
     bad = {k: v for k, v in errs.items() if not v <= 5e-3}
     assert not bad, f"relative RMSE above 5e-3: {bad}"
+
+
+@pytest.mark.parametrize("shape,T", [("125m", 2048), ("125m", 1027), ("bench", 1027)])
+def test_sel_fwd_block_bf16_matches_f32_reference(shape, T):
+    """The block-major selection forward (KernelChoices.sel_fwd="block", gather kernels) on the
+    GPU: the same bf16-vs-float32 check as above."""
+    test_bf16_matches_f32_reference(shape, T, choices=KernelChoices(
+        cmp_attn="pallas", sel_impl="gather", sel_fwd="block"))
 
 
 @pytest.mark.parametrize("shape", ["125m", "bench"])
@@ -217,25 +225,45 @@ def _packed_lengths(T):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [2048])   # the float32 O(T^2) reference does not fit at 8192
-def test_packed_bf16_matches_f32_reference(T):
+@pytest.mark.parametrize("cmp_attn", ["pallas", "cudnn"])
+def test_packed_bf16_matches_f32_reference(T, cmp_attn):
     """Packed documents (issue #16) through the compiled kernels: bf16 impl="pallas" with
     segment_ids against the float32 packed reference, output and all 8 gradients (125M shape,
     h=6, D=64), relative RMSE <= 5e-3; the packed selection (document-relative ids) feeds both,
-    and it equals the float32 selection on at least 99% of its ids."""
+    and it equals the float32 selection on at least 99% of its ids. The compressed branch by
+    the packed Pallas kernels or as a grouped cuDNN attention with the documents' slot mask;
+    for cuDNN its lse (which the scores take) equals the packed Pallas lse."""
     Hq, G, D = SHAPES["125m"]
     args, cot = _inputs(T + 7, T, Hq, G, D, jnp.bfloat16)
     seg = jnp.asarray(np.repeat(np.arange(len(_packed_lengths(T))), _packed_lengths(T))[None],
                       jnp.int32)
+    if cmp_attn == "cudnn":
+        from nsa_jax.nsa import semantics
+        from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped
+        from nsa_jax.pallas.common import BlockSizes
+        from nsa_jax.pallas.compressed import cmp_forward
+        lay = semantics.segment_layout(seg, CFG)
+        _, lse = jax.jit(lambda q, kc, vc: cmp_attention_grouped(q, kc, vc, CFG, "cudnn",
+                                                                 seg=lay))(*args[:3])
+        _, want = jax.jit(lambda q, kc: cmp_forward(q, kc, None, CFG, BlockSizes(),
+                                                    1 / math.sqrt(D), False, seg=lay))(
+            args[0], args[1])
+        fin = np.isfinite(np.asarray(want))
+        assert np.array_equal(fin, np.isfinite(np.asarray(lse)))
+        lse_err = float(np.max(np.abs(np.asarray(lse)[fin] - np.asarray(want)[fin])))
+        print("packed cmp_attn=cudnn lse max abs diff", f"{lse_err:.2e}")
+        assert lse_err <= 1e-3, lse_err
     idx = jax.jit(lambda q, kc, s: select_blocks_pallas(q, kc, CFG, segment_ids=s))(
         args[0], args[1], seg)
     idx32 = ref.select_blocks(args[0][:, :, :Hq // G].astype(jnp.float32),
                               args[1][:, :, :1].astype(jnp.float32), CFG, seg)
     assert float(jnp.mean(idx[:, :, :1] == idx32)) >= 0.99
-    out, grads = _pallas_fwd_bwd(args, cot, block_idx=idx, segment_ids=seg)
+    out, grads = _pallas_fwd_bwd(args, cot, block_idx=idx, segment_ids=seg,
+                                 choices=KernelChoices(cmp_attn=cmp_attn))
     ro, rgrads = _reference_by_group(args, cot, idx, G, segment_ids=seg)
     errs = {"out": _rel(out, ro)}
     errs.update({n: _rel(a, b) for n, a, b in zip(NAMES, grads, rgrads)})
-    print("packed 125m", T, {k: f"{v:.2e}" for k, v in errs.items()})
+    print("packed 125m", T, cmp_attn, {k: f"{v:.2e}" for k, v in errs.items()})
     bad = {k: v for k, v in errs.items() if not v <= 5e-3}
     assert not bad, f"relative RMSE above 5e-3: {bad}"
 

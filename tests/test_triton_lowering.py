@@ -57,14 +57,17 @@ def _fwd_bwd(**kw):
     return f
 
 
-@pytest.mark.parametrize("dtype,packed,sel_impl", [
-    (jnp.bfloat16, True, "tiled"),     # packed: compressed/scoring/top-n/selection/local window
-    (jnp.bfloat16, True, "gather"),
-    (jnp.float32, False, "tiled"),     # float32 window: the local kernel
-    (jnp.float32, False, "gather"),
+@pytest.mark.parametrize("dtype,packed,sel_impl,sel_fwd", [
+    (jnp.bfloat16, True, "tiled", "query"),  # packed: scoring/top-n/selection/local window
+    (jnp.bfloat16, True, "gather", "block"),
+    (jnp.float32, False, "tiled", "query"),  # float32 window: the local kernel
+    (jnp.float32, False, "gather", "query"),
+    (jnp.float32, False, "gather", "block"),
 ])
-def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl):
-    kw = {"choices": KernelChoices(sel_impl=sel_impl)}
+def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl, sel_fwd):
+    # cmp_attn="pallas": the compressed kernels (cuDNN, which "auto" takes for bf16, cannot
+    # lower without a GPU; the gpu tests cover it)
+    kw = {"choices": KernelChoices(sel_impl=sel_impl, sel_fwd=sel_fwd, cmp_attn="pallas")}
     shapes = _nsa_args(dtype)
     if packed:
         shapes += (S(B, T, dtype=jnp.int32),)
@@ -77,7 +80,8 @@ def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl):
     names = triton_kernels(f, *shapes)
     assert {"nsa_local_fwd", "nsa_local_bwd_dq", "nsa_local_bwd_dkv"} <= names, names
     sel = "nsa_sel_tiled_" if sel_impl == "tiled" else "nsa_sel_"
-    assert {sel + "fwd", sel + "bwd_dq", sel + "bwd_dkv"} <= names, names
+    fwd = sel + ("fwd_block" if sel_fwd == "block" else "fwd")
+    assert {fwd, sel + "bwd_dq", sel + "bwd_dkv"} <= names, names
 
 
 @pytest.mark.parametrize("window", [512, None])

@@ -10,6 +10,7 @@ import dataclasses
 
 SEL_IMPLS = ("auto", "gather", "tiled")
 SEL_BWDS = ("inverted", "atomic")
+SEL_FWDS = ("query", "block")
 SCORE_DOTS = ("ieee", "tf32x3")
 F32_DOTS = ("ieee", "tf32")
 CMP_ATTNS = ("auto", "pallas", "cudnn", "xla")
@@ -22,6 +23,10 @@ class KernelChoices:
                         "auto" (tiled when T <= sel_tiled_max_t).
     sel_tiled_max_t:    longest T for which "auto" picks the tiled kernels.
     sel_bwd:            gather backward: "inverted" (block -> query index) or "atomic".
+    sel_fwd:            gather forward: "query" (one program per query and group loads its n
+                        blocks) or "block" (one program per key block and a chunk of the queries
+                        that selected it: K/V loaded once, partial results merged over the n
+                        slots; ``nsa_jax/pallas/selection_block.py``).
     cmp_bwd_split:      parts the query range of one compressed dK/dV tile is split into
                         (float32 atomic adds; 1 = plain stores).
     score_dot:          GPU precision of the general scoring path's float32 dots (used when
@@ -44,6 +49,7 @@ class KernelChoices:
     sel_impl: str = "auto"
     sel_tiled_max_t: int = 4096
     sel_bwd: str = "inverted"
+    sel_fwd: str = "query"
     cmp_bwd_split: int = 8
     score_dot: str = "ieee"
     f32_dot: str = "ieee"
@@ -57,6 +63,8 @@ class KernelChoices:
             fail("sel_impl", f"one of {list(SEL_IMPLS)}, got {self.sel_impl!r}")
         if self.sel_bwd not in SEL_BWDS:
             fail("sel_bwd", f"one of {list(SEL_BWDS)}, got {self.sel_bwd!r}")
+        if self.sel_fwd not in SEL_FWDS:
+            fail("sel_fwd", f"one of {list(SEL_FWDS)}, got {self.sel_fwd!r}")
         if self.score_dot not in SCORE_DOTS:
             fail("score_dot", f"one of {list(SCORE_DOTS)}, got {self.score_dot!r}")
         if self.cmp_attn not in CMP_ATTNS:

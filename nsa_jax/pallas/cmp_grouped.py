@@ -19,6 +19,16 @@ Eq. 9, need it; not differentiated). Two implementations:
 
 Cost: the grouping copies q (and o, dq, do in the backward) through a transpose; the attention
 itself is causal over Tc keys with Hq*d query heads, the same FLOPs as the Pallas kernels.
+
+Packed documents (``seg``: a ``semantics.SegmentLayout``): document k's blocks sit in the slots
+[off_k, off_k + Tc(L_k)), and the query at document-relative r = l - 1 + c*d + rr sees slots
+off_k .. off_k + c. So query row R = off_k + c (the row of slot R) holds the d queries
+cmp_src[R] + l - 1 + rr, and it sees the slots lo(R) <= s <= R: a causal attention over the slots
+restricted to one document. The rows are gathered (not transposed) from the tokens, each slot row
+taking its document's queries, and the attention gets the [Tq, Tq] document mask of the slots
+(cuDNN: as a bias; O(Tc^2) = O(T^2/d^2), 32 MB at T = 64k with d = 16). Grouping and ungrouping
+are a partial permutation of (token, head) entries and its inverse, so their transposes (the
+backward) are the inverse gathers: :func:`_permute`, no scatter.
 """
 from __future__ import annotations
 
@@ -62,38 +72,96 @@ def ungroup(x, T: int, cfg: NSAConfig, G: int, fill):
     return jnp.concatenate([front, y], axis=1)
 
 
+def _packed_maps(seg, T: int, Tq: int, cfg: NSAConfig):
+    """Index maps of the packed grouping (module docstring), per batch row:
+    ``tok`` [B, Tq*d] token of grouped query j = R*d + rr and ``tok_ok`` (a real query);
+    ``row`` [B, T] grouped index of token t and ``row_ok`` (t sees a block: r(t) >= l - 1);
+    ``lo`` [B, Tq] first slot row R may see (R itself for padding rows)."""
+    d, l = cfg.stride_d, cfg.block_l
+    Tc = seg.cmp_src.shape[1]
+    pad = Tq - Tc
+    src = jnp.pad(seg.cmp_src, ((0, 0), (0, pad)))
+    ok = jnp.pad(seg.cmp_ok, ((0, 0), (0, pad)))
+    tok = src[:, :, None] + (l - 1) + jnp.arange(d, dtype=jnp.int32)            # [B,Tq,d]
+    tok_c = jnp.minimum(tok, T - 1)
+    start_tok = jnp.take_along_axis(seg.start, tok_c.reshape(tok.shape[0], -1), axis=1)
+    start_src = jnp.take_along_axis(seg.start, src, axis=1)
+    tok_ok = (ok[:, :, None] & (tok < T)
+              & (start_tok.reshape(tok.shape) == start_src[:, :, None]))
+    rel = seg.rel - (l - 1)
+    row_ok = rel >= 0
+    relc = jnp.maximum(rel, 0)
+    row = (seg.cmp_lo + relc // d) * d + relc % d
+    R = jnp.arange(Tq, dtype=jnp.int32)
+    lo_src = jnp.take_along_axis(seg.cmp_lo, src, axis=1)
+    lo = jnp.where(ok, lo_src, R)
+    B = tok.shape[0]
+    return (tok_c.reshape(B, Tq * d), tok_ok.reshape(B, Tq * d),
+            jnp.where(row_ok, row, 0), row_ok, lo)
+
+
+@jax.custom_vjp
+def _permute(x, idx, ok, inv, inv_ok):
+    """y[b, j] = x[b, idx[b, j]] where ok[b, j], else 0 (x [B, N, ...]): a partial permutation
+    whose inverse is (inv, inv_ok); its transpose is therefore the inverse gather."""
+    y = jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+    return jnp.where(ok.reshape(ok.shape + (1,) * (x.ndim - 2)), y, jnp.zeros((), x.dtype))
+
+
+def _permute_fwd(x, idx, ok, inv, inv_ok):
+    return _permute(x, idx, ok, inv, inv_ok), (idx, ok, inv, inv_ok)
+
+
+def _permute_bwd(res, g):
+    idx, ok, inv, inv_ok = res
+    return (_permute(g, inv, inv_ok, idx, ok), None, None, None, None)
+
+
+_permute.defvjp(_permute_fwd, _permute_bwd)
+
+
 def _pad_keys(k, Tq: int):
     return jnp.pad(k, ((0, 0), (0, Tq - k.shape[1]), (0, 0), (0, 0)))
 
 
-def _xla_causal(qg, k, v, scale: float, precision):
-    """Causal GQA attention with its base-e lse: qg [B,Tq,N,D], k/v [B,Tq,G,D]."""
+def _xla_causal(qg, k, v, scale: float, precision, lo=None):
+    """Causal GQA attention with its base-e lse: qg [B,Tq,N,D], k/v [B,Tq,G,D]; ``lo`` [B,Tq]:
+    row c sees only keys lo[c] <= i (packed documents)."""
     B, Tq, N, D = qg.shape
     G = k.shape[2]
     qh = qg.reshape(B, Tq, G, N // G, D).astype(jnp.float32)
     s = jnp.einsum("bcgjd,bigd->bgjci", qh, k.astype(jnp.float32), precision=precision) * scale
     c = jnp.arange(Tq)
     vis = c[None, :] <= c[:, None]                                        # [c, i]
+    if lo is not None:
+        vis = (vis[None] & (c[None, None, :] >= lo[:, :, None]))[:, None, None]  # [B,1,1,c,i]
     p = semantics.masked_softmax(s, vis)
     o = jnp.einsum("bgjci,bigd->bcgjd", p, v.astype(jnp.float32), precision=precision)
     lse = jax.nn.logsumexp(jnp.where(vis, jax.lax.stop_gradient(s), -jnp.inf), axis=-1)
     return o.reshape(B, Tq, N, v.shape[-1]), lse.transpose(0, 3, 1, 2).reshape(B, Tq, N)
 
 
-def _cudnn_causal(qg, k, v, scale: float):
+def _cudnn_causal(qg, k, v, scale: float, lo=None):
     from jax._src.cudnn.fused_attention_stablehlo import MaskType
     from jax._src.cudnn.fused_attention_stablehlo import dot_product_attention as cudnn_attn
     k, v = k.astype(qg.dtype), v.astype(qg.dtype)
-    o, lse = cudnn_attn(qg, k, v, scale=scale, mask_type=MaskType.CAUSAL, return_residual=True)
+    mask = None
+    if lo is not None:   # packed: row c sees keys lo[c] <= i (the causal half is the mask type)
+        i = jnp.arange(qg.shape[1], dtype=lo.dtype)
+        mask = (i[None, None, :] >= lo[:, :, None])[:, None]                 # [B,1,Tq,Tq]
+    o, lse = cudnn_attn(qg, k, v, mask=mask, scale=scale, mask_type=MaskType.CAUSAL,
+                        return_residual=True)
     # the residual is [B, N, Tq] (softmax statistics of the BTNH call), natural log
     return o.astype(jnp.float32), jnp.swapaxes(jax.lax.stop_gradient(lse), 1, 2)
 
 
-def cmp_attention_grouped(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision=None):
+def cmp_attention_grouped(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision=None,
+                          seg: semantics.SegmentLayout | None = None):
     """q [B,T,Hq,Dk], k_cmp/v_cmp [B,Tc,G,D] -> (o_cmp float32 [B,T,Hq,Dv], lse2 float32
     [B,T,Hq]: base-2 log-sum-exp of the scaled logits, +inf where no block is visible).
     Differentiable in q, k_cmp, v_cmp through o_cmp (lse2 is not). ``precision``: XLA matmul
-    precision of the ``"xla"`` path's float32 einsums."""
+    precision of the ``"xla"`` path's float32 einsums. ``seg``: packed rows' layout (module
+    docstring; None = one document per row)."""
     B, T, Hq, Dk = q.shape
     Tc, G = k_cmp.shape[1], k_cmp.shape[2]
     Dv = v_cmp.shape[-1]
@@ -103,6 +171,8 @@ def cmp_attention_grouped(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision=
     if impl not in ("cudnn", "xla"):
         raise ValueError(f"impl must be 'cudnn' or 'xla', got {impl!r}")
     Tq = _grouped_len(T, cfg, CUDNN_ALIGN if impl == "cudnn" else 1)
+    if seg is not None:
+        return _packed(q, k_cmp, v_cmp, cfg, impl, precision, seg, Tq)
     qg = group_queries(q, cfg, G, Tq)
     kp, vp = _pad_keys(k_cmp, Tq), _pad_keys(v_cmp, Tq)
     scale = 1.0 / math.sqrt(Dk)
@@ -111,3 +181,29 @@ def cmp_attention_grouped(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision=
     else:
         og, lse = _xla_causal(qg, kp, vp, scale, precision)
     return ungroup(og, T, cfg, G, 0.0), ungroup(lse * LOG2E, T, cfg, G, POS_INF)
+
+
+def _packed(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision, seg, Tq: int):
+    """The packed grouping (module docstring): gather the slot rows, attend causally within each
+    document's slots, gather the tokens back."""
+    B, T, Hq, Dk = q.shape
+    G, d = k_cmp.shape[2], cfg.stride_d
+    h = Hq // G
+    tok, tok_ok, row, row_ok, lo = _packed_maps(seg, T, Tq, cfg)
+    qg = _permute(q, tok, tok_ok, row, row_ok)                               # [B,Tq*d,Hq,D]
+    qg = qg.reshape(B, Tq, d, G, h, Dk).transpose(0, 1, 3, 4, 2, 5).reshape(B, Tq, Hq * d, Dk)
+    kp, vp = _pad_keys(k_cmp, Tq), _pad_keys(v_cmp, Tq)
+    scale = 1.0 / math.sqrt(Dk)
+    if impl == "cudnn":
+        og, lse = _cudnn_causal(qg, kp, vp, scale, lo)
+    else:
+        og, lse = _xla_causal(qg, kp, vp, scale, precision, lo)
+
+    def back(x, fill):   # [B,Tq,Hq*d,...] -> [B,T,Hq,...]
+        rest = x.shape[3:]
+        x = jnp.moveaxis(x.reshape(B, Tq, G, h, d, *rest), 4, 2).reshape(B, Tq * d, Hq, *rest)
+        y = _permute(x, row, row_ok, tok, tok_ok)
+        ok = row_ok.reshape(row_ok.shape + (1,) * (y.ndim - 2))
+        return y if fill == 0.0 else jnp.where(ok, y, fill)
+
+    return back(og, 0.0), back(jax.lax.stop_gradient(lse) * LOG2E, POS_INF)

@@ -36,6 +36,7 @@ from nsa_jax.pallas.common import (BlockSizes, choices_or_default, cudnn_applies
                                    padded_dims, use_interpret)
 from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
 from nsa_jax.pallas.selection import sel_backward, sel_forward
+from nsa_jax.pallas.selection_block import sel_forward_block
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
 from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention, xla_precision
@@ -91,7 +92,9 @@ def selection_kernels(choices: KernelChoices | None, T: int):
     None = unpacked; module docstring)."""
     ch = choices_or_default(choices)
     tiled = ch.sel_impl == "tiled" or (ch.sel_impl == "auto" and T <= ch.sel_tiled_max_t)
-    return (sel_tiled_forward, sel_tiled_backward) if tiled else (sel_forward, sel_backward)
+    if tiled:
+        return sel_tiled_forward, sel_tiled_backward
+    return (sel_forward_block if ch.sel_fwd == "block" else sel_forward), sel_backward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,11 +162,11 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
     br = cfg.branches
     o_cmp = o_slc = o_win = None
     res = {}
-    cmp_attn = _cmp_attn(q, v_cmp, st) if "cmp" in br and seg is None else "pallas"
+    cmp_attn = _cmp_attn(q, v_cmp, st) if "cmp" in br else "pallas"
     if cmp_attn != "pallas":   # compressed attention as grouped causal attention (cmp_grouped)
         o_cmp, cmp_vjp, lse_c = jax.vjp(
             lambda a, b, c: cmp_attention_grouped(a, b, c, cfg, cmp_attn,
-                                                  xla_precision(st.choices)),
+                                                  xla_precision(st.choices), seg),
             q, k_cmp, v_cmp, has_aux=True)
         res["cmp_grouped"] = (o_cmp, cmp_vjp)
     elif "cmp" in br or ("slc" in br and st.select):

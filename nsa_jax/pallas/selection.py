@@ -244,7 +244,8 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
             plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv)
 
 
-def inverted_index(idx, T: int, Ts: int, chunk: int, doc_start=None, l_sel: int = 0):
+def inverted_index(idx, T: int, Ts: int, chunk: int, doc_start=None, l_sel: int = 0,
+                   slots: bool = False):
     """Block -> query index of a selection, split into work items of <= ``chunk`` queries.
 
     idx [B,T,G,n] (block ids, -1 unused) -> (meta int32 [NC, 5] rows (b, g, j, start, count),
@@ -256,6 +257,10 @@ def inverted_index(idx, T: int, Ts: int, chunk: int, doc_start=None, l_sel: int 
     each (query, block) pair is listed under the aligned key block J of its first key
     p = start + j*l' and, for unaligned p, under J + 1 too (when (J + 1)*l' <= t), so entries
     number 2*T*n, and a third output pt [B,G,2*T*n] holds each entry's p (module docstring).
+
+    ``slots``: qt holds t*N + i instead of t, where i < N is the entry's slot (its position in
+    idx's last axis, N = n; packed: N = 2n, the second halves in slots n..2n-1), so a kernel can
+    write a result per (query, slot) (``selection_block``).
     """
     B, _, G, n = idx.shape
     tpos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :, None, None], idx.shape)
@@ -268,6 +273,8 @@ def inverted_index(idx, T: int, Ts: int, chunk: int, doc_start=None, l_sel: int 
         tpos = jnp.concatenate([tpos, tpos], axis=-1)
         p = jnp.concatenate([p, p], axis=-1).astype(jnp.int32)
         n = 2 * n
+    if slots:
+        tpos = tpos * n + jnp.arange(n, dtype=jnp.int32)
     jkey = jkey.astype(jnp.int32).transpose(0, 2, 1, 3).reshape(B, G, T * n)
     tkey = tpos.transpose(0, 2, 1, 3).reshape(B, G, T * n)
     if doc_start is None:

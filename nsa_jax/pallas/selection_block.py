@@ -1,0 +1,148 @@
+"""Selected-block attention forward, block-major (NSA §3.3.2, Eq. 10-12 applied;
+``KernelChoices.sel_fwd = "block"``).
+
+The query-major forward (``selection.sel_forward``) runs one program per (query, KV group) and
+loads each of the query's n selected K/V blocks: n * l' * (Dk + Dv) * 2 bytes per (query, group),
+16 KB per block at the 125M shape, from L2. Its tiles have h rows (6 at 125M, padded to 16), so
+it is bound by L2 -> SM traffic, not by the tensor cores (bench/NOTES.md).
+
+Here the loop is turned around, as the inverted dK/dV kernel does (and as FSA, Flash Sparse
+Attention, does for its forward): the block -> query index (``selection.inverted_index``) lists,
+for each key block, the queries that selected it; one program takes one key block and up to
+``sel_chunk`` of its queries, loads the block's K and V once, and walks the queries in tiles of
+``rows // h`` queries x h heads (128 rows by default: full-height tensor-core tiles). For each
+(query, slot) it writes the block's *partial* result, the softmax over that block's visible keys:
+o_i (float32 [Hq, Dv]) and its base-2 log-sum-exp lse_i. The merge (Eq. 10's softmax over the
+union of the selected keys, the same online-softmax identity the kernels use between tiles):
+
+    lse = log2 sum_i 2^lse_i,    o = sum_i 2^(lse_i - lse) o_i
+
+runs in XLA over the n slots. Bytes per (query, group) move from n K/V tiles (L2) to n gathered
+query rows in and n partial rows out (h * (Dk + 4 Dv + 4) bytes each, through HBM).
+
+Packed rows: ``inverted_index`` lists a block that straddles an aligned key block under both
+aligned blocks (its two halves), each in its own slot (2n slots), so a partial covers
+[p, p + l') ∩ the aligned block, and the merge adds the halves like any two blocks. Unused slots
+keep lse = -inf (the partial lse buffer starts at -inf) and weigh nothing.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from nsa_jax.nsa.config import NSAConfig
+from nsa_jax.nsa.options import KernelChoices
+from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, cdiv, compiler_params,
+                                   dot, dot_precision, idiv, load, next_pow2, sel_sub_tiles,
+                                   softmax_finish, softmax_init, softmax_step, store)
+from nsa_jax.pallas.selection import inverted_index
+
+
+def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
+                      packed=False):
+    if packed:
+        pt_ref, *refs = refs
+    q_ref, k_ref, v_ref, _lse_in, po_ref, plse_ref = refs
+    ci = pl.program_id(0)
+    b, g, j = meta_ref[ci, 0], meta_ref[ci, 1], meta_ref[ci, 2]
+    start, count = meta_ref[ci, 3], meta_ref[ci, 4]
+    T = q_ref.shape[1]
+    Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
+    bq = rows // h
+    r = jnp.arange(rows)
+    qi = idiv(r, h)
+    head = g * h + (r - qi * h)
+    dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
+    c = scale * LOG2E
+    base = j * l_sel
+    kv = []
+    for sub in range(n_sub):   # the block's K/V, loaded once for all of its queries
+        off = sub * bk + jnp.arange(bk)
+        kpos = base + off
+        kvalid = (off < l_sel) & (kpos < T)
+        kv.append((load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None]),
+                   load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None]),
+                   kpos, kvalid))
+
+    def tile(it, carry):
+        e = it * bq + qi
+        row_ok = (qi < bq) & (e < count)
+        ent = jnp.where(row_ok, start + e, 0)
+        ts = load(ot_ref.at[b, g, ent], row_ok)          # t * n_slots + slot
+        t = jnp.where(row_ok, idiv(ts, n_slots), 0)
+        q = load(q_ref.at[b, t[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
+        if packed:
+            p0 = load(pt_ref.at[b, g, ent], row_ok)
+        m, lsum, acc = softmax_init(rows, Dv)
+        for k, v, kpos, kvalid in kv:
+            mask = row_ok[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
+            if packed:  # the part of the block [p, p + l') inside this aligned key block
+                mask = mask & (kpos[None, :] >= p0[:, None]) & (kpos[None, :] < p0[:, None] + l_sel)
+            s = jnp.where(mask, dot(q, k, trans_b=True, precision=prec) * c, NEG_INF)
+            m, alpha, p, lsum = softmax_step(m, lsum, s)
+            acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
+        l_safe, lse = softmax_finish(m, lsum)
+        ts_st = jnp.where(row_ok, ts, po_ref.shape[1])   # masked rows -> out of bounds
+        store(po_ref.at[b, ts_st[:, None], head[:, None], dv_[None, :]],
+              acc / l_safe[:, None], row_ok[:, None])
+        store(plse_ref.at[b, ts_st, head], jnp.where(lse == POS_INF, NEG_INF, lse), row_ok)
+        return carry
+
+    lax.fori_loop(0, idiv(count + (bq - 1), bq), tile, 0)
+
+
+def merge_partials(po, plse):
+    """Partial results per slot -> (o float32 [B,T,Hq,Dv], lse2 [B,T,Hq], +inf where no key):
+    po [B,T,N,Hq,Dv] float32, plse [B,T,N,Hq] base-2 (-inf = no partial; po is then ignored)."""
+    m = jnp.max(plse, axis=2)
+    m_safe = jnp.where(m == NEG_INF, 0.0, m)
+    w = jnp.exp2(plse - m_safe[:, :, None])                       # 0 where plse = -inf
+    den = jnp.sum(w, axis=2)
+    has = den > 0
+    wn = w / jnp.where(has, den, 1.0)[:, :, None]
+    o = jnp.sum(jnp.where((plse > NEG_INF)[..., None], po, 0.0) * wn[..., None], axis=2)
+    return o, jnp.where(has, m_safe + jnp.log2(jnp.where(has, den, 1.0)), POS_INF)
+
+
+def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float,
+                      interpret: bool, *, choices: KernelChoices | None = None, seg=None):
+    """Same contract as ``selection.sel_forward``: -> o float32 [B,T,Hq,Dv], lse2 float32
+    [B,T,Hq] (module docstring for the schedule)."""
+    B, T, Hq, Dk = q.shape
+    G, Dv = k.shape[2], v.shape[-1]
+    h = Hq // G
+    n = idx.shape[-1]
+    bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_keys)
+    Ts = cfg.num_sel_blocks(T)
+    rows = max(bs.sel_rows, next_pow2(h))
+    bq = rows // h
+    chunk = bq * cdiv(bs.sel_chunk, bq)
+    packed = seg is not None
+    if packed:
+        meta, ot, pt = inverted_index(idx, T, Ts, chunk, seg.start, cfg.sel_block, slots=True)
+        extra, N = (ot, pt), 2 * n
+    else:
+        meta, ot = inverted_index(idx, T, Ts, chunk, slots=True)
+        extra, N = (ot,), n
+    # K/V padded so that every block's sub-tiles stay in bounds (the last block may be short)
+    pad = max(0, (Ts - 1) * cfg.sel_block + n_sub * bk - T)
+    if pad:
+        k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    kern = functools.partial(_fwd_block_kernel, h=h, rows=rows, n_slots=N, l_sel=cfg.sel_block,
+                             bk=bk, n_sub=n_sub, scale=scale,
+                             prec=dot_precision(q.dtype, interpret, choices), packed=packed)
+    lse0 = jnp.full((B, T * N, Hq), NEG_INF, jnp.float32)
+    po, plse = pl.pallas_call(
+        kern, grid=(meta.shape[0],),
+        out_shape=[jax.ShapeDtypeStruct((B, T * N, Hq, Dv), jnp.float32),
+                   jax.ShapeDtypeStruct((B, T * N, Hq), jnp.float32)],
+        input_output_aliases={len(extra) + 4: 1},
+        compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+        interpret=interpret, name="nsa_sel_fwd_block",
+    )(meta, *extra, q, k, v, lse0)
+    return merge_partials(po.reshape(B, T, N, Hq, Dv), plse.reshape(B, T, N, Hq))

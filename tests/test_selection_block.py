@@ -1,0 +1,70 @@
+"""Block-major selection forward (``KernelChoices.sel_fwd="block"``,
+``nsa_jax/pallas/selection_block.py``) in interpret mode: o and lse equal the query-major kernel's
+(float32, <= 2e-5), unpacked and packed, with unused slots and blocks past the query, work items
+split into several chunks and query tiles; and the whole op with it matches the reference (values
+and all 8 gradients)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nsa_jax.nsa import KernelChoices, NSAConfig, semantics
+from nsa_jax.pallas import BlockSizes
+from nsa_jax.pallas.common import POS_INF
+from nsa_jax.pallas.selection import sel_forward
+from nsa_jax.pallas.selection_block import sel_forward_block
+from packed_util import packed_inputs
+from test_pallas import TINY, _assert_parity, _inputs, _rel
+
+# 16-row tiles and 5-query chunks: several tiles per item and several items per block
+SMALL = BlockSizes(sel_rows=16, sel_chunk=5, sel_keys=16)
+
+
+def _random_idx(seed, B, T, G, cfg):
+    """Distinct block ids per (b, t, g) with -1 slots, some blocks past the query."""
+    rng = np.random.default_rng(seed)
+    Ts = cfg.num_sel_blocks(T)
+    idx = np.full((B, T, G, cfg.n_sel), -1, np.int32)
+    for b in range(B):
+        for t in range(T):
+            for g in range(G):
+                k = rng.integers(1, min(cfg.n_sel, Ts) + 1)
+                idx[b, t, g, :k] = np.sort(rng.choice(Ts, size=k, replace=False))
+    return jnp.asarray(idx)
+
+
+def _check(q, k, v, idx, cfg, bs, seg=None):
+    kw = dict(choices=None, seg=seg)
+    o, lse = sel_forward_block(q, k, v, idx, cfg, bs, 0.3, True, **kw)
+    o_w, lse_w = sel_forward(q, k, v, idx, cfg, bs, 0.3, True, **kw)
+    assert _rel(o, o_w) <= 2e-5
+    lse, lse_w = np.asarray(lse), np.asarray(lse_w)
+    np.testing.assert_array_equal(lse == POS_INF, lse_w == POS_INF)
+    fin = lse_w != POS_INF
+    assert fin.any()
+    np.testing.assert_allclose(lse[fin], lse_w[fin], rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("h,G,bs", [(6, 1, SMALL), (1, 2, BlockSizes())])
+def test_block_forward_equals_query_forward(h, G, bs):
+    T = 53                                               # not a multiple of l' = 16
+    args, _ = _inputs(20 + h, 2, T, h * G, G, TINY)
+    idx = _random_idx(h, 2, T, G, TINY)
+    _check(args[0], args[3], args[4], idx, TINY, bs)
+
+
+def test_block_forward_packed_equals_query_forward():
+    """Documents starting off the l' grid: blocks straddle two aligned key blocks (two
+    partials per slot), documents of length 1 and < l'."""
+    cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=3, window=8)
+    args, seg = packed_inputs(3, [[1, 5, 16, 21, 13], [40, 7, 9]], 4, 2, 8, 8, cfg)
+    lay = semantics.segment_layout(seg, cfg)
+    from nsa_jax.nsa import select_blocks
+    idx = select_blocks(args[0], args[1], cfg, segment_ids=seg)
+    _check(args[0], args[3], args[4], idx, cfg, SMALL, lay)
+
+
+def test_op_with_block_forward_matches_reference():
+    args, cot = _inputs(31, 1, 75, 4, 2, TINY)
+    _assert_parity(args, cot, TINY, block_sizes=SMALL,
+                   choices=KernelChoices(sel_impl="gather", sel_fwd="block"))
