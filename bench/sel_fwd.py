@@ -74,8 +74,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out")
     a = p.parse_args(argv)
-    variants = [("rows128", {}), ("rows64", {"sel_rows": 64}),
-                ("chunk256", {"sel_chunk": 256}), ("warps8", {"num_warps": 8})]
+    variants = [("default", {}), ("chunk256", {"sel_chunk": 256}), ("warps8", {"num_warps": 8})]
     rows = []
     for shape in a.shapes:
         for T in a.T:
