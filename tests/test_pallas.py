@@ -180,7 +180,12 @@ def test_standalone_custom_vjps_and_lse_cotangent():
         assert _rel(a, b) <= TOL
 
 
-def test_inverted_index_covers_every_selection_once():
+@pytest.mark.parametrize("one_key", [True, False])
+def test_inverted_index_covers_every_selection_once(monkeypatch, one_key):
+    """Both sorts: one packed int32 (block, entry) key, and two keys where it would not fit."""
+    import nsa_jax.pallas.selection as sel
+    if not one_key:
+        monkeypatch.setattr(sel, "ONE_KEY_MAX", 0)
     rng = np.random.default_rng(1)
     B, T, G, n, Ts, chunk = 2, 40, 3, 4, 5, 7
     idx = rng.integers(-1, Ts, size=(B, T, G, n)).astype(np.int32)

@@ -244,6 +244,9 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
             plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv)
 
 
+ONE_KEY_MAX = 2 ** 31 - 1   # largest (block, entry) key inverted_index packs into one int32
+
+
 def inverted_index(idx, T: int, Ts: int, chunk: int, doc_start=None, l_sel: int = 0,
                    slots: bool = False):
     """Block -> query index of a selection, split into work items of <= ``chunk`` queries.
@@ -263,25 +266,36 @@ def inverted_index(idx, T: int, Ts: int, chunk: int, doc_start=None, l_sel: int 
     write a result per (query, slot) (``selection_block``).
     """
     B, _, G, n = idx.shape
-    tpos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :, None, None], idx.shape)
     jkey = jnp.where(idx >= 0, idx, Ts).astype(jnp.int32)
     if doc_start is not None:
+        tpos = jnp.arange(T, dtype=jnp.int32)[None, :, None, None]
         p = doc_start[:, :, None, None] + jnp.maximum(idx, 0) * l_sel
         j0 = p // l_sel
         two = (idx >= 0) & (p % l_sel != 0) & ((j0 + 1) * l_sel <= tpos)
         jkey = jnp.concatenate([jnp.where(idx >= 0, j0, Ts), jnp.where(two, j0 + 1, Ts)], -1)
-        tpos = jnp.concatenate([tpos, tpos], axis=-1)
-        p = jnp.concatenate([p, p], axis=-1).astype(jnp.int32)
-        n = 2 * n
-    if slots:
-        tpos = tpos * n + jnp.arange(n, dtype=jnp.int32)
-    jkey = jkey.astype(jnp.int32).transpose(0, 2, 1, 3).reshape(B, G, T * n)
-    tkey = tpos.transpose(0, 2, 1, 3).reshape(B, G, T * n)
-    if doc_start is None:
-        jsort, tsort = lax.sort((jkey, tkey), dimension=-1, num_keys=2)
+    N = jkey.shape[-1]
+    TN = T * N
+    # entry e = t*N + slot, in (b, g) rows; sorted by (block, e) through one int32 key when it
+    # fits (a single-operand sort: XLA runs a radix sort), else by two keys
+    jkey = jkey.astype(jnp.int32).transpose(0, 2, 1, 3).reshape(B * G, TN)
+    ent = jnp.broadcast_to(jnp.arange(TN, dtype=jnp.int32), (B * G, TN))
+    if (Ts + 1) * TN <= ONE_KEY_MAX:
+        ks = lax.sort(jkey * TN + ent, dimension=-1)
+        jsort = ks // TN
+        esort = ks - jsort * TN
     else:
-        pkey = p.transpose(0, 2, 1, 3).reshape(B, G, T * n)
-        jsort, tsort, psort = lax.sort((jkey, tkey, pkey), dimension=-1, num_keys=3)
+        jsort, esort = lax.sort((jkey, ent), dimension=-1, num_keys=2)
+    jsort, esort = jsort.reshape(B, G, TN), esort.reshape(B, G, TN)
+    tsort = esort // N
+    if doc_start is not None:   # each entry's first key p = start(t) + j*l'
+        jdoc = idx.transpose(0, 2, 1, 3).reshape(B, G, T * n)
+        j_e = jnp.take_along_axis(jdoc, tsort * n + (esort - tsort * N) % n, axis=-1)
+        st = jnp.take_along_axis(jnp.broadcast_to(doc_start[:, None, :], (B, G, T)), tsort,
+                                 axis=-1)
+        psort = (st + jnp.maximum(j_e, 0) * l_sel).astype(jnp.int32)
+    if slots:
+        tsort = esort
+    n = N
     bounds = jnp.arange(Ts + 1, dtype=jnp.int32)
     starts = jax.vmap(jax.vmap(lambda row: jnp.searchsorted(row, bounds, side="left")))(jsort)
     starts = starts.astype(jnp.int32)                       # [B,G,Ts+1]
