@@ -65,7 +65,7 @@ def _fwd_bwd(**kw):
     (jnp.float32, False, "gather", "block"),
 ])
 def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl, sel_fwd):
-    # cmp_attn="pallas": the compressed kernels (cuDNN, which "auto" takes for bf16, cannot
+    # cmp_attn="pallas": the compressed kernels (cuDNN, which "cudnn" would take, cannot
     # lower without a GPU; the gpu tests cover it)
     kw = {"choices": KernelChoices(sel_impl=sel_impl, sel_fwd=sel_fwd, cmp_attn="pallas")}
     shapes = _nsa_args(dtype)

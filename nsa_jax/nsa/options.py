@@ -44,7 +44,9 @@ class KernelChoices:
                         grouping in XLA, O(Tc^2) memory: the CPU twin of "cudnn") or "auto"
                         (cudnn where it applies, else pallas; measured on an H200 at 64k: NSA
                         fwd+bwd 137.3 -> 115.4 ms at the bench shape, 26.7 -> 21.9 ms at 125M).
-                        Packed rows always take "pallas" (``nsa_jax/pallas/cmp_grouped.py``).
+                        Packed rows: "auto" takes "pallas"; "cudnn"/"xla" group the queries by
+                        document slots and add the documents' slot mask (``nsa_jax/pallas/
+                        cmp_grouped.py``; measured slower than "pallas" in the whole packed op).
     """
     sel_impl: str = "auto"
     sel_tiled_max_t: int = 4096

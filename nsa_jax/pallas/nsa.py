@@ -132,13 +132,15 @@ def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg
     return _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st)
 
 
-def _cmp_attn(q, v_cmp, st: _Static) -> str:
-    """``KernelChoices.cmp_attn`` resolved: "auto" -> "cudnn" where cuDNN applies, else "pallas";
-    an explicit "cudnn" that cannot run is one error naming the key."""
+def _cmp_attn(q, v_cmp, st: _Static, packed: bool) -> str:
+    """``KernelChoices.cmp_attn`` resolved: "auto" -> "cudnn" where cuDNN applies to unpacked
+    rows, else "pallas" (packed rows: the grouped cuDNN path with its document mask measured
+    slower in the whole op, bench/NOTES.md); an explicit "cudnn" that cannot run is one error
+    naming the key."""
     c = st.choices.cmp_attn
     ok = cudnn_applies(q, v_cmp, st.interpret)
     if c == "auto":
-        return "cudnn" if ok else "pallas"
+        return "cudnn" if ok and not packed else "pallas"
     if c == "cudnn" and not ok:
         raise ValueError(
             "kernel.cmp_attn: 'cudnn' needs bf16/fp16 operands on a GPU with equal head dims "
@@ -162,7 +164,7 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
     br = cfg.branches
     o_cmp = o_slc = o_win = None
     res = {}
-    cmp_attn = _cmp_attn(q, v_cmp, st) if "cmp" in br else "pallas"
+    cmp_attn = _cmp_attn(q, v_cmp, st, seg is not None) if "cmp" in br else "pallas"
     if cmp_attn != "pallas":   # compressed attention as grouped causal attention (cmp_grouped)
         o_cmp, cmp_vjp, lse_c = jax.vjp(
             lambda a, b, c: cmp_attention_grouped(a, b, c, cfg, cmp_attn,
