@@ -73,8 +73,10 @@ def main(argv=None):
     p.add_argument("--T", type=int, nargs="+", default=[8192, 65536])
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out")
+    p.add_argument("--quick", action="store_true", help="the default block tiles only")
     a = p.parse_args(argv)
-    variants = [("default", {}), ("chunk256", {"sel_chunk": 256}), ("warps8", {"num_warps": 8})]
+    variants = [("default", {})] if a.quick else [
+        ("default", {}), ("chunk256", {"sel_chunk": 256}), ("warps8", {"num_warps": 8})]
     rows = []
     for shape in a.shapes:
         for T in a.T:

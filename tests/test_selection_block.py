@@ -68,3 +68,15 @@ def test_op_with_block_forward_matches_reference():
     args, cot = _inputs(31, 1, 75, 4, 2, TINY)
     _assert_parity(args, cot, TINY, block_sizes=SMALL,
                    choices=KernelChoices(sel_impl="gather", sel_fwd="block"))
+
+
+def test_packed_op_with_block_forward_matches_reference():
+    """Packed rows through the op with the block-major forward: its index (slot payloads, two
+    halves of a straddling block) is the one the dK/dV backward walks."""
+    from test_packed import CFG as PCFG
+    from test_packed import LENGTHS, _pallas_vs_reference
+    from packed_util import cotangent
+    args, seg = packed_inputs(12, LENGTHS, 4, 2, 8, 8, PCFG)
+    _pallas_vs_reference(args, seg, PCFG, cotangent(13, args[0].shape),
+                         kernel="nsa_sel_fwd_block", block_sizes=SMALL,
+                         choices=KernelChoices(sel_impl="gather", sel_fwd="block"))

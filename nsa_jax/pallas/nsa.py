@@ -35,7 +35,7 @@ from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped
 from nsa_jax.pallas.common import (BlockSizes, choices_or_default, cudnn_applies, pad_dim,
                                    padded_dims, use_interpret)
 from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
-from nsa_jax.pallas.selection import sel_backward, sel_forward
+from nsa_jax.pallas.selection import atomic_mode, sel_backward, sel_forward
 from nsa_jax.pallas.selection_block import sel_forward_block
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
 from nsa_jax.pallas.topn import topn_pallas
@@ -184,10 +184,11 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
                                                choices=st.choices, seg=seg), cfg, interpret,
                               None if seg is None else seg.rel)
         sel_fwd = selection_kernels(st.choices, q.shape[1])[0]
-        o_s, lse_s = sel_fwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, cfg, bs, scale,
-                             interpret, choices=st.choices, seg=seg)
+        kw = {"return_index": True} if sel_fwd is sel_forward_block else {}
+        o_s, lse_s, *index = sel_fwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, cfg, bs,
+                                     scale, interpret, choices=st.choices, seg=seg, **kw)
         o_slc = o_s[..., :Dv]
-        res["slc"] = (idx, o_s, lse_s)
+        res["slc"] = (idx, o_s, lse_s, index)   # index: the block forward's, for the backward
     if "win" in br:
         o_win, win_vjp = jax.vjp(lambda a, b, c: window_attention(
             a, b, c, cfg, interpret, choices=st.choices, seg=seg, block_sizes=bs), q, k_win, v_win)
@@ -222,12 +223,13 @@ def _nsa_bwd(st: _Static, resid, dout):
                                       choices=st.choices, seg=seg)
         dq = dq + dq_c
     if "slc" in res:
-        idx, o_s, lse_s = res["slc"]
+        idx, o_s, lse_s, index = res["slc"]
         dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
         sel_bwd = selection_kernels(st.choices, q.shape[1])[1]
+        kw = {"index": index[0]} if index and not atomic_mode(st.choices) else {}
         dq_s, dks, dvs = sel_bwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, o_s, lse_s,
                                  dop, g[..., 1], cfg, bs, scale, interpret, choices=st.choices,
-                                 seg=seg)
+                                 seg=seg, **kw)
         dq = dq + dq_s
     dq = dq[..., :Dk]
     if "win" in res:

@@ -185,7 +185,7 @@ def atomic_mode(choices: KernelChoices | None) -> bool:
 
 # ---- backward: dK/dV through the inverted block -> query index -------------------------------
 def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, prec,
-                   packed=False):
+                   packed=False, n_slots=0):
     if packed:
         pt_ref, *refs = refs
     (q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref,
@@ -217,6 +217,8 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
             e = it * bq + qi
             row_ok = (qi < bq) & (e < count)
             t = load(qt_ref.at[b, g, jnp.where(row_ok, start + e, 0)], row_ok)
+            if n_slots:   # an index built with slots (the block-major forward's): t*N + slot
+                t = idiv(jnp.where(row_ok, t, 0), n_slots)
             t_safe = jnp.where(row_ok, t, 0)
             q = load(q_ref.at[b, t_safe[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
             do = load(do_ref.at[b, t_safe[:, None], head[:, None], dv_[None, :]],
@@ -317,9 +319,13 @@ def inverted_index(idx, T: int, Ts: int, chunk: int, doc_start=None, l_sel: int 
 
 
 def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, scale: float,
-                 interpret: bool, *, choices: KernelChoices | None = None, seg=None):
+                 interpret: bool, *, choices: KernelChoices | None = None, seg=None,
+                 index=None):
     """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
-    dK/dV by ``choices.sel_bwd`` ("inverted" or "atomic").
+    dK/dV by ``choices.sel_bwd`` ("inverted" or "atomic"). ``index``: the block -> query index
+    of the forward (``selection_block.sel_forward_block(return_index=True)``: (meta, qt[, pt])
+    with slot payloads t*N + slot, N = n or 2n packed), reused by the inverted dK/dV instead of
+    a second sort.
 
     ``do`` [B,T,Hq,Dv] is the cotangent as it arrives (bf16 stays bf16: it feeds the dots
     unrounded) and ``gs`` [B,T,Hq] float32 a per-row scale (the branch gate; None = 1) applied in
@@ -364,14 +370,20 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
         rows = max(bs.sel_rows, next_pow2(h))
         bq = rows // h
         chunk = bq * cdiv(bs.sel_chunk, bq)
-        if packed:
+        n_slots = 0
+        if index is not None:
+            meta, *qt = index
+            qt = tuple(qt)
+            n_slots = n * (2 if packed else 1)
+        elif packed:
             meta, qt, pt = inverted_index(idx, T, Ts, chunk, seg.start, cfg.sel_block)
             qt = (qt, pt)
         else:
             meta, qt = inverted_index(idx, T, Ts, chunk)
             qt = (qt,)
         kern = functools.partial(_bwd_kv_kernel, h=h, rows=rows, l_sel=cfg.sel_block, bk=bk,
-                                 n_sub=n_sub, scale=scale, prec=prec, packed=packed)
+                                 n_sub=n_sub, scale=scale, prec=prec, packed=packed,
+                                 n_slots=n_slots)
         dk, dv = pl.pallas_call(
             kern, grid=(meta.shape[0],),
             out_shape=[jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),

@@ -12,13 +12,14 @@ for each key block, the queries that selected it; one program takes one key bloc
 ``sel_chunk`` of its queries, loads the block's K and V once, and walks the queries in tiles of
 ``rows // h`` queries x h heads (128 rows by default: full-height tensor-core tiles). For each
 (query, slot) it writes the block's *partial* result, the softmax over that block's visible keys:
-o_i (float32 [Hq, Dv]) and its base-2 log-sum-exp lse_i. The merge (Eq. 10's softmax over the
+o_i ([Hq, Dv], in q's dtype if 16-bit, else float32) and its base-2 log-sum-exp lse_i (float32). The merge (Eq. 10's softmax over the
 union of the selected keys, the same online-softmax identity the kernels use between tiles):
 
     lse = log2 sum_i 2^lse_i,    o = sum_i 2^(lse_i - lse) o_i
 
 runs in XLA over the n slots. Bytes per (query, group) move from n K/V tiles (L2) to n gathered
-query rows in and n partial rows out (h * (Dk + 4 Dv + 4) bytes each, through HBM).
+query rows in and n partial rows out (h * (2 Dk + 2 Dv + 4) bytes each in bf16, through HBM).
+The index is returned for the backward, whose dK/dV kernel walks the same (block, queries) items.
 
 Packed rows: ``inverted_index`` lists a block that straddles an aligned key block under both
 aligned blocks (its two halves), each in its own slot (2n slots), so a partial covers
@@ -104,14 +105,19 @@ def merge_partials(po, plse):
     den = jnp.sum(w, axis=2)
     has = den > 0
     wn = w / jnp.where(has, den, 1.0)[:, :, None]
-    o = jnp.sum(jnp.where((plse > NEG_INF)[..., None], po, 0.0) * wn[..., None], axis=2)
+    o = jnp.sum(jnp.where((plse > NEG_INF)[..., None], po.astype(jnp.float32), 0.0)
+                * wn[..., None], axis=2)
     return o, jnp.where(has, m_safe + jnp.log2(jnp.where(has, den, 1.0)), POS_INF)
 
 
 def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float,
-                      interpret: bool, *, choices: KernelChoices | None = None, seg=None):
+                      interpret: bool, *, choices: KernelChoices | None = None, seg=None,
+                      return_index: bool = False):
     """Same contract as ``selection.sel_forward``: -> o float32 [B,T,Hq,Dv], lse2 float32
-    [B,T,Hq] (module docstring for the schedule)."""
+    [B,T,Hq] (module docstring for the schedule); with ``return_index`` also the block -> query
+    index it built (``selection.sel_backward(index=...)`` reuses it instead of sorting again).
+    The partial outputs are stored in q's dtype when it is 16-bit (bf16 / f16: half the bytes;
+    one more rounding of each block's partial output), in float32 otherwise."""
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     h = Hq // G
@@ -137,12 +143,14 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
                              bk=bk, n_sub=n_sub, scale=scale,
                              prec=dot_precision(q.dtype, interpret, choices), packed=packed)
     lse0 = jnp.full((B, T * N, Hq), NEG_INF, jnp.float32)
+    pdt = q.dtype if jnp.dtype(q.dtype).itemsize == 2 else jnp.float32
     po, plse = pl.pallas_call(
         kern, grid=(meta.shape[0],),
-        out_shape=[jax.ShapeDtypeStruct((B, T * N, Hq, Dv), jnp.float32),
+        out_shape=[jax.ShapeDtypeStruct((B, T * N, Hq, Dv), pdt),
                    jax.ShapeDtypeStruct((B, T * N, Hq), jnp.float32)],
         input_output_aliases={len(extra) + 4: 1},
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_fwd_block",
     )(meta, *extra, q, k, v, lse0)
-    return merge_partials(po.reshape(B, T, N, Hq, Dv), plse.reshape(B, T, N, Hq))
+    o, lse = merge_partials(po.reshape(B, T, N, Hq, Dv), plse.reshape(B, T, N, Hq))
+    return (o, lse, (meta, *extra)) if return_index else (o, lse)
