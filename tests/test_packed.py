@@ -150,7 +150,7 @@ def test_pallas_packed_matches_reference_and_no_gradient_crosses(sel_impl, kerne
     from nsa_jax.nsa import KernelChoices
     args, seg = packed_inputs(4, LENGTHS, 4, 2, 8, 8, CFG)
     pal = _pallas_vs_reference(args, seg, CFG, cotangent(5, args[0].shape), kernel=kernel,
-                               choices=KernelChoices(sel_impl=sel_impl))
+                               choices=KernelChoices(sel_impl=sel_impl, sel_fwd="query"))
     start, L, off, doc = alone(args, seg, CFG, 0)[3]
     Tc = doc[1].shape[1]
     _, grads = pal(args, seg, jnp.zeros(args[0].shape).at[0, start:start + L].set(1.0))

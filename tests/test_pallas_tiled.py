@@ -323,6 +323,9 @@ def test_auto_dispatch_by_sequence_length():
     assert selection_kernels(None, 4097) == gather
     assert selection_kernels(KernelChoices(sel_impl="gather"), 16) == gather
     assert selection_kernels(KernelChoices(sel_impl="tiled"), 1 << 20) == tiled
+    from nsa_jax.pallas.selection_block import sel_forward_block
+    assert selection_kernels(None, 8192, h=6)[0] is sel_forward_block    # sel_fwd auto, small h
+    assert selection_kernels(None, 8192, h=16) == gather
 
 
 @pytest.mark.parametrize("field,value", [("sel_tile_q", 48), ("sel_tile_q", 8)])
