@@ -326,6 +326,7 @@ def test_auto_dispatch_by_sequence_length():
     from nsa_jax.pallas.selection_block import sel_forward_block
     assert selection_kernels(None, 8192, h=6)[0] is sel_forward_block    # sel_fwd auto, small h
     assert selection_kernels(None, 8192, h=16) == gather
+    assert selection_kernels(None, 8192, h=6, dtype=jnp.float32) == gather
 
 
 @pytest.mark.parametrize("field,value", [("sel_tile_q", 48), ("sel_tile_q", 8)])

@@ -28,9 +28,10 @@ class KernelChoices:
                         blocks), "block" (one program per key block and a chunk of the queries
                         that selected it: K/V loaded once, partial results merged over the n
                         slots, its index reused by the backward; ``nsa_jax/pallas/
-                        selection_block.py``) or "auto" (block for groups of h <= 8 heads; on an
-                        H200 at h = 6 NSA fwd+bwd 6.5% faster at 8k and 64k, at h = 16 the block
-                        forward is 2.3x slower).
+                        selection_block.py``) or "auto" (block for groups of h <= 8 heads with
+                        bf16/fp16 inputs; on an H200 at h = 6, bf16, NSA fwd+bwd 6.5% faster at
+                        8k and 64k; at h = 16 the block forward is 2.3x slower; float32 was not
+                        timed, so it stays "query").
     cmp_bwd_split:      parts the query range of one compressed dK/dV tile is split into
                         (float32 atomic adds; 1 = plain stores).
     score_dot:          GPU precision of the general scoring path's float32 dots (used when

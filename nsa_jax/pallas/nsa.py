@@ -83,7 +83,8 @@ def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | Non
     return topn_pallas(scores, cfg, use_interpret(), None if seg is None else seg.rel)
 
 
-def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = None):
+def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = None,
+                      dtype=jnp.bfloat16):
     """(forward, backward) of the selection branch by ``choices.sel_impl``: "auto" takes the
     tiled (block-sparse flash) kernels up to ``choices.sel_tiled_max_t`` tokens, the gather ones
     above, for unpacked and packed rows alike. Both share one contract: ``fwd(q, k, v, idx, cfg,
@@ -95,7 +96,8 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
     if tiled:
         return sel_tiled_forward, sel_tiled_backward
     block = ch.sel_fwd == "block" or (ch.sel_fwd == "auto" and h is not None
-                                      and h <= SEL_FWD_BLOCK_MAX_H)
+                                      and h <= SEL_FWD_BLOCK_MAX_H
+                                      and jnp.dtype(dtype).itemsize == 2)
     return (sel_forward_block if block else sel_forward), sel_backward
 
 
@@ -185,7 +187,8 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
             idx = topn_pallas(cmp_block_scores(qp, kcp, lse_c, cfg, bs, scale, interpret,
                                                choices=st.choices, seg=seg), cfg, interpret,
                               None if seg is None else seg.rel)
-        sel_fwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2])[0]
+        sel_fwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
+                                    q.dtype)[0]
         kw = {"return_index": True} if sel_fwd is sel_forward_block else {}
         o_s, lse_s, *index = sel_fwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, cfg, bs,
                                      scale, interpret, choices=st.choices, seg=seg, **kw)
@@ -227,7 +230,8 @@ def _nsa_bwd(st: _Static, resid, dout):
     if "slc" in res:
         idx, o_s, lse_s, index = res["slc"]
         dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
-        sel_bwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2])[1]
+        sel_bwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
+                                    q.dtype)[1]
         kw = {"index": index[0]} if index and not atomic_mode(st.choices) else {}
         dq_s, dks, dvs = sel_bwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, o_s, lse_s,
                                  dop, g[..., 1], cfg, bs, scale, interpret, choices=st.choices,
