@@ -200,6 +200,47 @@ def test_inverted_index_covers_every_selection_once(monkeypatch, one_key):
     assert sorted(got) == sorted(want)
 
 
+def test_packed_inverted_index_with_slots_is_the_same_either_sort(monkeypatch):
+    """Packed rows, slot payloads (the block-major forward's index): the one-key and the
+    two-key sorts give the same index, and every (query, slot) half is listed once."""
+    import nsa_jax.pallas.selection as sel
+    rng = np.random.default_rng(2)
+    B, T, G, n, l_sel, chunk = 2, 45, 2, 3, 8, 5
+    start = np.zeros((B, T), np.int32)
+    start[:, 13:] = 13
+    start[1, 30:] = 30
+    Ts = -(-T // l_sel)
+    idx = np.full((B, T, G, n), -1, np.int32)
+    for b in range(B):
+        for t in range(T):
+            for g in range(G):
+                k = rng.integers(1, n + 1)
+                m = (t - start[b, t]) // l_sel + 1     # candidate document blocks
+                idx[b, t, g, :min(k, m)] = np.sort(rng.choice(m, size=min(k, m), replace=False))
+    f = jax.jit(lambda i, s: inverted_index(i, T, Ts, chunk, s, l_sel, slots=True))
+    one = [np.asarray(x) for x in f(jnp.asarray(idx), jnp.asarray(start))]
+    monkeypatch.setattr(sel, "ONE_KEY_MAX", 0)
+    f2 = jax.jit(lambda i, s: inverted_index(i, T, Ts, chunk, s, l_sel, slots=True))
+    two = [np.asarray(x) for x in f2(jnp.asarray(idx), jnp.asarray(start))]
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+    meta, qt, pt = one
+    got = sorted((b, g, j, e // (2 * n), e % (2 * n), p) for b, g, j, s0, c in meta
+                 for e, p in zip(qt[b, g, s0:s0 + c], pt[b, g, s0:s0 + c]))
+    want = []
+    for b in range(B):
+        for t in range(T):
+            for g in range(G):
+                for s in range(n):
+                    if idx[b, t, g, s] < 0:
+                        continue
+                    p = start[b, t] + idx[b, t, g, s] * l_sel
+                    want.append((b, g, p // l_sel, t, s, p))
+                    if p % l_sel and (p // l_sel + 1) * l_sel <= t:
+                        want.append((b, g, p // l_sel + 1, t, s + n, p))
+    assert got == sorted(want)
+
+
 @pytest.mark.parametrize("field,value", [("cmp_rows", 48), ("sel_keys", 8), ("num_warps", 3)])
 def test_block_sizes_reject_bad_values(field, value):
     with pytest.raises(ValueError, match=f"BlockSizes.{field}"):

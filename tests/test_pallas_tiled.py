@@ -324,9 +324,12 @@ def test_auto_dispatch_by_sequence_length():
     assert selection_kernels(KernelChoices(sel_impl="gather"), 16) == gather
     assert selection_kernels(KernelChoices(sel_impl="tiled"), 1 << 20) == tiled
     from nsa_jax.pallas.selection_block import sel_forward_block
-    assert selection_kernels(None, 8192, h=6)[0] is sel_forward_block    # sel_fwd auto, small h
-    assert selection_kernels(None, 8192, h=16) == gather
+    bf = jnp.bfloat16   # sel_fwd auto: block for small groups of 16-bit unpacked rows only
+    assert selection_kernels(None, 8192, h=6, dtype=bf)[0] is sel_forward_block
+    assert selection_kernels(None, 8192, h=16, dtype=bf) == gather
     assert selection_kernels(None, 8192, h=6, dtype=jnp.float32) == gather
+    assert selection_kernels(None, 8192, h=6, dtype=bf, packed=True) == gather
+    assert selection_kernels(None, 8192, h=6) == gather
 
 
 @pytest.mark.parametrize("field,value", [("sel_tile_q", 48), ("sel_tile_q", 8)])

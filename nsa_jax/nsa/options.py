@@ -11,7 +11,7 @@ import dataclasses
 SEL_IMPLS = ("auto", "gather", "tiled")
 SEL_BWDS = ("inverted", "atomic")
 SEL_FWDS = ("auto", "query", "block")
-SEL_FWD_BLOCK_MAX_H = 8   # "auto" takes the block-major forward for groups of at most this many heads
+SEL_FWD_BLOCK_MAX_H = 8   # sel_fwd "auto": block-major forward for groups of at most 8 heads
 SCORE_DOTS = ("ieee", "tf32x3")
 F32_DOTS = ("ieee", "tf32")
 CMP_ATTNS = ("auto", "pallas", "cudnn", "xla")
@@ -28,10 +28,11 @@ class KernelChoices:
                         blocks), "block" (one program per key block and a chunk of the queries
                         that selected it: K/V loaded once, partial results merged over the n
                         slots, its index reused by the backward; ``nsa_jax/pallas/
-                        selection_block.py``) or "auto" (block for groups of h <= 8 heads with
-                        bf16/fp16 inputs; on an H200 at h = 6, bf16, NSA fwd+bwd 6.5% faster at
-                        8k and 64k; at h = 16 the block forward is 2.3x slower; float32 was not
-                        timed, so it stays "query").
+                        selection_block.py``) or "auto" (block for unpacked rows, groups of
+                        h <= 8 heads and bf16/fp16 inputs; on an H200 at h = 6, bf16, NSA
+                        fwd+bwd 6.5% faster at 8k and 64k; at h = 16 the block forward is 2.3x
+                        slower; float32 and packed rows were not timed: "query"). The tiled
+                        selection kernels (``sel_impl``) have their own forward and ignore it.
     cmp_bwd_split:      parts the query range of one compressed dK/dV tile is split into
                         (float32 atomic adds; 1 = plain stores).
     score_dot:          GPU precision of the general scoring path's float32 dots (used when

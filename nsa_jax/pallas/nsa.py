@@ -84,20 +84,23 @@ def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | Non
 
 
 def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = None,
-                      dtype=jnp.bfloat16):
+                      dtype=None, packed: bool = False):
     """(forward, backward) of the selection branch by ``choices.sel_impl``: "auto" takes the
     tiled (block-sparse flash) kernels up to ``choices.sel_tiled_max_t`` tokens, the gather ones
     above, for unpacked and packed rows alike. Both share one contract: ``fwd(q, k, v, idx, cfg,
     bs, scale, interpret, choices=, seg=) -> (o, lse)`` and ``bwd(q, k, v, idx, o, lse, do, gs,
     cfg, bs, scale, interpret, choices=, seg=) -> (dq, dk, dv)`` (``seg``: packed rows' layout,
-    None = unpacked; module docstring)."""
+    None = unpacked; module docstring). The gather forward follows ``choices.sel_fwd`` ("query"
+    or "block"; the tiled kernels ignore it); "auto" takes "block" only where it was measured
+    faster: unpacked rows (``packed`` False), groups of ``h`` <= 8 heads and a 16-bit ``dtype``
+    (h or dtype None = unknown: "query")."""
     ch = choices_or_default(choices)
     tiled = ch.sel_impl == "tiled" or (ch.sel_impl == "auto" and T <= ch.sel_tiled_max_t)
     if tiled:
         return sel_tiled_forward, sel_tiled_backward
-    block = ch.sel_fwd == "block" or (ch.sel_fwd == "auto" and h is not None
-                                      and h <= SEL_FWD_BLOCK_MAX_H
-                                      and jnp.dtype(dtype).itemsize == 2)
+    block = ch.sel_fwd == "block" or (
+        ch.sel_fwd == "auto" and not packed and h is not None and h <= SEL_FWD_BLOCK_MAX_H
+        and dtype is not None and jnp.dtype(dtype).itemsize == 2)
     return (sel_forward_block if block else sel_forward), sel_backward
 
 
@@ -188,7 +191,7 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
                                                choices=st.choices, seg=seg), cfg, interpret,
                               None if seg is None else seg.rel)
         sel_fwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
-                                    q.dtype)[0]
+                                    q.dtype, seg is not None)[0]
         kw = {"return_index": True} if sel_fwd is sel_forward_block else {}
         o_s, lse_s, *index = sel_fwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, cfg, bs,
                                      scale, interpret, choices=st.choices, seg=seg, **kw)
@@ -231,7 +234,7 @@ def _nsa_bwd(st: _Static, resid, dout):
         idx, o_s, lse_s, index = res["slc"]
         dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
         sel_bwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
-                                    q.dtype)[1]
+                                    q.dtype, seg is not None)[1]
         kw = {"index": index[0]} if index and not atomic_mode(st.choices) else {}
         dq_s, dks, dvs = sel_bwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, o_s, lse_s,
                                  dop, g[..., 1], cfg, bs, scale, interpret, choices=st.choices,

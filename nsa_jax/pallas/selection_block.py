@@ -12,8 +12,9 @@ for each key block, the queries that selected it; one program takes one key bloc
 ``sel_chunk`` of its queries, loads the block's K and V once, and walks the queries in tiles of
 ``rows // h`` queries x h heads (128 rows by default: full-height tensor-core tiles). For each
 (query, slot) it writes the block's *partial* result, the softmax over that block's visible keys:
-o_i ([Hq, Dv], in q's dtype if 16-bit, else float32) and its base-2 log-sum-exp lse_i (float32). The merge (Eq. 10's softmax over the
-union of the selected keys, the same online-softmax identity the kernels use between tiles):
+o_i ([Hq, Dv], in q's dtype if 16-bit, else float32) and its base-2 log-sum-exp lse_i (float32).
+The merge (Eq. 10's softmax over the union of the selected keys, the same online-softmax identity
+the kernels use between tiles):
 
     lse = log2 sum_i 2^lse_i,    o = sum_i 2^(lse_i - lse) o_i
 
@@ -98,7 +99,8 @@ def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
 
 def merge_partials(po, plse):
     """Partial results per slot -> (o float32 [B,T,Hq,Dv], lse2 [B,T,Hq], +inf where no key):
-    po [B,T,N,Hq,Dv] float32, plse [B,T,N,Hq] base-2 (-inf = no partial; po is then ignored)."""
+    po [B,T,N,Hq,Dv] (float32 or the 16-bit input dtype), plse [B,T,N,Hq] float32 base-2
+    (-inf = no partial; po is then ignored, it may be uninitialised)."""
     m = jnp.max(plse, axis=2)
     m_safe = jnp.where(m == NEG_INF, 0.0, m)
     w = jnp.exp2(plse - m_safe[:, :, None])                       # 0 where plse = -inf
@@ -134,11 +136,6 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
     else:
         meta, ot = inverted_index(idx, T, Ts, chunk, slots=True)
         extra, N = (ot,), n
-    # K/V padded so that every block's sub-tiles stay in bounds (the last block may be short)
-    pad = max(0, (Ts - 1) * cfg.sel_block + n_sub * bk - T)
-    if pad:
-        k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
-        v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
     kern = functools.partial(_fwd_block_kernel, h=h, rows=rows, n_slots=N, l_sel=cfg.sel_block,
                              bk=bk, n_sub=n_sub, scale=scale,
                              prec=dot_precision(q.dtype, interpret, choices), packed=packed)
