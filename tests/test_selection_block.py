@@ -3,7 +3,6 @@
 (float32, <= 2e-5), unpacked and packed, with unused slots and blocks past the query, work items
 split into several chunks and query tiles; and the whole op with it matches the reference (values
 and all 8 gradients)."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
