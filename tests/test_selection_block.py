@@ -1,13 +1,13 @@
 """Block-major selection forward (``KernelChoices.sel_fwd="block"``,
 ``nsa_jax/pallas/selection_block.py``) in interpret mode: o and lse equal the query-major kernel's
-(float32, <= 2e-5), unpacked and packed, with unused slots and blocks past the query, work items
-split into several chunks and query tiles; and the whole op with it matches the reference (values
-and all 8 gradients)."""
+(float32, <= 2e-5), with unused slots and blocks past the query, work items split into several
+chunks and query tiles; bf16 partials; and the whole op with it matches the reference (values and
+all 8 gradients), unpacked and packed."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nsa_jax.nsa import KernelChoices, NSAConfig, semantics
+from nsa_jax.nsa import KernelChoices
 from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas.common import POS_INF
 from nsa_jax.pallas.selection import sel_forward
@@ -52,17 +52,6 @@ def test_block_forward_equals_query_forward(h, G, bs):
     _check(args[0], args[3], args[4], idx, TINY, bs)
 
 
-def test_block_forward_packed_equals_query_forward():
-    """Documents starting off the l' grid: blocks straddle two aligned key blocks (two
-    partials per slot), documents of length 1 and < l'."""
-    cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=3, window=8)
-    args, seg = packed_inputs(3, [[1, 5, 16, 21, 13], [40, 7, 9]], 4, 2, 8, 8, cfg)
-    lay = semantics.segment_layout(seg, cfg)
-    from nsa_jax.nsa import select_blocks
-    idx = select_blocks(args[0], args[1], cfg, segment_ids=seg)
-    _check(args[0], args[3], args[4], idx, cfg, SMALL, lay)
-
-
 def test_op_with_block_forward_matches_reference():
     """B = 2: the forward's index (both rows) is the one the dK/dV backward walks."""
     args, cot = _inputs(31, 2, 61, 4, 2, TINY)
@@ -71,8 +60,9 @@ def test_op_with_block_forward_matches_reference():
 
 
 def test_packed_op_with_block_forward_matches_reference():
-    """Packed rows through the op with the block-major forward: its index (slot payloads, two
-    halves of a straddling block) is the one the dK/dV backward walks."""
+    """Packed rows through the op with the block-major forward (documents of length 1 and < l',
+    starts off the l' grid: straddling blocks give two partials per slot); its index (slot
+    payloads) is the one the dK/dV backward walks."""
     from test_packed import CFG as PCFG
     from test_packed import LENGTHS, _pallas_vs_reference
     from packed_util import cotangent
