@@ -32,10 +32,9 @@ def _random_idx(seed, B, T, G, cfg):
     return jnp.asarray(idx)
 
 
-def _check(q, k, v, idx, cfg, bs, seg=None):
-    kw = dict(choices=None, seg=seg)
-    o, lse = sel_forward_block(q, k, v, idx, cfg, bs, 0.3, True, **kw)
-    o_w, lse_w = sel_forward(q, k, v, idx, cfg, bs, 0.3, True, **kw)
+def _check(q, k, v, idx, cfg, bs):
+    o, lse = sel_forward_block(q, k, v, idx, cfg, bs, 0.3, True)
+    o_w, lse_w = sel_forward(q, k, v, idx, cfg, bs, 0.3, True)
     assert _rel(o, o_w) <= 2e-5
     lse, lse_w = np.asarray(lse), np.asarray(lse_w)
     np.testing.assert_array_equal(lse == POS_INF, lse_w == POS_INF)
