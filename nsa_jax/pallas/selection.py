@@ -184,54 +184,78 @@ def atomic_mode(choices: KernelChoices | None) -> bool:
 
 
 # ---- backward: dK/dV through the inverted block -> query index -------------------------------
+# Work items of the block -> query index (``inverted_index``): the dK/dV kernel below and the
+# block-major forward (``selection_block``) read them the same way.
+def work_item(meta_ref, h: int, rows: int):
+    """This program's work item -> (b, g, j, start, count) and its tile rows (query qi of the
+    tile, head), ``rows // h`` queries x h heads per tile."""
+    ci = pl.program_id(0)
+    b, g, j = meta_ref[ci, 0], meta_ref[ci, 1], meta_ref[ci, 2]
+    start, count = meta_ref[ci, 3], meta_ref[ci, 4]
+    qi = idiv(jnp.arange(rows), h)
+    head = g * h + (jnp.arange(rows) - qi * h)
+    return b, g, j, start, count, qi, head
+
+
+def item_entries(qt_ref, b, g, start, count, it, qi, bq: int):
+    """Tile ``it`` of a work item -> (row_ok, entry index into qt, qt's payload; 0 where not
+    row_ok)."""
+    e = it * bq + qi
+    row_ok = (qi < bq) & (e < count)
+    ent = jnp.where(row_ok, start + e, 0)
+    return row_ok, ent, jnp.where(row_ok, load(qt_ref.at[b, g, ent], row_ok), 0)
+
+
+def block_kv(k_ref, v_ref, b, g, base, sub: int, bk: int, l_sel: int):
+    """Sub-tile ``sub`` of the key block starting at ``base`` -> (k, v, key positions, valid)."""
+    off = sub * bk + jnp.arange(bk)
+    kpos = base + off
+    kvalid = (off < l_sel) & (kpos < k_ref.shape[1])
+    return (load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None]),
+            load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None]), kpos, kvalid)
+
+
+def item_mask(row_ok, kvalid, kpos, t, p0, l_sel: int):
+    """[rows, bk] keys a tile row sees: causal (s <= t) and, packed (``p0`` not None), the part
+    of its block [p0, p0 + l') that lies in this aligned key block."""
+    mask = row_ok[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
+    if p0 is not None:
+        mask = mask & (kpos[None, :] >= p0[:, None]) & (kpos[None, :] < p0[:, None] + l_sel)
+    return mask
+
+
 def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, prec,
                    packed=False, n_slots=0):
     if packed:
         pt_ref, *refs = refs
     (q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref,
      dv_ref) = refs
-    ci = pl.program_id(0)
-    b, g, j = meta_ref[ci, 0], meta_ref[ci, 1], meta_ref[ci, 2]
-    start, count = meta_ref[ci, 3], meta_ref[ci, 4]
-    T = q_ref.shape[1]
+    b, g, j, start, count, qi, head = work_item(meta_ref, h, rows)
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
     bq = rows // h
-    r = jnp.arange(rows)
-    qi = idiv(r, h)
-    head = g * h + (r - qi * h)
     dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
     c = scale * LOG2E
     n_tiles = idiv(count + (bq - 1), bq)
     base = j * l_sel
 
     for sub in range(n_sub):
-        off = sub * bk + jnp.arange(bk)
-        kpos = base + off
-        kvalid = (off < l_sel) & (kpos < T)
-        k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
-        v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
+        k, v, kpos, kvalid = block_kv(k_ref, v_ref, b, g, base, sub, bk, l_sel)
 
         def tile(it, carry, k=k, v=v, kpos=kpos, kvalid=kvalid):
             dk, dv = carry
-            e = it * bq + qi
-            row_ok = (qi < bq) & (e < count)
-            t = load(qt_ref.at[b, g, jnp.where(row_ok, start + e, 0)], row_ok)
+            row_ok, ent, t = item_entries(qt_ref, b, g, start, count, it, qi, bq)
             if n_slots:   # an index built with slots (the block-major forward's): t*N + slot
-                t = idiv(jnp.where(row_ok, t, 0), n_slots)
-            t_safe = jnp.where(row_ok, t, 0)
-            q = load(q_ref.at[b, t_safe[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
-            do = load(do_ref.at[b, t_safe[:, None], head[:, None], dv_[None, :]],
+                t = idiv(t, n_slots)
+            q = load(q_ref.at[b, t[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
+            do = load(do_ref.at[b, t[:, None], head[:, None], dv_[None, :]],
                       row_ok[:, None]).astype(cdt)
-            gs = load(gs_ref.at[b, t_safe, head], row_ok)
-            lse = load(lse_ref.at[b, t_safe, head], row_ok, POS_INF)
-            delta = load(delta_ref.at[b, t_safe, head], row_ok)
+            gs = load(gs_ref.at[b, t, head], row_ok)
+            lse = load(lse_ref.at[b, t, head], row_ok, POS_INF)
+            delta = load(delta_ref.at[b, t, head], row_ok)
             s = dot(q, k, trans_b=True, precision=prec) * c
-            mask = row_ok[:, None] & kvalid[None, :] & (kpos[None, :] <= t_safe[:, None])
-            if packed:  # the part of the block [p, p + l') that lies in this aligned tile
-                p0 = load(pt_ref.at[b, g, jnp.where(row_ok, start + e, 0)], row_ok)
-                mask = mask & (kpos[None, :] >= p0[:, None]) & (kpos[None, :] < p0[:, None] + l_sel)
-            p = probs(s, mask, lse)
+            p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
+            p = probs(s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel), lse)
             dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
             ds = dscores(p, do, v, gs, delta, prec)
             dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)

@@ -41,7 +41,8 @@ from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, cdiv, compiler_params,
                                    dot, dot_precision, idiv, load, next_pow2, sel_sub_tiles,
                                    softmax_finish, softmax_init, softmax_step, store)
-from nsa_jax.pallas.selection import inverted_index
+from nsa_jax.pallas.selection import (block_kv, inverted_index, item_entries, item_mask,
+                                      work_item)
 
 
 def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
@@ -49,41 +50,22 @@ def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
     if packed:
         pt_ref, *refs = refs
     q_ref, k_ref, v_ref, _lse_in, po_ref, plse_ref = refs
-    ci = pl.program_id(0)
-    b, g, j = meta_ref[ci, 0], meta_ref[ci, 1], meta_ref[ci, 2]
-    start, count = meta_ref[ci, 3], meta_ref[ci, 4]
-    T = q_ref.shape[1]
+    b, g, j, start, count, qi, head = work_item(meta_ref, h, rows)
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     bq = rows // h
-    r = jnp.arange(rows)
-    qi = idiv(r, h)
-    head = g * h + (r - qi * h)
     dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
     c = scale * LOG2E
-    base = j * l_sel
-    kv = []
-    for sub in range(n_sub):   # the block's K/V, loaded once for all of its queries
-        off = sub * bk + jnp.arange(bk)
-        kpos = base + off
-        kvalid = (off < l_sel) & (kpos < T)
-        kv.append((load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None]),
-                   load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None]),
-                   kpos, kvalid))
+    # the block's K/V, loaded once for all of its queries
+    kv = [block_kv(k_ref, v_ref, b, g, j * l_sel, sub, bk, l_sel) for sub in range(n_sub)]
 
     def tile(it, carry):
-        e = it * bq + qi
-        row_ok = (qi < bq) & (e < count)
-        ent = jnp.where(row_ok, start + e, 0)
-        ts = load(ot_ref.at[b, g, ent], row_ok)          # t * n_slots + slot
-        t = jnp.where(row_ok, idiv(ts, n_slots), 0)
+        row_ok, ent, ts = item_entries(ot_ref, b, g, start, count, it, qi, bq)  # t*N + slot
+        t = idiv(ts, n_slots)
         q = load(q_ref.at[b, t[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
-        if packed:
-            p0 = load(pt_ref.at[b, g, ent], row_ok)
+        p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
         m, lsum, acc = softmax_init(rows, Dv)
         for k, v, kpos, kvalid in kv:
-            mask = row_ok[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
-            if packed:  # the part of the block [p, p + l') inside this aligned key block
-                mask = mask & (kpos[None, :] >= p0[:, None]) & (kpos[None, :] < p0[:, None] + l_sel)
+            mask = item_mask(row_ok, kvalid, kpos, t, p0, l_sel)
             s = jnp.where(mask, dot(q, k, trans_b=True, precision=prec) * c, NEG_INF)
             m, alpha, p, lsum = softmax_step(m, lsum, s)
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
