@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Kernel checks + peers on the device machine (repo root; carry .whl and .peers):
-#   bench/kernels_gpu.sh [tests] [peers] [peers-smoke] [packed] [packed-train] [cmp] [selfwd]
+#   bench/kernels_gpu.sh [tests] [peers] [peers-smoke] [packed] [packed-train] [cmp] [selblock]
 # tests: every @gpu kernel test; peers: bench/peers.py (fla-core from .whl, XunhaoLai from
 # .peers/xunhao) at the bench and 125m shapes, T = 16k and 64k; packed: bench/packed.py (window
 # branch, NSA, dense; packed vs unpacked at 8k and 64k); packed-train: 125M training tok/s with
 # data.packing concat vs documents; cmp: bench/cmp_attn.py (compressed attention Pallas vs grouped
-# cuDNN, KernelChoices.cmp_attn); selfwd: bench/sel_fwd.py (selection forward query- vs block-major,
-# KernelChoices.sel_fwd, 125M shape). Logs in $OUT/kernels.log.
+# cuDNN, KernelChoices.cmp_attn); selblock: bench/sel_block.py (selection kernels query- vs
+# block-major, KernelChoices.sel_fwd / sel_dq, 125M shape). Logs in $OUT/kernels.log.
 set -u
 OUT=${OUT:-/tmp/nsa_kernels_out}
 mkdir -p "$OUT"
@@ -44,9 +44,9 @@ for stage in "$@"; do
       timeout 480 python3 bench/cmp_attn.py --shapes bench 125m --T 16384 65536 \
         --out "$OUT/cmp_attn_h200.json" >> "$LOG" 2>&1 || rc=1
       sed -n '/^shape /,$p' "$LOG" | tail -n 6 ;;
-    selfwd)
-      timeout 300 python3 bench/sel_fwd.py --quick --shapes 125m --T 8192 65536 \
-        --out "$OUT/sel_fwd_h200.json" >> "$LOG" 2>&1 || rc=1
+    selblock)
+      timeout 300 python3 bench/sel_block.py --quick --shapes 125m --T 8192 65536 \
+        --out "$OUT/sel_block_h200.json" >> "$LOG" 2>&1 || rc=1
       tail -n 3 "$LOG" ;;
     packed-train)
       timeout 540 python3 bench/train_throughput.py --no-loader --packing concat documents \

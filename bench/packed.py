@@ -8,9 +8,12 @@ Dense: the model's packed path (the document-local Pallas kernel, ``dense_packed
 packed). Parts: each NSA part alone (selection, compressed, selected, window), packed vs unpacked,
 to find where packing costs. Prints one JSON line per (attention, T, mode) and the
 packed/unpacked speed ratio (target >= 0.9). ``--cmp-attn``: ``KernelChoices.cmp_attn`` of the NSA
-and parts runs (several values: each one run and labelled; default the product's "auto").
+and parts runs (several values: each one run and labelled; default the product's "auto");
+``--packed-sel``: ``sel_fwd``/``sel_dq`` of the packed NSA run (query- or block-major selection
+kernels; default "auto", the product's choice for packed rows).
 
     python bench/packed.py --T 8192 65536 [--attention dense nsa window parts] [--cmp-attn auto]
+        [--packed-sel auto block]
 """
 from __future__ import annotations
 
@@ -70,20 +73,25 @@ def nsa_inputs(a, T, cfg):
     return args, n(1, T, H, D)
 
 
-def nsa_bench(a, T, seg, docs, cmp_attn):
-    """NSA fwd+bwd through the Pallas kernels, packed (segment_ids) and unpacked."""
+def nsa_bench(a, T, seg, docs, cmp_attn, packed_sel="auto"):
+    """NSA fwd+bwd through the Pallas kernels, packed (segment_ids) and unpacked (the product's
+    choices, ``cmp_attn`` aside). ``packed_sel``: the packed run's ``sel_fwd`` and ``sel_dq``
+    ("auto" = the product's choice for packed rows)."""
     cfg = NSAConfig()
     args, ct = nsa_inputs(a, T, cfg)
     ch = KernelChoices(cmp_attn=cmp_attn)
+    ch_packed = ch if packed_sel == "auto" else KernelChoices(
+        cmp_attn=cmp_attn, sel_fwd=packed_sel, sel_dq=packed_sel)
 
-    def fb(seg_ids):
+    def fb(seg_ids, ch):
         def f(args, ct):
             o, vjp = jax.vjp(lambda *x: nsa_attention(*x, cfg, impl="pallas", choices=ch,
                                                       segment_ids=seg_ids), *args)
             return o, vjp(ct)
         return jax.jit(f)
 
-    compare(a, "nsa", T, docs, fb(None), fb(seg), (args, ct), cmp_attn=cmp_attn)
+    compare(a, "nsa", T, docs, fb(None, ch), fb(seg, ch_packed), (args, ct), cmp_attn=cmp_attn,
+            packed_sel=packed_sel)
 
 
 def branches_bench(a, T, seg, docs, cmp_attn):
@@ -143,12 +151,15 @@ def main(argv=None):
     p.add_argument("--attention", nargs="+", default=["dense", "nsa", "window"],
                    choices=["dense", "nsa", "window", "parts"])
     p.add_argument("--cmp-attn", nargs="+", default=["auto"], choices=list(CMP_ATTNS))
+    p.add_argument("--packed-sel", nargs="+", default=["auto"], choices=["auto", "query", "block"],
+                   help="sel_fwd and sel_dq of the packed NSA run (each value run and labelled)")
     a = p.parse_args(argv)
     for T in a.T:
         lengths = doc_lengths(T, a.mean_doc)
         seg = jnp.asarray(np.repeat(np.arange(len(lengths)), lengths)[None], jnp.int32)
         for c in a.cmp_attn if "nsa" in a.attention else ():
-            nsa_bench(a, T, seg, len(lengths), c)
+            for ps in a.packed_sel:
+                nsa_bench(a, T, seg, len(lengths), c, ps)
         if "window" in a.attention:
             window_bench(a, T, seg, len(lengths))
         for c in a.cmp_attn if "parts" in a.attention else ():

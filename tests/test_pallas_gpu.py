@@ -101,10 +101,11 @@ def test_bf16_matches_f32_reference(shape, T, **kw):
 
 @pytest.mark.parametrize("shape,T", [("125m", 2048), ("125m", 1027), ("bench", 1027)])
 def test_sel_fwd_block_bf16_matches_f32_reference(shape, T):
-    """The block-major selection forward (KernelChoices.sel_fwd="block", gather kernels) on the
-    GPU: the same bf16-vs-float32 check as above."""
+    """The block-major selection kernels (KernelChoices.sel_fwd="block" and sel_dq="block",
+    gather kernels: bf16 partial outputs and bf16 dQ partials) on the GPU: the same
+    bf16-vs-float32 check as above. (The defaults take them at ("125m", 8192) above.)"""
     test_bf16_matches_f32_reference(shape, T, choices=KernelChoices(
-        cmp_attn="pallas", sel_impl="gather", sel_fwd="block"))
+        cmp_attn="pallas", sel_impl="gather", sel_fwd="block", sel_dq="block"))
 
 
 @pytest.mark.parametrize("shape", ["125m", "bench"])

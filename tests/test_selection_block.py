@@ -1,8 +1,12 @@
-"""Block-major selection forward (``KernelChoices.sel_fwd="block"``,
-``nsa_jax/pallas/selection_block.py``) in interpret mode: o and lse equal the query-major kernel's
-(float32, <= 2e-5), with unused slots and blocks past the query, work items split into several
-chunks and query tiles; bf16 partials; and the whole op with it matches the reference (values and
-all 8 gradients), unpacked and packed."""
+"""Block-major selection kernels (``nsa_jax/pallas/selection_block.py``) in interpret mode: the
+forward (``KernelChoices.sel_fwd="block"``): o and lse equal the query-major kernel's (float32,
+<= 2e-5), with unused slots and blocks past the query, work items split into several chunks and
+query tiles; bf16 partials; the fused dK/dV + dQ backward (``sel_dq="block"``): dq, dk, dv equal
+the query-major dQ + inverted dK/dV kernels' (own index and the forward's); and the whole op with
+both matches the reference (values and all 8 gradients), unpacked and packed."""
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,13 +14,13 @@ import pytest
 from nsa_jax.nsa import KernelChoices
 from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas.common import POS_INF
-from nsa_jax.pallas.selection import sel_forward
-from nsa_jax.pallas.selection_block import sel_forward_block
+from nsa_jax.pallas.selection import sel_backward, sel_forward
+from nsa_jax.pallas.selection_block import sel_backward_block, sel_forward_block
 from packed_util import packed_inputs
 from test_pallas import TINY, _assert_parity, _inputs, _rel
 
 # 16-row tiles and 5-query chunks: several tiles per item and several items per block
-SMALL = BlockSizes(sel_rows=16, sel_chunk=5, sel_keys=16)
+SMALL = BlockSizes(sel_rows=16, sel_chunk=5, sel_keys=16, sel_dq_rows=16)
 
 
 def _random_idx(seed, B, T, G, cfg):
@@ -51,24 +55,49 @@ def test_block_forward_equals_query_forward(h, G, bs):
     _check(args[0], args[3], args[4], idx, TINY, bs)
 
 
-def test_op_with_block_forward_matches_reference():
-    """The forward's index is the one the dK/dV backward walks (B = 2: the packed test below)."""
+@pytest.mark.parametrize("h,G,bs", [(6, 1, SMALL),
+                                    (2, 2, dataclasses.replace(SMALL, sel_dq_rows=32))])
+def test_fused_backward_equals_query_backward(h, G, bs):
+    """dQ as per-slot partials of the dK/dV kernel == the per-query dQ kernel; dK/dV unchanged;
+    with its own index and with the block forward's (slot payloads; items cut for sel_rows
+    tiles, walked in sel_dq_rows tiles)."""
+    T = 53
+    args, _ = _inputs(50 + h, 2, T, h * G, G, TINY)
+    idx = _random_idx(7 + h, 2, T, G, TINY)
+    q, k, v = args[0], args[3], args[4]
+    o, lse = sel_forward(q, k, v, idx, TINY, bs, 0.3, True)
+    do = jax.random.normal(jax.random.PRNGKey(h), o.shape)
+    gs = jax.random.uniform(jax.random.PRNGKey(h + 1), o.shape[:3], minval=0.2)
+    want = sel_backward(q, k, v, idx, o, lse, do, gs, TINY, bs, 0.3, True)
+    index = sel_forward_block(q, k, v, idx, TINY, bs, 0.3, True, return_index=True)[2]
+    for ix in (None, index):
+        got = sel_backward_block(q, k, v, idx, o, lse, do, gs, TINY, bs, 0.3, True, index=ix)
+        assert float(jnp.abs(got[0]).max()) > 0
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype
+            assert _rel(a, b) <= 2e-5
+
+
+def test_op_with_block_kernels_matches_reference():
+    """Block forward and fused backward: the forward's index is the one the backward walks
+    (B = 2: the packed test below)."""
     args, cot = _inputs(31, 1, 75, 4, 2, TINY)
     _assert_parity(args, cot, TINY, block_sizes=SMALL,
-                   choices=KernelChoices(sel_impl="gather", sel_fwd="block"))
+                   choices=KernelChoices(sel_impl="gather", sel_fwd="block", sel_dq="block"))
 
 
-def test_packed_op_with_block_forward_matches_reference():
-    """Packed rows through the op with the block-major forward (documents of length 1 and < l',
-    starts off the l' grid: straddling blocks give two partials per slot); its index (slot
-    payloads) is the one the dK/dV backward walks."""
+def test_packed_op_with_block_kernels_matches_reference():
+    """Packed rows through the op with the block-major forward and fused backward (documents of
+    length 1 and < l', starts off the l' grid: straddling blocks give two partials per slot, and
+    two dQ partials); its index (slot payloads) is the one the backward walks."""
     from test_packed import CFG as PCFG
     from test_packed import LENGTHS, _pallas_vs_reference
     from packed_util import cotangent
     args, seg = packed_inputs(12, LENGTHS, 4, 2, 8, 8, PCFG)
     _pallas_vs_reference(args, seg, PCFG, cotangent(13, args[0].shape),
-                         kernel="nsa_sel_fwd_block", block_sizes=SMALL,
-                         choices=KernelChoices(sel_impl="gather", sel_fwd="block"))
+                         kernel="nsa_sel_bwd_block", block_sizes=SMALL,
+                         choices=KernelChoices(sel_impl="gather", sel_fwd="block",
+                                               sel_dq="block"))
 
 
 def test_block_forward_bf16_partials():

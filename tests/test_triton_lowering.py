@@ -66,8 +66,10 @@ def _fwd_bwd(**kw):
 ])
 def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl, sel_fwd):
     # cmp_attn="pallas": the compressed kernels (cuDNN, which "cudnn" would take, cannot
-    # lower without a GPU; the gpu tests cover it)
-    kw = {"choices": KernelChoices(sel_impl=sel_impl, sel_fwd=sel_fwd, cmp_attn="pallas")}
+    # lower without a GPU; the gpu tests cover it). sel_dq follows sel_fwd here: "block" lowers
+    # the block-major forward and the fused dK/dV + dQ backward, "query" the per-query kernels.
+    kw = {"choices": KernelChoices(sel_impl=sel_impl, sel_fwd=sel_fwd, sel_dq=sel_fwd,
+                                   cmp_attn="pallas")}
     shapes = _nsa_args(dtype)
     if packed:
         shapes += (S(B, T, dtype=jnp.int32),)
@@ -79,9 +81,15 @@ def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl, sel_f
     compiled_kernels(monkeypatch)
     names = triton_kernels(f, *shapes)
     assert {"nsa_local_fwd", "nsa_local_bwd_dq", "nsa_local_bwd_dkv"} <= names, names
-    sel = "nsa_sel_tiled_" if sel_impl == "tiled" else "nsa_sel_"
-    fwd = sel + ("fwd_block" if sel_fwd == "block" else "fwd")
-    assert {fwd, sel + "bwd_dq", sel + "bwd_dkv"} <= names, names
+    if sel_impl == "tiled":
+        want = {"nsa_sel_tiled_fwd", "nsa_sel_tiled_bwd_dq", "nsa_sel_tiled_bwd_dkv"}
+    elif sel_fwd == "block":
+        want = {"nsa_sel_fwd_block", "nsa_sel_bwd_block"}
+    else:
+        want = {"nsa_sel_fwd", "nsa_sel_bwd_dq", "nsa_sel_bwd_dkv"}
+    assert want <= names, names
+    if sel_fwd == "block":
+        assert not {"nsa_sel_fwd", "nsa_sel_bwd_dq", "nsa_sel_bwd_dkv"} & names, names
 
 
 @pytest.mark.parametrize("window", [512, None])

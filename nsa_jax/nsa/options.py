@@ -11,6 +11,7 @@ import dataclasses
 SEL_IMPLS = ("auto", "gather", "tiled")
 SEL_BWDS = ("inverted", "atomic")
 SEL_FWDS = ("auto", "query", "block")
+SEL_DQS = ("auto", "query", "block")
 SEL_FWD_BLOCK_MAX_H = 8   # sel_fwd "auto": block-major forward for groups of at most 8 heads
 SCORE_DOTS = ("ieee", "tf32x3")
 F32_DOTS = ("ieee", "tf32")
@@ -33,6 +34,12 @@ class KernelChoices:
                         fwd+bwd 6.5% faster at 8k and 64k; at h = 16 the block forward is 2.3x
                         slower; float32 and packed rows were not timed: "query"). The tiled
                         selection kernels (``sel_impl``) have their own forward and ignore it.
+    sel_dq:             gather backward's dQ: "query" (its own per-query kernel loads each
+                        query's n blocks again), "block" (formed in the inverted dK/dV kernel,
+                        which already has dS for each (query, block): one more tile dot, a
+                        partial per (query, slot) summed in XLA; ``selection_block.
+                        sel_backward_block``; needs sel_bwd "inverted") or "auto" (block where
+                        sel_fwd "auto" takes the block forward; query otherwise).
     cmp_bwd_split:      parts the query range of one compressed dK/dV tile is split into
                         (float32 atomic adds; 1 = plain stores).
     score_dot:          GPU precision of the general scoring path's float32 dots (used when
@@ -58,6 +65,7 @@ class KernelChoices:
     sel_tiled_max_t: int = 4096
     sel_bwd: str = "inverted"
     sel_fwd: str = "auto"
+    sel_dq: str = "auto"
     cmp_bwd_split: int = 8
     score_dot: str = "ieee"
     f32_dot: str = "ieee"
@@ -73,6 +81,11 @@ class KernelChoices:
             fail("sel_bwd", f"one of {list(SEL_BWDS)}, got {self.sel_bwd!r}")
         if self.sel_fwd not in SEL_FWDS:
             fail("sel_fwd", f"one of {list(SEL_FWDS)}, got {self.sel_fwd!r}")
+        if self.sel_dq not in SEL_DQS:
+            fail("sel_dq", f"one of {list(SEL_DQS)}, got {self.sel_dq!r}")
+        if self.sel_dq == "block" and self.sel_bwd == "atomic":
+            fail("sel_dq", "'block' forms dQ in the inverted dK/dV kernel; it needs "
+                 "kernel.sel_bwd: inverted, got 'atomic'")
         if self.score_dot not in SCORE_DOTS:
             fail("score_dot", f"one of {list(SCORE_DOTS)}, got {self.score_dot!r}")
         if self.cmp_attn not in CMP_ATTNS:

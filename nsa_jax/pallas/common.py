@@ -191,6 +191,10 @@ class BlockSizes:
     sel_keys:     keys per sub-tile of a selected block (l' is split or masked to this).
     sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
+    sel_dq_rows:  (query, head) rows per tile in the block-major backward that forms dQ with
+                  dK/dV (``KernelChoices.sel_dq = "block"``; it holds a dQ tile more than the
+                  dK/dV kernel: on an H200 at the 125M shape, 64k, 64 rows took 5.1 ms and
+                  128 rows 6.4 ms; bench/NOTES.md).
     sel_tile_q:   queries per tile of the tiled selection kernels (rows of one head).
     win_q, win_keys: queries (rows of one head) and keys per tile of the document-local
                   attention kernels (``local.py``: packed window branch, packed dense).
@@ -205,6 +209,7 @@ class BlockSizes:
     sel_keys: int = 64
     sel_rows: int = 128
     sel_chunk: int = 1024
+    sel_dq_rows: int = 64
     sel_tile_q: int = 64
     cmp_bwd_keys: int = 64
     win_q: int = 64
@@ -217,7 +222,7 @@ class BlockSizes:
 
     def __post_init__(self):
         for f in ("cmp_rows", "cmp_keys", "score_sel", "sel_keys", "sel_rows", "cmp_bwd_keys",
-                  "sel_tile_q", "win_q", "win_keys"):
+                  "sel_tile_q", "win_q", "win_keys", "sel_dq_rows"):
             v = getattr(self, f)
             if v < MIN_DOT or v & (v - 1):
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
@@ -241,5 +246,5 @@ class BlockSizes:
         warps = 8 if head_dim >= 128 else 4
         if itemsize >= 4 and head_dim >= 128:
             return cls(num_warps=warps, cmp_rows=64, cmp_keys=64, sel_rows=64, sel_tile_q=32,
-                       cmp_bwd_keys=32, win_q=32, win_keys=32, num_stages=1)
+                       cmp_bwd_keys=32, win_q=32, win_keys=32, sel_dq_rows=32, num_stages=1)
         return cls(num_warps=warps)

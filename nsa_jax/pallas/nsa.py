@@ -36,7 +36,7 @@ from nsa_jax.pallas.common import (BlockSizes, choices_or_default, cudnn_applies
                                    padded_dims, use_interpret)
 from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
 from nsa_jax.pallas.selection import atomic_mode, sel_backward, sel_forward
-from nsa_jax.pallas.selection_block import sel_forward_block
+from nsa_jax.pallas.selection_block import sel_backward_block, sel_forward_block
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
 from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention, xla_precision
@@ -93,15 +93,18 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
     None = unpacked; module docstring). The gather forward follows ``choices.sel_fwd`` ("query"
     or "block"; the tiled kernels ignore it); "auto" takes "block" only where it was measured
     faster: unpacked rows (``packed`` False), groups of ``h`` <= 8 heads and a 16-bit ``dtype``
-    (h or dtype None = unknown: "query")."""
+    (h or dtype None = unknown: "query"). The gather backward's dQ follows ``choices.sel_dq``
+    the same way ("block": ``sel_backward_block``)."""
     ch = choices_or_default(choices)
     tiled = ch.sel_impl == "tiled" or (ch.sel_impl == "auto" and T <= ch.sel_tiled_max_t)
     if tiled:
         return sel_tiled_forward, sel_tiled_backward
-    block = ch.sel_fwd == "block" or (
-        ch.sel_fwd == "auto" and not packed and h is not None and h <= SEL_FWD_BLOCK_MAX_H
-        and dtype is not None and jnp.dtype(dtype).itemsize == 2)
-    return (sel_forward_block if block else sel_forward), sel_backward
+    small = (not packed and h is not None and h <= SEL_FWD_BLOCK_MAX_H and dtype is not None
+             and jnp.dtype(dtype).itemsize == 2)
+    block = ch.sel_fwd == "block" or (ch.sel_fwd == "auto" and small)
+    block_dq = ch.sel_dq == "block" or (ch.sel_dq == "auto" and small and not atomic_mode(ch))
+    return ((sel_forward_block if block else sel_forward),
+            (sel_backward_block if block_dq else sel_backward))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -179,6 +179,14 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
     store(dq_ref.at[b, t, head_st[:, None], dk_[None, :]], dq * scale, row_ok[:, None])
 
 
+def grad_scales(o, do, gs):
+    """-> (gs float32 [B,T,Hq], 1 where None; delta = gs * rowsum(o * dO) float32)."""
+    if gs is None:
+        gs = jnp.ones(o.shape[:3], jnp.float32)
+    gs = gs.astype(jnp.float32)
+    return gs, gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)
+
+
 def atomic_mode(choices: KernelChoices | None) -> bool:
     return choices_or_default(choices).sel_bwd == "atomic"
 
@@ -186,6 +194,15 @@ def atomic_mode(choices: KernelChoices | None) -> bool:
 # ---- backward: dK/dV through the inverted block -> query index -------------------------------
 # Work items of the block -> query index (``inverted_index``): the dK/dV kernel below and the
 # block-major forward (``selection_block``) read them the same way.
+def item_tiles(bs: BlockSizes, h: int, rows: int | None = None):
+    """-> (rows, chunk): (query, head) rows per tile (``rows``, default ``bs.sel_rows``, at
+    least one query's h heads) and queries per work item of the index (``bs.sel_chunk`` rounded
+    up to whole ``bs.sel_rows`` tiles; a kernel with other rows reads the same items, its last
+    tile of an item partly masked)."""
+    bq = max(bs.sel_rows, next_pow2(h)) // h
+    return max(rows or bs.sel_rows, next_pow2(h)), bq * cdiv(bs.sel_chunk, bq)
+
+
 def work_item(meta_ref, h: int, rows: int):
     """This program's work item -> (b, g, j, start, count) and its tile rows (query qi of the
     tile, head), ``rows // h`` queries x h heads per tile."""
@@ -273,6 +290,23 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
 ONE_KEY_MAX = 2 ** 31 - 1   # largest (block, entry) key inverted_index packs into one int32
 
 
+def slot_keys(idx, T: int, Ts: int, doc_start=None, l_sel: int = 0):
+    """The aligned key block each (query, slot) entry of the inverted index is listed under:
+    int32 [B,T,G,N], Ts where the slot is unused. Unpacked N = n (the selected ids); packed
+    (``doc_start`` [B,T], ``l_sel`` = l') N = 2n: slot i < n is the aligned block J holding the
+    first key p = start + idx*l' of the query's i-th block, slot n + i the next one, J + 1, when
+    p is unaligned and J + 1 starts at or before t (``inverted_index``)."""
+    jkey = jnp.where(idx >= 0, idx, Ts).astype(jnp.int32)
+    if doc_start is None:
+        return jkey
+    tpos = jnp.arange(T, dtype=jnp.int32)[None, :, None, None]
+    p = doc_start[:, :, None, None] + jnp.maximum(idx, 0) * l_sel
+    j0 = p // l_sel
+    two = (idx >= 0) & (p % l_sel != 0) & ((j0 + 1) * l_sel <= tpos)
+    return jnp.concatenate([jnp.where(idx >= 0, j0, Ts), jnp.where(two, j0 + 1, Ts)],
+                           -1).astype(jnp.int32)
+
+
 def inverted_index(idx, T: int, Ts: int, chunk: int, doc_start=None, l_sel: int = 0,
                    slots: bool = False):
     """Block -> query index of a selection, split into work items of <= ``chunk`` queries.
@@ -292,13 +326,7 @@ def inverted_index(idx, T: int, Ts: int, chunk: int, doc_start=None, l_sel: int 
     write a result per (query, slot) (``selection_block``).
     """
     B, _, G, n = idx.shape
-    jkey = jnp.where(idx >= 0, idx, Ts).astype(jnp.int32)
-    if doc_start is not None:
-        tpos = jnp.arange(T, dtype=jnp.int32)[None, :, None, None]
-        p = doc_start[:, :, None, None] + jnp.maximum(idx, 0) * l_sel
-        j0 = p // l_sel
-        two = (idx >= 0) & (p % l_sel != 0) & ((j0 + 1) * l_sel <= tpos)
-        jkey = jnp.concatenate([jnp.where(idx >= 0, j0, Ts), jnp.where(two, j0 + 1, Ts)], -1)
+    jkey = slot_keys(idx, T, Ts, doc_start, l_sel)
     N = jkey.shape[-1]
     TN = T * N
     # entry e = t*N + slot, in (b, g) rows; sorted by (block, e) through one int32 key when it
@@ -367,10 +395,7 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     if packed and atomic_mode(choices):  # tiles start at start + j*l' <= t < T
         T_acc = max(T_acc, T + n_sub * bk)
     segs = (seg.start,) if packed else ()
-    if gs is None:
-        gs = jnp.ones((B, T, Hq), jnp.float32)
-    gs = gs.astype(jnp.float32)
-    delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
+    gs, delta = grad_scales(o, do, gs)
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
     atomic = atomic_mode(choices)
     common = dict(h=h, n_sel=n, l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale, prec=prec,
@@ -391,9 +416,7 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
             out_shape=dq_shape, compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
             interpret=interpret, name="nsa_sel_bwd_dq",
         )(q, k, v, idx, do, gs, lse, delta, *segs)
-        rows = max(bs.sel_rows, next_pow2(h))
-        bq = rows // h
-        chunk = bq * cdiv(bs.sel_chunk, bq)
+        rows, chunk = item_tiles(bs, h)
         n_slots = 0
         if index is not None:
             meta, *qt = index

@@ -35,14 +35,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
-from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, cdiv, compiler_params,
-                                   dot, dot_precision, idiv, load, next_pow2, sel_sub_tiles,
+from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, compiler_params, dot,
+                                   dot_precision, dscores, idiv, load, probs, sel_sub_tiles,
                                    softmax_finish, softmax_init, softmax_step, store)
-from nsa_jax.pallas.selection import (block_kv, inverted_index, item_entries, item_mask,
-                                      work_item)
+from nsa_jax.pallas.selection import (block_kv, grad_scales, inverted_index, item_entries,
+                                      item_mask, item_tiles, slot_keys, work_item)
 
 
 def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
@@ -108,9 +109,7 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
     n = idx.shape[-1]
     bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_keys)
     Ts = cfg.num_sel_blocks(T)
-    rows = max(bs.sel_rows, next_pow2(h))
-    bq = rows // h
-    chunk = bq * cdiv(bs.sel_chunk, bq)
+    rows, chunk = item_tiles(bs, h)
     packed = seg is not None
     if packed:
         meta, ot, pt = inverted_index(idx, T, Ts, chunk, seg.start, cfg.sel_block, slots=True)
@@ -133,3 +132,106 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
     )(meta, *extra, q, k, v, lse0)
     o, lse = merge_partials(po.reshape(B, T, N, Hq, Dv), plse.reshape(B, T, N, Hq))
     return (o, lse, (meta, *extra)) if return_index else (o, lse)
+
+
+# ---- backward: dK/dV and dQ in one block-major kernel ----------------------------------------
+def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
+                      packed=False):
+    if packed:
+        pt_ref, *refs = refs
+    (q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref, dv_ref,
+     pdq_ref) = refs
+    b, g, j, start, count, qi, head = work_item(meta_ref, h, rows)
+    Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
+    cdt = q_ref.dtype
+    bq = rows // h
+    dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
+    c = scale * LOG2E
+    base = j * l_sel
+    kv = [block_kv(k_ref, v_ref, b, g, base, sub, bk, l_sel) for sub in range(n_sub)]
+
+    def tile(it, carry):
+        row_ok, ent, ts = item_entries(qt_ref, b, g, start, count, it, qi, bq)  # t*N + slot
+        t = idiv(ts, n_slots)
+        q = load(q_ref.at[b, t[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
+        do = load(do_ref.at[b, t[:, None], head[:, None], dv_[None, :]],
+                  row_ok[:, None]).astype(cdt)
+        gs = load(gs_ref.at[b, t, head], row_ok)
+        lse = load(lse_ref.at[b, t, head], row_ok, POS_INF)
+        delta = load(delta_ref.at[b, t, head], row_ok)
+        p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
+        dq = jnp.zeros((rows, Dk), jnp.float32)
+        out = []
+        for sub, (k, v, kpos, kvalid) in enumerate(kv):
+            dk, dv = carry[2 * sub], carry[2 * sub + 1]
+            s = dot(q, k, trans_b=True, precision=prec) * c
+            p = probs(s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel), lse)
+            dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
+            ds = dscores(p, do, v, gs, delta, prec).astype(cdt)
+            dk = dk + dot(ds, q, trans_a=True, precision=prec)
+            dq = dq + dot(ds, k, precision=prec)
+            out += [dk, dv]
+        ts_st = jnp.where(row_ok, ts, pdq_ref.shape[1])   # masked rows -> out of bounds
+        store(pdq_ref.at[b, ts_st[:, None], head[:, None], dk_[None, :]], dq * scale,
+              row_ok[:, None])
+        return tuple(out)
+
+    zeros = []
+    for _ in range(n_sub):
+        zeros += [jnp.zeros((bk, Dk), jnp.float32), jnp.zeros((bk, Dv), jnp.float32)]
+    acc = lax.fori_loop(0, idiv(count + (bq - 1), bq), tile, tuple(zeros))
+
+    @pl.when(count > 0)
+    def _add():
+        for sub in range(n_sub):
+            plgpu.atomic_add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)),
+                             acc[2 * sub] * scale)
+            plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)),
+                             acc[2 * sub + 1])
+
+
+def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,
+                       scale: float, interpret: bool, *, choices: KernelChoices | None = None,
+                       seg=None, index=None):
+    """Same contract as ``selection.sel_backward`` (-> dq float32, dk, dv), with dQ formed in
+    the block-major dK/dV kernel (``KernelChoices.sel_dq = "block"``): each (query, slot) row of
+    a work item already has dS = P (dP - delta) against the item's key block for dK; dQ's share
+    of that block is dS K, one more tile dot, written as a partial per (query, slot) (q's dtype
+    if 16-bit, else float32) and summed over the slots in XLA (Eq. 10's gradient is a sum over
+    the selected blocks; no softmax merge is needed, the saved lse already normalises P). This
+    replaces the query-major dQ kernel, which loads the n blocks of every query again.
+    ``index``: the block forward's (slot payloads); None builds it here."""
+    B, T, Hq, Dk = q.shape
+    G, Dv = k.shape[2], v.shape[-1]
+    h = Hq // G
+    bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_keys)
+    Ts = cfg.num_sel_blocks(T)
+    rows, chunk = item_tiles(bs, h, bs.sel_dq_rows)
+    packed = seg is not None
+    doc = (seg.start, cfg.sel_block) if packed else ()
+    if index is None:
+        index = inverted_index(idx, T, Ts, chunk, *doc, slots=True)
+    meta, *extra = index
+    N = idx.shape[-1] * (2 if packed else 1)
+    gs, delta = grad_scales(o, do, gs)
+    T_acc = Ts * cfg.sel_block + bk  # every tile [j*l' + sub*bk, +bk) stays in bounds
+    acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
+    pdt = q.dtype if jnp.dtype(q.dtype).itemsize == 2 else jnp.float32
+    kern = functools.partial(_bwd_block_kernel, h=h, rows=rows, n_slots=N, l_sel=cfg.sel_block,
+                             bk=bk, n_sub=n_sub, scale=scale,
+                             prec=dot_precision(q.dtype, interpret, choices), packed=packed)
+    dk, dv, pdq = pl.pallas_call(
+        kern, grid=(meta.shape[0],),
+        out_shape=[jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
+                   jax.ShapeDtypeStruct(acc[1].shape, jnp.float32),
+                   jax.ShapeDtypeStruct((B, T * N, Hq, Dk), pdt)],
+        input_output_aliases={len(extra) + 8: 0, len(extra) + 9: 1},
+        compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+        interpret=interpret, name="nsa_sel_bwd_block",
+    )(meta, *extra, q, k, v, do, gs, lse, delta, *acc)
+    # slots never listed in the index were not written: masked, not read
+    used = slot_keys(idx, T, Ts, *doc) < Ts                               # [B,T,G,N]
+    used = used.transpose(0, 1, 3, 2)[..., None, None]                    # [B,T,N,G,1,1]
+    pdq = pdq.reshape(B, T, N, G, h, Dk)
+    dq = jnp.sum(jnp.where(used, pdq.astype(jnp.float32), 0.0), axis=2).reshape(B, T, Hq, Dk)
+    return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)

@@ -1,11 +1,14 @@
-"""Selection forward, query-major vs block-major (``KernelChoices.sel_fwd``), on one GPU.
+"""Selection kernels, query-major vs block-major (``KernelChoices.sel_fwd`` and ``sel_dq``), on
+one GPU.
 
-Per shape and T (bf16, B=1, selections from the Pallas scoring + top-n on random inputs):
-the forward kernel alone each way (and the block one's relative difference to the query one),
-the block -> query index alone, a few block tile variants, and the whole NSA op fwd+bwd with
-the gather selection kernels each way (cmp_attn "auto"). One JSON line per row and a table.
+Per shape and T (bf16, B=1, selections from the Pallas scoring + top-n on random inputs): the
+forward alone each way (and the block one's relative difference to the query one), the block ->
+query index alone, the backward alone each way (query-major dQ + inverted dK/dV, or the fused
+block-major dK/dV + dQ kernel; own index; relative differences of dq, dk, dv), a few block tile
+variants of both, and the whole NSA op fwd+bwd with the gather selection kernels for each
+(sel_fwd, sel_dq) pair (cmp_attn "auto"). One JSON line per row and a table.
 
-    python bench/sel_fwd.py --shapes 125m bench --T 8192 65536 [--out F]
+    python bench/sel_block.py --shapes 125m bench --T 8192 65536 [--quick] [--out F]
 """
 from __future__ import annotations
 
@@ -24,8 +27,8 @@ from kernels import CFG, INTERP, SHAPES, make_inputs, timed  # noqa: E402
 
 from nsa_jax.nsa import KernelChoices, nsa_attention, select_blocks  # noqa: E402
 from nsa_jax.pallas.common import BlockSizes  # noqa: E402
-from nsa_jax.pallas.selection import inverted_index, sel_forward  # noqa: E402
-from nsa_jax.pallas.selection_block import sel_forward_block  # noqa: E402
+from nsa_jax.pallas.selection import inverted_index, sel_backward, sel_forward  # noqa: E402
+from nsa_jax.pallas.selection_block import sel_backward_block, sel_forward_block  # noqa: E402
 
 
 def rel(a, b):
@@ -55,14 +58,29 @@ def run(shape, T, reps, variants):
     ix = jax.jit(lambda i: inverted_index(i, T, Ts, chunk, slots=True))
     out["index_ms"] = round(timed(ix, [(idx,)], reps), 3)
     del n
-    for mode in ("query", "block"):
-        ch = KernelChoices(sel_impl="gather", sel_fwd=mode)
+    # backward alone: the query forward's o / lse, a random bf16 cotangent, gates 1
+    o, lse = want, qf(a[0], a[3], a[4], idx)[1]
+    do = a[8][..., :a[4].shape[-1]].astype(a[0].dtype)
+    bargs = [(a[0], a[3], a[4], idx, o, lse, do)]
+    qb = jax.jit(lambda q, k, v, i, o, l, d: sel_backward(q, k, v, i, o, l, d, None, CFG, bs0,
+                                                          scale, INTERP))
+    out["query_bwd_ms"] = round(timed(qb, bargs, reps), 3)
+    gw = qb(*bargs[0])
+    for name, kw in variants:
+        bs = dataclasses.replace(bs0, **kw)
+        bb = jax.jit(lambda q, k, v, i, o, l, d, bs=bs: sel_backward_block(
+            q, k, v, i, o, l, d, None, CFG, bs, scale, INTERP))
+        out[f"block_bwd_ms[{name}]"] = round(timed(bb, bargs, reps), 3)
+        out[f"block_bwd_rel_diff[{name}]"] = [float(f"{rel(x, y):.2e}")
+                                              for x, y in zip(bb(*bargs[0]), gw)]
+    for fwd, dq in (("query", "query"), ("block", "query"), ("block", "block")):
+        ch = KernelChoices(sel_impl="gather", sel_fwd=fwd, sel_dq=dq)
 
         def fb(args, ct, ch=ch):
             o, vjp = jax.vjp(lambda *x: nsa_attention(*x, CFG, impl="pallas", choices=ch),
                              *args)
             return o, vjp(ct)
-        out[f"nsa_fwd_bwd_ms[{mode}]"] = round(timed(jax.jit(fb), [(a[:8], a[8])], reps), 3)
+        out[f"nsa_fwd_bwd_ms[{fwd}/{dq}]"] = round(timed(jax.jit(fb), [(a[:8], a[8])], reps), 3)
     return out
 
 
@@ -73,9 +91,20 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out")
     p.add_argument("--quick", action="store_true", help="the default block tiles only")
+    p.add_argument("--variants", nargs="+", metavar="FIELD=V[,FIELD=V]",
+                   help="BlockSizes variants of the block kernels (each besides the default), "
+                        "e.g. sel_dq_rows=32 num_warps=8,sel_dq_rows=64")
     a = p.parse_args(argv)
-    variants = [("default", {})] if a.quick else [
-        ("default", {}), ("chunk256", {"sel_chunk": 256}), ("warps8", {"num_warps": 8})]
+    if a.variants:
+        variants = [("default", {})] + [
+            (v, {f: int(x) for f, x in (kv.split("=") for kv in v.split(","))})
+            for v in a.variants]
+    elif a.quick:
+        variants = [("default", {})]
+    else:
+        variants = [("default", {}), ("chunk256", {"sel_chunk": 256}),
+                    ("warps8", {"num_warps": 8}), ("rows64", {"sel_rows": 64}),
+                    ("dq_rows128", {"sel_dq_rows": 128})]
     rows = []
     for shape in a.shapes:
         for T in a.T:

@@ -1,0 +1,85 @@
+"""Profile the NSA op (forward + backward, ``impl="pallas"``) with ``jax.profiler`` and list the
+device time per kernel: where one op's time goes, without a whole train step around it.
+
+    PYTHONPATH=. python bench/profile_op.py [--shape 125m] [--T 65536] [--B 1] [--reps 3]
+        [--choices sel_dq=block ...] [--tiles sel_dq_rows=64 ...] [--top 20] [--out F]
+
+Inputs are ``bench/kernels.make_inputs`` (bf16, random; the selection comes from the op's own
+scoring + top-n). ``--choices`` / ``--tiles``: ``KernelChoices`` / ``BlockSizes`` fields
+(defaults: the product's). The trace is summarised by ``bench/profile_step.summarise`` (ms per
+call, by kernel and by XLA op).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import jax  # noqa: E402
+
+from kernels import CFG, SHAPES, make_inputs  # noqa: E402
+from profile_step import load_trace, summarise  # noqa: E402
+
+from nsa_jax.nsa import KernelChoices, nsa_attention  # noqa: E402
+from nsa_jax.pallas.common import BlockSizes  # noqa: E402
+
+
+def fields(specs, cls):
+    """["f=v", ...] -> {f: v} with v typed like the dataclass default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    out = {}
+    for spec in specs or ():
+        f, v = spec.split("=", 1)
+        if f not in defaults:
+            raise SystemExit(f"{cls.__name__} has no field {f!r}")
+        out[f] = type(defaults[f])(v)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="125m", choices=sorted(SHAPES))
+    p.add_argument("--T", type=int, default=65536)
+    p.add_argument("--B", type=int, default=1)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--choices", nargs="*")
+    p.add_argument("--tiles", nargs="*")
+    p.add_argument("--top", type=int, default=20)
+    p.add_argument("--out")
+    a = p.parse_args(argv)
+    Hq, G, D = SHAPES[a.shape]
+    x = make_inputs(0, a.T, Hq, G, D, B=a.B)
+    ch = KernelChoices(**fields(a.choices, KernelChoices))
+    bs = dataclasses.replace(BlockSizes.for_shape(Hq // G, D, 2), **fields(a.tiles, BlockSizes))
+
+    @jax.jit
+    def fb(args, ct):
+        o, vjp = jax.vjp(lambda *y: nsa_attention(*y, CFG, impl="pallas", choices=ch,
+                                                  block_sizes=bs), *args)
+        return o, vjp(ct)
+
+    for _ in range(3):
+        jax.block_until_ready(fb(x[:8], x[8]))
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp, create_perfetto_trace=True):
+            for _ in range(a.reps):
+                jax.block_until_ready(fb(x[:8], x[8]))
+        r = summarise(load_trace(tmp), a.reps, a.top)
+    r = {"shape": a.shape, "T": a.T, "B": a.B, "choices": dataclasses.asdict(ch),
+         "tiles": dataclasses.asdict(bs), "device": jax.devices()[0].device_kind,
+         "jax": jax.__version__, **r}
+    if a.out:
+        Path(a.out).write_text(json.dumps(r, indent=1))
+    print(f"{a.shape} T={a.T} B={a.B}: device busy {r['device_busy_ms_per_step']:.2f} ms per "
+          f"call, {r['n_kernels_per_step']:.0f} kernels")
+    for k in r["top_kernels"]:
+        print(f"  {k['ms_per_step']:8.3f} ms {k['share']:6.1%} x{k['calls_per_step']:<4.0f} "
+              f"{k['name'][:100]}")
+
+
+if __name__ == "__main__":
+    main()
