@@ -27,7 +27,8 @@ from kernels import CFG, INTERP, SHAPES, make_inputs, timed  # noqa: E402
 
 from nsa_jax.nsa import KernelChoices, nsa_attention, select_blocks  # noqa: E402
 from nsa_jax.pallas.common import BlockSizes  # noqa: E402
-from nsa_jax.pallas.selection import inverted_index, sel_backward, sel_forward  # noqa: E402
+from nsa_jax.pallas.selection import (inverted_index, item_tiles, sel_backward,  # noqa: E402
+                                      sel_forward)
 from nsa_jax.pallas.selection_block import sel_backward_block, sel_forward_block  # noqa: E402
 
 
@@ -54,7 +55,7 @@ def run(shape, T, reps, variants):
                                                                  INTERP))
         out[f"block_fwd_ms[{name}]"] = round(timed(bf, [(a[0], a[3], a[4], idx)], reps), 3)
         out[f"block_rel_diff[{name}]"] = float(f"{rel(bf(a[0], a[3], a[4], idx)[0], want):.2e}")
-    chunk = bs0.sel_chunk
+    chunk = item_tiles(bs0, Hq // G)[1]
     ix = jax.jit(lambda i: inverted_index(i, T, Ts, chunk, slots=True))
     out["index_ms"] = round(timed(ix, [(idx,)], reps), 3)
     del n

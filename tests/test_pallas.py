@@ -249,10 +249,16 @@ def test_block_sizes_reject_bad_values(field, value):
 
 @pytest.mark.parametrize("field,value", [("sel_bwd", "x"), ("score_dot", "bf16"),
                                          ("sel_impl", "dense"), ("sel_tiled_max_t", -1),
-                                         ("cmp_bwd_split", 0)])
+                                         ("cmp_bwd_split", 0), ("sel_fwd", "x"),
+                                         ("sel_dq", "x")])
 def test_kernel_choices_reject_bad_values(field, value):
     with pytest.raises(ValueError, match=f"kernel.{field}"):
         KernelChoices(**{field: value})
+
+
+def test_kernel_choices_reject_block_dq_with_atomic_backward():
+    with pytest.raises(ValueError, match="kernel.sel_dq: 'block' .* needs kernel.sel_bwd"):
+        KernelChoices(sel_dq="block", sel_bwd="atomic")
 
 
 def test_f32_dot_choice_sets_every_float32_matmul_precision():

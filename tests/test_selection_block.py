@@ -55,23 +55,26 @@ def test_block_forward_equals_query_forward(h, G, bs):
     _check(args[0], args[3], args[4], idx, TINY, bs)
 
 
-@pytest.mark.parametrize("h,G,bs", [(6, 1, SMALL),
-                                    (2, 2, dataclasses.replace(SMALL, sel_dq_rows=32))])
-def test_fused_backward_equals_query_backward(h, G, bs):
+@pytest.mark.parametrize("h,G,cfg,bs", [
+    (6, 1, TINY, SMALL),
+    (2, 2, TINY, dataclasses.replace(SMALL, sel_dq_rows=32)),   # dQ tiles > the items' tiles
+    # two key sub-tiles per block (l' = 32, 16-key tiles) and dQ tiles < the items' tiles
+    (2, 1, dataclasses.replace(TINY, sel_block=32), dataclasses.replace(SMALL, sel_rows=32))])
+def test_fused_backward_equals_query_backward(h, G, cfg, bs):
     """dQ as per-slot partials of the dK/dV kernel == the per-query dQ kernel; dK/dV unchanged;
     with its own index and with the block forward's (slot payloads; items cut for sel_rows
     tiles, walked in sel_dq_rows tiles)."""
     T = 53
-    args, _ = _inputs(50 + h, 2, T, h * G, G, TINY)
-    idx = _random_idx(7 + h, 2, T, G, TINY)
+    args, _ = _inputs(50 + h, 2, T, h * G, G, cfg)
+    idx = _random_idx(7 + h, 2, T, G, cfg)
     q, k, v = args[0], args[3], args[4]
-    o, lse = sel_forward(q, k, v, idx, TINY, bs, 0.3, True)
+    o, lse = sel_forward(q, k, v, idx, cfg, bs, 0.3, True)
     do = jax.random.normal(jax.random.PRNGKey(h), o.shape)
     gs = jax.random.uniform(jax.random.PRNGKey(h + 1), o.shape[:3], minval=0.2)
-    want = sel_backward(q, k, v, idx, o, lse, do, gs, TINY, bs, 0.3, True)
-    index = sel_forward_block(q, k, v, idx, TINY, bs, 0.3, True, return_index=True)[2]
+    want = sel_backward(q, k, v, idx, o, lse, do, gs, cfg, bs, 0.3, True)
+    index = sel_forward_block(q, k, v, idx, cfg, bs, 0.3, True, return_index=True)[2]
     for ix in (None, index):
-        got = sel_backward_block(q, k, v, idx, o, lse, do, gs, TINY, bs, 0.3, True, index=ix)
+        got = sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg, bs, 0.3, True, index=ix)
         assert float(jnp.abs(got[0]).max()) > 0
         for a, b in zip(got, want):
             assert a.dtype == b.dtype

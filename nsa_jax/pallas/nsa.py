@@ -93,8 +93,10 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
     None = unpacked; module docstring). The gather forward follows ``choices.sel_fwd`` ("query"
     or "block"; the tiled kernels ignore it); "auto" takes "block" only where it was measured
     faster: unpacked rows (``packed`` False), groups of ``h`` <= 8 heads and a 16-bit ``dtype``
-    (h or dtype None = unknown: "query"). The gather backward's dQ follows ``choices.sel_dq``
-    the same way ("block": ``sel_backward_block``)."""
+    (h or dtype None = unknown: "query"). The gather backward's dQ follows ``choices.sel_dq``:
+    "auto" takes the fused block-major backward (``sel_backward_block``) where the forward
+    resolved to "block" under the same rule and ``sel_bwd`` is "inverted" (the two share one
+    index), else the per-query dQ kernel (``sel_backward``)."""
     ch = choices_or_default(choices)
     tiled = ch.sel_impl == "tiled" or (ch.sel_impl == "auto" and T <= ch.sel_tiled_max_t)
     if tiled:
@@ -102,7 +104,8 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
     small = (not packed and h is not None and h <= SEL_FWD_BLOCK_MAX_H and dtype is not None
              and jnp.dtype(dtype).itemsize == 2)
     block = ch.sel_fwd == "block" or (ch.sel_fwd == "auto" and small)
-    block_dq = ch.sel_dq == "block" or (ch.sel_dq == "auto" and small and not atomic_mode(ch))
+    block_dq = ch.sel_dq == "block" or (ch.sel_dq == "auto" and block and small
+                                        and not atomic_mode(ch))
     return ((sel_forward_block if block else sel_forward),
             (sel_backward_block if block_dq else sel_backward))
 

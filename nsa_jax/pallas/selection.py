@@ -5,9 +5,11 @@ together (padded to >= 16 rows so the dots use tensor cores), walks the group's 
 of l' keys (ids from ``idx [B,T,G,n]``; -1 = unused slot) with an online softmax and keeps keys
 s <= t. It writes o (float32) and the base-2 log-sum-exp per (t, head) for the backward.
 
-Backward: dQ comes from the same per-query program shape (recompute p from the saved lse,
-dS = P * (dO V^T - delta), dQ = dS K). dK/dV need the transpose: every key block receives
-gradient from the queries that selected it. Two ways are implemented (``KernelChoices.sel_bwd``):
+Backward (``sel_backward``): dQ comes from the same per-query program shape (recompute p from
+the saved lse, dS = P * (dO V^T - delta), dQ = dS K); with ``KernelChoices.sel_dq = "block"``
+it is formed instead inside the inverted dK/dV kernel (``selection_block.sel_backward_block``).
+dK/dV need the transpose: every key block receives gradient from the queries that selected it.
+Two ways are implemented (``KernelChoices.sel_bwd``):
 
 * ``"atomic"``: the per-query dQ program also forms each selected block's dK/dV tile and
   atomically adds it to a float32 accumulator: n * l' * (Dk + Dv) atomic adds per (t, g).
@@ -193,7 +195,7 @@ def atomic_mode(choices: KernelChoices | None) -> bool:
 
 # ---- backward: dK/dV through the inverted block -> query index -------------------------------
 # Work items of the block -> query index (``inverted_index``): the dK/dV kernel below and the
-# block-major forward (``selection_block``) read them the same way.
+# block-major forward and fused backward (``selection_block``) read them the same way.
 def item_tiles(bs: BlockSizes, h: int, rows: int | None = None):
     """-> (rows, chunk): (query, head) rows per tile (``rows``, default ``bs.sel_rows``, at
     least one query's h heads) and queries per work item of the index (``bs.sel_chunk`` rounded
@@ -303,8 +305,8 @@ def slot_keys(idx, T: int, Ts: int, doc_start=None, l_sel: int = 0):
     p = doc_start[:, :, None, None] + jnp.maximum(idx, 0) * l_sel
     j0 = p // l_sel
     two = (idx >= 0) & (p % l_sel != 0) & ((j0 + 1) * l_sel <= tpos)
-    return jnp.concatenate([jnp.where(idx >= 0, j0, Ts), jnp.where(two, j0 + 1, Ts)],
-                           -1).astype(jnp.int32)
+    keys = jnp.concatenate([jnp.where(idx >= 0, j0, Ts), jnp.where(two, j0 + 1, Ts)], -1)
+    return jnp.minimum(keys, Ts).astype(jnp.int32)   # an id past the row: no block, no entry
 
 
 def inverted_index(idx, T: int, Ts: int, chunk: int, doc_start=None, l_sel: int = 0,

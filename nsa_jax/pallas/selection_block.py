@@ -1,5 +1,6 @@
-"""Selected-block attention forward, block-major (NSA §3.3.2, Eq. 10-12 applied;
-``KernelChoices.sel_fwd = "block"``).
+"""Selected-block attention, block-major (NSA §3.3.2, Eq. 10-12 applied): the forward
+(``KernelChoices.sel_fwd = "block"``) and a backward that forms dQ with dK/dV
+(``KernelChoices.sel_dq = "block"``, ``sel_backward_block``, documented there).
 
 The query-major forward (``selection.sel_forward``) runs one program per (query, KV group) and
 loads each of the query's n selected K/V blocks: n * l' * (Dk + Dv) * 2 bytes per (query, group),
@@ -20,7 +21,8 @@ the kernels use between tiles):
 
 runs in XLA over the n slots. Bytes per (query, group) move from n K/V tiles (L2) to n gathered
 query rows in and n partial rows out (h * (2 Dk + 2 Dv + 4) bytes each in bf16, through HBM).
-The index is returned for the backward, whose dK/dV kernel walks the same (block, queries) items.
+The index is returned for the backward, whose dK/dV kernel (``selection.sel_backward``) or fused
+dK/dV + dQ kernel (``sel_backward_block``) walks the same (block, queries) items.
 
 Packed rows: ``inverted_index`` lists a block that straddles an aligned key block under both
 aligned blocks (its two halves), each in its own slot (2n slots), so a partial covers
@@ -100,7 +102,8 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
                       return_index: bool = False):
     """Same contract as ``selection.sel_forward``: -> o float32 [B,T,Hq,Dv], lse2 float32
     [B,T,Hq] (module docstring for the schedule); with ``return_index`` also the block -> query
-    index it built (``selection.sel_backward(index=...)`` reuses it instead of sorting again).
+    index it built (``selection.sel_backward(index=...)`` and ``sel_backward_block(index=...)``
+    reuse it instead of sorting again).
     The partial outputs are stored in q's dtype when it is 16-bit (bf16 / f16: half the bytes;
     one more rounding of each block's partial output), in float32 otherwise."""
     B, T, Hq, Dk = q.shape
