@@ -225,6 +225,17 @@ def item_entries(qt_ref, b, g, start, count, it, qi, bq: int):
     return row_ok, ent, jnp.where(row_ok, load(qt_ref.at[b, g, ent], row_ok), 0)
 
 
+def item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, t, head, row_ok, cdt):
+    """A backward tile's per-row operands for tile rows (query t, head): q, dO (cast to the
+    compute dtype ``cdt``), the output scale gs, the saved base-2 lse (+inf on masked rows, so
+    their recomputed p is 0) and delta; rows where ``row_ok`` is False load 0."""
+    dk_, dv_ = jnp.arange(q_ref.shape[-1]), jnp.arange(do_ref.shape[-1])
+    q = load(q_ref.at[b, t[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
+    do = load(do_ref.at[b, t[:, None], head[:, None], dv_[None, :]], row_ok[:, None]).astype(cdt)
+    return (q, do, load(gs_ref.at[b, t, head], row_ok),
+            load(lse_ref.at[b, t, head], row_ok, POS_INF), load(delta_ref.at[b, t, head], row_ok))
+
+
 def block_kv(k_ref, v_ref, b, g, base, sub: int, bk: int, l_sel: int):
     """Sub-tile ``sub`` of the key block starting at ``base`` -> (k, v, key positions, valid)."""
     off = sub * bk + jnp.arange(bk)
@@ -253,7 +264,6 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
     bq = rows // h
-    dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
     c = scale * LOG2E
     n_tiles = idiv(count + (bq - 1), bq)
     base = j * l_sel
@@ -266,12 +276,8 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
             row_ok, ent, t = item_entries(qt_ref, b, g, start, count, it, qi, bq)
             if n_slots:   # an index built with slots (the block-major forward's): t*N + slot
                 t = idiv(t, n_slots)
-            q = load(q_ref.at[b, t[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
-            do = load(do_ref.at[b, t[:, None], head[:, None], dv_[None, :]],
-                      row_ok[:, None]).astype(cdt)
-            gs = load(gs_ref.at[b, t, head], row_ok)
-            lse = load(lse_ref.at[b, t, head], row_ok, POS_INF)
-            delta = load(delta_ref.at[b, t, head], row_ok)
+            q, do, gs, lse, delta = item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, t,
+                                              head, row_ok, cdt)
             s = dot(q, k, trans_b=True, precision=prec) * c
             p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
             p = probs(s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel), lse)

@@ -45,7 +45,8 @@ from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, compiler
                                    dot_precision, dscores, idiv, load, probs, sel_sub_tiles,
                                    softmax_finish, softmax_init, softmax_step, store)
 from nsa_jax.pallas.selection import (block_kv, grad_scales, inverted_index, item_entries,
-                                      item_mask, item_tiles, slot_keys, work_item)
+                                      item_mask, item_rows, item_tiles, slot_keys,
+                                      work_item)
 
 
 def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
@@ -80,6 +81,12 @@ def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         return carry
 
     lax.fori_loop(0, idiv(count + (bq - 1), bq), tile, 0)
+
+
+def partial_dtype(dtype):
+    """Dtype of the per-slot partial results (forward o_i, backward dQ_i): the input dtype when
+    it is 16-bit (half the bytes; one more rounding of each partial), else float32."""
+    return dtype if jnp.dtype(dtype).itemsize == 2 else jnp.float32
 
 
 def merge_partials(po, plse):
@@ -124,7 +131,7 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
                              bk=bk, n_sub=n_sub, scale=scale,
                              prec=dot_precision(q.dtype, interpret, choices), packed=packed)
     lse0 = jnp.full((B, T * N, Hq), NEG_INF, jnp.float32)
-    pdt = q.dtype if jnp.dtype(q.dtype).itemsize == 2 else jnp.float32
+    pdt = partial_dtype(q.dtype)
     po, plse = pl.pallas_call(
         kern, grid=(meta.shape[0],),
         out_shape=[jax.ShapeDtypeStruct((B, T * N, Hq, Dv), pdt),
@@ -148,7 +155,7 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
     bq = rows // h
-    dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
+    dk_ = jnp.arange(Dk)
     c = scale * LOG2E
     base = j * l_sel
     kv = [block_kv(k_ref, v_ref, b, g, base, sub, bk, l_sel) for sub in range(n_sub)]
@@ -156,12 +163,8 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
     def tile(it, carry):
         row_ok, ent, ts = item_entries(qt_ref, b, g, start, count, it, qi, bq)  # t*N + slot
         t = idiv(ts, n_slots)
-        q = load(q_ref.at[b, t[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
-        do = load(do_ref.at[b, t[:, None], head[:, None], dv_[None, :]],
-                  row_ok[:, None]).astype(cdt)
-        gs = load(gs_ref.at[b, t, head], row_ok)
-        lse = load(lse_ref.at[b, t, head], row_ok, POS_INF)
-        delta = load(delta_ref.at[b, t, head], row_ok)
+        q, do, gs, lse, delta = item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, t, head,
+                                          row_ok, cdt)
         p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
         dq = jnp.zeros((rows, Dk), jnp.float32)
         out = []
@@ -219,7 +222,7 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     gs, delta = grad_scales(o, do, gs)
     T_acc = Ts * cfg.sel_block + bk  # every tile [j*l' + sub*bk, +bk) stays in bounds
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
-    pdt = q.dtype if jnp.dtype(q.dtype).itemsize == 2 else jnp.float32
+    pdt = partial_dtype(q.dtype)
     kern = functools.partial(_bwd_block_kernel, h=h, rows=rows, n_slots=N, l_sel=cfg.sel_block,
                              bk=bk, n_sub=n_sub, scale=scale,
                              prec=dot_precision(q.dtype, interpret, choices), packed=packed)
