@@ -285,3 +285,32 @@ def test_f32_dot_choice_sets_every_float32_matmul_precision():
         assert precs == [(want, want)] * 2, precs
     with pytest.raises(ValueError, match="kernel.f32_dot"):
         KernelChoices(f32_dot="bf16")
+
+
+@pytest.mark.parametrize("T,cfg,packed,bs", [
+    (700, TINY, False, None),       # Ts = 44 -> width buckets 16, 32, 64; B = 2 rows
+    (700, TINY, True, None),        # packed: one full-width bucket, document-relative t
+    (300, dataclasses.replace(TINY, n_sel=6, n_init=2, n_local=3), False,
+     BlockSizes(topn_elems=256, topn_warps=2)),   # several rows per program
+    (40, dataclasses.replace(TINY, n_sel=6, n_init=2, n_local=3), False, None),  # k=3 < 5 forced
+])
+def test_topn_kernel_equals_semantics_with_ties(T, cfg, packed, bs):
+    """``topn_pallas`` (forced blocks marked up front, width buckets) == ``lax.top_k`` rule:
+    scores drawn from 4 values, so most rows hold ties (lower index wins)."""
+    from nsa_jax.nsa import semantics
+    from nsa_jax.pallas.topn import topn_pallas
+    B, G = 2, 2
+    Ts = cfg.num_sel_blocks(T)
+    rng = np.random.default_rng(T)
+    scores = jnp.asarray(rng.integers(0, 4, (B, T, G, Ts)).astype(np.float32) / 4)
+    if packed:
+        starts = np.sort(rng.choice(np.arange(1, T), 5, replace=False))
+        rel = np.stack([np.arange(T) - np.concatenate([[0], starts])[
+            np.searchsorted(starts, np.arange(T), side="right")] for _ in range(B)])
+        rel = jnp.asarray(rel, jnp.int32)
+        want = semantics.topn_from_scores(scores, rel[:, :, None], cfg)
+    else:
+        rel = None
+        want = semantics.topn_from_scores(scores, jnp.arange(T)[None, :, None], cfg)
+    got = jax.jit(lambda s, r: topn_pallas(s, cfg, True, r, bs))(scores, rel)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -92,6 +92,14 @@ def load(ref_view, mask, other=0):
     return plgpu.load(ref_view, mask=jnp.broadcast_to(mask, ref_view.shape), other=other)
 
 
+def stored_dtype(dtype):
+    """Dtype in which a float32 intermediate is kept between kernels (the block-major kernels'
+    per-slot partials, the branch outputs saved for the backward): the input dtype when it is
+    16-bit (half the bytes; one more rounding, as flash attention keeps O in the input dtype for
+    its backward's rowsum(O * dO)), else float32."""
+    return dtype if jnp.dtype(dtype).itemsize == 2 else jnp.float32
+
+
 def store(ref_view, val, mask):
     plgpu.store(ref_view, val.astype(ref_view.dtype), mask=jnp.broadcast_to(mask, val.shape))
 
@@ -202,6 +210,9 @@ class BlockSizes:
     num_warps, num_stages: Triton launch parameters for the tile kernels; sel_warps and
                   sel_stages for the per-query selection kernels (16-row tiles); score_warps
                   for the scoring kernel.
+    topn_elems, topn_warps: score elements (rows x row width) and warps per top-n program (one
+                  warp per 1024-wide row: 1.67 ms against 2.05 for 4 rows over 4 warps at
+                  the 125M shape, 64k, on an H200; bench/NOTES.md).
     """
     cmp_rows: int = 128
     cmp_keys: int = 128
@@ -219,16 +230,18 @@ class BlockSizes:
     sel_warps: int = 2
     score_warps: int = 4
     sel_stages: int = 2
+    topn_elems: int = 1024
+    topn_warps: int = 1
 
     def __post_init__(self):
         for f in ("cmp_rows", "cmp_keys", "score_sel", "sel_keys", "sel_rows", "cmp_bwd_keys",
-                  "sel_tile_q", "win_q", "win_keys", "sel_dq_rows"):
+                  "sel_tile_q", "win_q", "win_keys", "sel_dq_rows", "topn_elems"):
             v = getattr(self, f)
             if v < MIN_DOT or v & (v - 1):
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
-        for f in ("num_warps", "sel_warps", "score_warps"):
+        for f in ("num_warps", "sel_warps", "score_warps", "topn_warps"):
             v = getattr(self, f)
             if v not in (1, 2, 4, 8, 16):
                 raise ValueError(f"BlockSizes.{f}: 1, 2, 4, 8 or 16, got {v}")

@@ -235,9 +235,12 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
     else:
         shift = (col[:, None] + 1 == col[None, :]).astype(jnp.float32)  # [S, S]: column c -> c+1
 
-    def scores(rmask, qmask, tv, lo, n_vis):
+    def scores(rmask, qmask, tv, lo, n_vis, n_full):
         """Every score column of the rows ``rmask`` (queries ``qmask``) at positions ``tv``,
-        over slots lo + i, i < n_vis (lo = None: slot i)."""
+        over slots lo + i, i < n_vis (lo = None: slot i). The first ``n_full`` steps are
+        visible to every row of ``rmask`` (their slots end before the first row's position):
+        they skip the causal mask (Eq. 8), and unpacked they skip the row mask too, since a
+        masked row's lse is +inf and its p is 0 anyway."""
         kbase = (lambda kt: kt * step) if lo is None else (lambda kt: lo + kt * step)
 
         def put(kt, sc):
@@ -246,12 +249,17 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
             store(sc_ref.at[b, tq_st[:, None], g, jnp.where(jj_ok, jj, Ts)[None, :]], sc,
                   qmask[:, None] & jj_ok[None, :])
 
-        def score_step(kt, carry):
+        def score_step(kt, carry, causal=True):
             ii = kt * step + jnp.arange(bks)
             imask = (jnp.arange(bks) < step) & (ii < n_vis)
             k = load(k_ref.at[b, pl.ds(kbase(kt), bks), g, :], imask[:, None])
             s = dot(q, k, trans_b=True, precision=prec) * c
-            vis = rmask[:, None] & imask[None, :] & (ii[None, :] * d + (l - 1) <= tv[:, None])
+            if causal:
+                vis = rmask[:, None] & imask[None, :] & (ii[None, :] * d + (l - 1) <= tv[:, None])
+            elif packed:
+                vis = rmask[:, None] & imask[None, :] if bks != step else rmask[:, None]
+            else:
+                vis = imask[None, :] if bks != step else True
             p = probs(s, vis, lse)  # p_cmp, Eq. 8
             first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
             if fast:
@@ -270,8 +278,10 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
             return jnp.sum(p * w_spill[None, :], axis=1)
 
         n_steps = idiv(n_vis + (step - 1), step)
-        carry = lax.fori_loop(0, n_steps, score_step,
+        n_full = jnp.minimum(n_full, n_steps)
+        carry = lax.fori_loop(0, n_full, functools.partial(score_step, causal=False),
                               jnp.zeros((nq if fast else rows,), jnp.float32))
+        carry = lax.fori_loop(n_full, n_steps, score_step, carry)
         n_tiles = cdiv(Ts, S)
 
         @pl.when(n_steps < n_tiles)  # the block the last visible step spills into
@@ -285,7 +295,8 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
         lax.fori_loop(n_steps + 1, n_tiles, zeros, None)
 
     if not packed:
-        scores(ok, q_ok, t, None, n_vis)
+        n_full = idiv(_num_visible(jnp.minimum(qt * bq, T - 1), d, l, Tc), step)
+        scores(ok, q_ok, t, None, n_vis, n_full)
         return
     rel = load(rel_ref.at[b, t], ok)
     st_r = load(st_ref.at[b, t], ok, -1)
@@ -299,7 +310,8 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
         qmask = q_ok & (st_q == cur)
         lo = jnp.min(jnp.where(qmask, lo_q, Tc))
         n_vis = _num_visible(jnp.max(jnp.where(qmask, rel_q, -1)), d, l, Tc)
-        scores(ok & (st_r == cur), qmask, rel, lo, n_vis)
+        n_full = idiv(_num_visible(jnp.min(jnp.where(qmask, rel_q, T)), d, l, Tc), step)
+        scores(ok & (st_r == cur), qmask, rel, lo, n_vis, n_full)
         return jnp.min(jnp.where(q_ok & (st_q > cur), st_q, T))
 
     lax.fori_loop(0, n_docs, doc, st_ref[b, qt * bq])

@@ -33,7 +33,7 @@ from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import SEL_FWD_BLOCK_MAX_H, KernelChoices
 from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped
 from nsa_jax.pallas.common import (BlockSizes, choices_or_default, cudnn_applies, pad_dim,
-                                   padded_dims, use_interpret)
+                                   padded_dims, stored_dtype, use_interpret)
 from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
 from nsa_jax.pallas.selection import atomic_mode, sel_backward, sel_forward
 from nsa_jax.pallas.selection_block import sel_backward_block, sel_forward_block
@@ -80,7 +80,8 @@ def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | Non
     ``select_blocks``; document-relative ids with ``segment_ids``)."""
     seg = _layout(segment_ids, cfg)
     scores = block_scores_pallas(q, k_cmp, cfg, block_sizes, choices=choices, segment_ids=seg)
-    return topn_pallas(scores, cfg, use_interpret(), None if seg is None else seg.rel)
+    return topn_pallas(scores, cfg, use_interpret(), None if seg is None else seg.rel,
+                       _block_sizes(q, k_cmp.shape[2], block_sizes))
 
 
 def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = None,
@@ -127,7 +128,10 @@ def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg
 
     One custom VJP spans the three branches and the gated sum (Eq. 5): the output cotangent
     reaches every kernel in its own dtype with the gate applied in float32 inside, and dQ is
-    summed over branches in float32 and rounded once. ``block_sizes``: tiles (None = by shape);
+    summed over branches in float32 and rounded once. The branch outputs are summed in float32;
+    the copies saved for the backward (rowsum(O * dO) and the gate gradients) are kept in q's
+    dtype when it is 16-bit (``common.stored_dtype``: half the residual bytes, as cuDNN keeps
+    its O), float32 otherwise. ``block_sizes``: tiles (None = by shape);
     ``choices``: algorithms (None = ``KernelChoices()``). ``segment_ids``: int32 [B,T] packed
     documents (or their ``semantics.SegmentLayout``); module docstring.
     """
@@ -190,19 +194,20 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
                                  seg=seg)
         if "cmp" in br:
             o_cmp = o_c[..., :Dv]
-            res["cmp"] = (o_c, lse_c)
+            res["cmp"] = (o_c.astype(stored_dtype(q.dtype)), lse_c)
     if "slc" in br:
         if st.select:
             idx = topn_pallas(cmp_block_scores(qp, kcp, lse_c, cfg, bs, scale, interpret,
                                                choices=st.choices, seg=seg), cfg, interpret,
-                              None if seg is None else seg.rel)
+                              None if seg is None else seg.rel, bs)
         sel_fwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
                                     q.dtype, seg is not None)[0]
         kw = {"return_index": True} if sel_fwd is sel_forward_block else {}
         o_s, lse_s, *index = sel_fwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, cfg, bs,
                                      scale, interpret, choices=st.choices, seg=seg, **kw)
         o_slc = o_s[..., :Dv]
-        res["slc"] = (idx, o_s, lse_s, index)   # index: the block forward's, for the backward
+        # index: the block forward's, for the backward; o_s kept in q's dtype if 16-bit
+        res["slc"] = (idx, o_s.astype(stored_dtype(q.dtype)), lse_s, index)
     if "win" in br:
         o_win, win_vjp = jax.vjp(lambda a, b, c: window_attention(
             a, b, c, cfg, interpret, choices=st.choices, seg=seg, block_sizes=bs), q, k_win, v_win)

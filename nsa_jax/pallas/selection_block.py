@@ -43,7 +43,8 @@ from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, compiler_params, dot,
                                    dot_precision, dscores, idiv, load, probs, sel_sub_tiles,
-                                   softmax_finish, softmax_init, softmax_step, store)
+                                   softmax_finish, softmax_init, softmax_step, store,
+                                   stored_dtype)
 from nsa_jax.pallas.selection import (block_kv, grad_scales, inverted_index, item_entries,
                                       item_mask, item_rows, item_tiles, slot_keys,
                                       work_item)
@@ -81,12 +82,6 @@ def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         return carry
 
     lax.fori_loop(0, idiv(count + (bq - 1), bq), tile, 0)
-
-
-def partial_dtype(dtype):
-    """Dtype of the per-slot partial results (forward o_i, backward dQ_i): the input dtype when
-    it is 16-bit (half the bytes; one more rounding of each partial), else float32."""
-    return dtype if jnp.dtype(dtype).itemsize == 2 else jnp.float32
 
 
 def merge_partials(po, plse):
@@ -131,7 +126,7 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
                              bk=bk, n_sub=n_sub, scale=scale,
                              prec=dot_precision(q.dtype, interpret, choices), packed=packed)
     lse0 = jnp.full((B, T * N, Hq), NEG_INF, jnp.float32)
-    pdt = partial_dtype(q.dtype)
+    pdt = stored_dtype(q.dtype)
     po, plse = pl.pallas_call(
         kern, grid=(meta.shape[0],),
         out_shape=[jax.ShapeDtypeStruct((B, T * N, Hq, Dv), pdt),
@@ -222,7 +217,7 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     gs, delta = grad_scales(o, do, gs)
     T_acc = Ts * cfg.sel_block + bk  # every tile [j*l' + sub*bk, +bk) stays in bounds
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
-    pdt = partial_dtype(q.dtype)
+    pdt = stored_dtype(q.dtype)
     kern = functools.partial(_bwd_block_kernel, h=h, rows=rows, n_slots=N, l_sel=cfg.sel_block,
                              bk=bk, n_sub=n_sub, scale=scale,
                              prec=dot_precision(q.dtype, interpret, choices), packed=packed)
