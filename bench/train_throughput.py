@@ -203,6 +203,8 @@ def main(argv=None) -> int:
     ap.add_argument("--packing", nargs="+", choices=["concat", "documents"], default=None,
                     help="bundled-sample token shards with these data.packing modes "
                          "(default: synthetic batches)")
+    ap.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides for every point (e.g. exec.kernel.sel_partial_mib=1024)")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args(argv)
     if a.smoke:
@@ -231,7 +233,8 @@ def main(argv=None) -> int:
         nd, fs = (int(nd) if nd else a.mesh_data), (int(fs) if fs else a.fsdp)
         for name, feed in ((n, f) for n in a.models for f in feeds):
             try:
-                r = run_point(name, T, B, a.steps, a.smoke, nd, fs, feed)
+                r = run_point(name, T, B, a.steps, a.smoke, nd, fs, feed + tuple(a.override))
+                r["overrides"] = list(a.override)
                 r["mfu"] = r["model_tflops_per_s"] / (a.peak_tflops * r["devices"])
             except Exception as e:  # noqa: BLE001 - an OOM at one point must not lose the rest
                 r = {"model": name, "seq_len": T, "batch": B, "error": str(e).splitlines()[0][:300],

@@ -2,6 +2,7 @@
 pure-JAX reference: outputs and gradients w.r.t. every input, float32, relative error <= 2e-5."""
 import dataclasses
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -250,7 +251,8 @@ def test_block_sizes_reject_bad_values(field, value):
 @pytest.mark.parametrize("field,value", [("sel_bwd", "x"), ("score_dot", "bf16"),
                                          ("sel_impl", "dense"), ("sel_tiled_max_t", -1),
                                          ("cmp_bwd_split", 0), ("sel_fwd", "x"),
-                                         ("sel_dq", "x")])
+                                         ("sel_dq", "x"), ("sel_partial_mib", 0),
+                                         ("sel_partial_mib", "512"), ("sel_partial_mib", True)])
 def test_kernel_choices_reject_bad_values(field, value):
     with pytest.raises(ValueError, match=f"kernel.{field}"):
         KernelChoices(**{field: value})
@@ -259,6 +261,14 @@ def test_kernel_choices_reject_bad_values(field, value):
 def test_kernel_choices_reject_block_dq_with_atomic_backward():
     with pytest.raises(ValueError, match="kernel.sel_dq: 'block' .* needs kernel.sel_bwd"):
         KernelChoices(sel_dq="block", sel_bwd="atomic")
+
+
+def test_sel_partial_mib_reaches_the_kernels_from_a_config(tmp_path):
+    """exec.kernel.sel_partial_mib from YAML / overrides (an int is taken as MiB)."""
+    from nsa_jax.config import load_config
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / "configs" / "tiny.yaml", ["exec.kernel.sel_partial_mib=64"])
+    assert cfg.exec.kernel.sel_partial_mib == 64
 
 
 def test_f32_dot_choice_sets_every_float32_matmul_precision():

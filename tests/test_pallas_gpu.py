@@ -108,6 +108,15 @@ def test_sel_fwd_block_bf16_matches_f32_reference(shape, T):
         cmp_attn="pallas", sel_impl="gather", sel_fwd="block", sel_dq="block"))
 
 
+def test_sel_block_passes_bf16_matches_f32_reference():
+    """The block-major kernels with the slots in 3 passes (``KernelChoices.sel_partial_mib``
+    bounding the partial buffers as the 64k step's default does, at a size where the float32
+    reference fits)."""
+    test_bf16_matches_f32_reference("125m", 2048, choices=KernelChoices(
+        cmp_attn="pallas", sel_impl="gather", sel_fwd="block", sel_dq="block",
+        sel_partial_mib=16))
+
+
 @pytest.mark.parametrize("shape", ["125m", "bench"])
 def test_scores_and_selection_f32(shape):
     """float32 on the GPU: fused scores match the reference's Eq. 9-10 and the selection agrees

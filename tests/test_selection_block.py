@@ -21,6 +21,8 @@ from test_pallas import TINY, _assert_parity, _inputs, _rel
 
 # 16-row tiles and 5-query chunks: several tiles per item and several items per block
 SMALL = BlockSizes(sel_rows=16, sel_chunk=5, sel_keys=16, sel_dq_rows=16)
+# partial buffers bounded far below these tests' sizes (15000 bytes): the slots run in 3-4 passes
+PASSES = KernelChoices(sel_partial_mib=15000 / 2**20)
 
 
 def _random_idx(seed, B, T, G, cfg):
@@ -36,8 +38,8 @@ def _random_idx(seed, B, T, G, cfg):
     return jnp.asarray(idx)
 
 
-def _check(q, k, v, idx, cfg, bs):
-    o, lse = sel_forward_block(q, k, v, idx, cfg, bs, 0.3, True)
+def _check(q, k, v, idx, cfg, bs, ch=None):
+    o, lse = sel_forward_block(q, k, v, idx, cfg, bs, 0.3, True, choices=ch)
     o_w, lse_w = sel_forward(q, k, v, idx, cfg, bs, 0.3, True)
     assert _rel(o, o_w) <= 2e-5
     lse, lse_w = np.asarray(lse), np.asarray(lse_w)
@@ -47,20 +49,23 @@ def _check(q, k, v, idx, cfg, bs):
     np.testing.assert_allclose(lse[fin], lse_w[fin], rtol=0, atol=2e-5)
 
 
-@pytest.mark.parametrize("h,G,bs", [(6, 1, SMALL), (1, 2, BlockSizes())])
-def test_block_forward_equals_query_forward(h, G, bs):
+@pytest.mark.parametrize("h,G,bs,ch", [(6, 1, SMALL, None), (1, 2, BlockSizes(), None),
+                                       (6, 1, SMALL, PASSES)])
+def test_block_forward_equals_query_forward(h, G, bs, ch):
     T = 53                                               # not a multiple of l' = 16
     args, _ = _inputs(20 + h, 2, T, h * G, G, TINY)
     idx = _random_idx(h, 2, T, G, TINY)
-    _check(args[0], args[3], args[4], idx, TINY, bs)
+    _check(args[0], args[3], args[4], idx, TINY, bs, ch)
 
 
-@pytest.mark.parametrize("h,G,cfg,bs", [
-    (6, 1, TINY, SMALL),
-    (2, 2, TINY, dataclasses.replace(SMALL, sel_dq_rows=32)),   # dQ tiles > the items' tiles
+@pytest.mark.parametrize("h,G,cfg,bs,ch", [
+    (6, 1, TINY, SMALL, None),
+    (2, 2, TINY, dataclasses.replace(SMALL, sel_dq_rows=32), None),  # dQ tiles > items' tiles
     # two key sub-tiles per block (l' = 32, 16-key tiles) and dQ tiles < the items' tiles
-    (2, 1, dataclasses.replace(TINY, sel_block=32), dataclasses.replace(SMALL, sel_rows=32))])
-def test_fused_backward_equals_query_backward(h, G, cfg, bs):
+    (2, 1, dataclasses.replace(TINY, sel_block=32), dataclasses.replace(SMALL, sel_rows=32),
+     None),
+    (6, 1, TINY, SMALL, PASSES)])                                      # slots in 4 passes
+def test_fused_backward_equals_query_backward(h, G, cfg, bs, ch):
     """dQ as per-slot partials of the dK/dV kernel == the per-query dQ kernel; dK/dV unchanged;
     with its own index and with the block forward's (slot payloads; items cut for sel_rows
     tiles, walked in sel_dq_rows tiles)."""
@@ -72,24 +77,44 @@ def test_fused_backward_equals_query_backward(h, G, cfg, bs):
     do = jax.random.normal(jax.random.PRNGKey(h), o.shape)
     gs = jax.random.uniform(jax.random.PRNGKey(h + 1), o.shape[:3], minval=0.2)
     want = sel_backward(q, k, v, idx, o, lse, do, gs, cfg, bs, 0.3, True)
-    index = sel_forward_block(q, k, v, idx, cfg, bs, 0.3, True, return_index=True)[2]
+    index = sel_forward_block(q, k, v, idx, cfg, bs, 0.3, True, return_index=True,
+                              choices=ch)[2]
+    assert (len(index) > 1) == (ch is not None)
     for ix in (None, index):
-        got = sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg, bs, 0.3, True, index=ix)
+        got = sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg, bs, 0.3, True, index=ix,
+                                 choices=ch)
         assert float(jnp.abs(got[0]).max()) > 0
         for a, b in zip(got, want):
             assert a.dtype == b.dtype
             assert _rel(a, b) <= 2e-5
 
 
-def test_op_with_block_kernels_matches_reference():
+@pytest.mark.parametrize("mib,sel_dq", [(1024.0, "block"), (15000 / 2**20, "block"),
+                                        (15000 / 2**20, "query")])
+def test_op_with_block_kernels_matches_reference(mib, sel_dq):
     """Block forward and fused backward: the forward's index is the one the backward walks
-    (B = 2: the packed test below)."""
+    (B = 2: the packed test below); with slots in 3 passes (the query dQ's inverted dK/dV then
+    builds its own index)."""
     args, cot = _inputs(31, 1, 75, 4, 2, TINY)
     _assert_parity(args, cot, TINY, block_sizes=SMALL,
-                   choices=KernelChoices(sel_impl="gather", sel_fwd="block", sel_dq="block"))
+                   choices=KernelChoices(sel_impl="gather", sel_fwd="block", sel_dq=sel_dq,
+                                         sel_partial_mib=mib))
 
 
-def test_packed_op_with_block_kernels_matches_reference():
+def test_slot_passes_bound_the_partial_buffer():
+    from nsa_jax.pallas.selection_block import slot_passes
+    # 125M shape at 64k, bf16: 1.5 GiB of partials -> 2 passes of <= 1024 MiB (the default)
+    assert slot_passes((1, 65536, 2, 16), 12, 64, jnp.bfloat16, False) == [(0, 8), (8, 16)]
+    assert slot_passes((1, 65536, 2, 16), 12, 64, jnp.bfloat16, False,
+                       KernelChoices(sel_partial_mib=512)) == [(0, 5), (5, 11), (11, 16)]
+    assert slot_passes((4, 8192, 2, 16), 12, 64, jnp.bfloat16, False) == [(0, 16)]
+    # never more passes than slots
+    assert len(slot_passes((1, 65536, 2, 16), 12, 64, jnp.float32, True,
+                           KernelChoices(sel_partial_mib=1e-6))) == 16
+
+
+@pytest.mark.parametrize("mib", [1024.0, 15000 / 2**20])
+def test_packed_op_with_block_kernels_matches_reference(mib):
     """Packed rows through the op with the block-major forward and fused backward (documents of
     length 1 and < l', starts off the l' grid: straddling blocks give two partials per slot, and
     two dQ partials); its index (slot payloads) is the one the backward walks."""
@@ -100,7 +125,7 @@ def test_packed_op_with_block_kernels_matches_reference():
     _pallas_vs_reference(args, seg, PCFG, cotangent(13, args[0].shape),
                          kernel="nsa_sel_bwd_block", block_sizes=SMALL,
                          choices=KernelChoices(sel_impl="gather", sel_fwd="block",
-                                               sel_dq="block"))
+                                               sel_dq="block", sel_partial_mib=mib))
 
 
 def test_block_forward_bf16_partials():

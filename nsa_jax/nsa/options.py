@@ -43,6 +43,15 @@ class KernelChoices:
                         sel_fwd's "auto" rule, so both share one index, and sel_bwd is
                         "inverted"; query otherwise). On an H200 at h = 6, bf16: NSA fwd+bwd
                         20.42 -> 18.56 ms at 64k, even at 8k.
+    sel_partial_mib:    largest per-slot partial buffer, in MiB, of one block-major selection
+                        pass (sel_fwd / sel_dq "block": the forward's o_i and the fused
+                        backward's dQ_i, B*T*n*Hq*D values in the stored dtype). More slots run
+                        as several passes over slot groups, one after the other, each merged
+                        before the next starts. The 64k step's compiled peak holds the largest
+                        such buffer: at the 125M shape, 64k, B = 1, one pass is 1.5 GiB. Default
+                        1024: 2 passes there (H200: peak 27.45 -> 26.80 GB, 64k training
+                        2.16x dense; 512 MiB: 3 passes, 26.70 GB, 2.12x), 1 pass at 8k, B <= 5
+                        (bench/NOTES.md).
     cmp_bwd_split:      parts the query range of one compressed dK/dV tile is split into
                         (float32 atomic adds; 1 = plain stores).
     score_dot:          GPU precision of the general scoring path's float32 dots (used when
@@ -69,6 +78,7 @@ class KernelChoices:
     sel_bwd: str = "inverted"
     sel_fwd: str = "auto"
     sel_dq: str = "auto"
+    sel_partial_mib: float = 1024.0
     cmp_bwd_split: int = 8
     score_dot: str = "ieee"
     f32_dot: str = "ieee"
@@ -97,5 +107,9 @@ class KernelChoices:
             fail("f32_dot", f"one of {list(F32_DOTS)}, got {self.f32_dot!r}")
         if not isinstance(self.sel_tiled_max_t, int) or self.sel_tiled_max_t < 0:
             fail("sel_tiled_max_t", f"must be an integer >= 0, got {self.sel_tiled_max_t!r}")
+        if (isinstance(self.sel_partial_mib, bool)
+                or not isinstance(self.sel_partial_mib, (int, float))
+                or not self.sel_partial_mib > 0):
+            fail("sel_partial_mib", f"must be a number > 0, got {self.sel_partial_mib!r}")
         if not isinstance(self.cmp_bwd_split, int) or self.cmp_bwd_split < 1:
             fail("cmp_bwd_split", f"must be an integer >= 1, got {self.cmp_bwd_split!r}")

@@ -246,7 +246,11 @@ def _nsa_bwd(st: _Static, resid, dout):
         dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
         sel_bwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
                                     q.dtype, seg is not None)[1]
-        kw = {"index": index[0]} if index and not atomic_mode(st.choices) else {}
+        kw = {}
+        if index and sel_bwd is sel_backward_block:
+            kw = {"index": index[0]}           # the forward's indices, one per slot pass
+        elif index and len(index[0]) == 1 and not atomic_mode(st.choices):
+            kw = {"index": index[0][0]}        # query dQ + inverted dK/dV: one pass's index
         dq_s, dks, dvs = sel_bwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, o_s, lse_s,
                                  dop, g[..., 1], cfg, bs, scale, interpret, choices=st.choices,
                                  seg=seg, **kw)

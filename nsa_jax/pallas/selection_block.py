@@ -32,6 +32,7 @@ keep lse = -inf (the partial lse buffer starts at -inf) and weigh nothing.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +42,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
-from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, compiler_params, dot,
+from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, choices_or_default,
+                                   compiler_params, dot,
                                    dot_precision, dscores, idiv, load, probs, sel_sub_tiles,
                                    softmax_finish, softmax_init, softmax_step, store,
                                    stored_dtype)
@@ -99,44 +101,88 @@ def merge_partials(po, plse):
     return o, jnp.where(has, m_safe + jnp.log2(jnp.where(has, den, 1.0)), POS_INF)
 
 
+def merge_outputs(o1, lse1, o2, lse2):
+    """Two merged results over disjoint key sets -> their union's (o float32, lse2 base-2,
+    +inf where neither has a key): the same identity as ``merge_partials``."""
+    a = jnp.where(lse1 == POS_INF, NEG_INF, lse1)
+    b = jnp.where(lse2 == POS_INF, NEG_INF, lse2)
+    m = jnp.maximum(a, b)
+    m_safe = jnp.where(m == NEG_INF, 0.0, m)
+    w1, w2 = jnp.exp2(a - m_safe), jnp.exp2(b - m_safe)
+    den = w1 + w2
+    has = den > 0
+    inv = jnp.where(has, 1.0 / jnp.where(has, den, 1.0), 0.0)
+    o = o1 * (w1 * inv)[..., None] + o2 * (w2 * inv)[..., None]
+    return o, jnp.where(has, m_safe + jnp.log2(jnp.where(has, den, 1.0)), POS_INF)
+
+
+def slot_passes(idx_shape, Hq: int, D: int, dtype, packed: bool,
+                choices: KernelChoices | None = None):
+    """[(lo, hi)]: the slot groups idx[..., lo:hi] that the block-major forward and fused
+    backward run one after the other, so that no pass's per-slot partials (B*T*N*Hq*D in the
+    stored dtype, N = n or 2n packed) exceed ``choices.sel_partial_mib`` MiB (or a pass is one
+    slot). The forward and the
+    backward compute it from the same arguments (D = max(Dk, Dv)), so their passes match."""
+    B, T, _, n = idx_shape
+    N = n * (2 if packed else 1)
+    nbytes = B * T * N * Hq * D * jnp.dtype(stored_dtype(dtype)).itemsize
+    limit = choices_or_default(choices).sel_partial_mib * 2**20
+    p = max(1, min(n, math.ceil(nbytes / limit)))
+    edges = [round(i * n / p) for i in range(p + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(p)]
+
+
+def _pass_index(idx, T, Ts, chunk, seg, l_sel):
+    """The block -> query index (slot payloads) of one slot group."""
+    if seg is not None:
+        return inverted_index(idx, T, Ts, chunk, seg.start, l_sel, slots=True)
+    return inverted_index(idx, T, Ts, chunk, slots=True)
+
+
 def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float,
                       interpret: bool, *, choices: KernelChoices | None = None, seg=None,
                       return_index: bool = False):
     """Same contract as ``selection.sel_forward``: -> o float32 [B,T,Hq,Dv], lse2 float32
     [B,T,Hq] (module docstring for the schedule); with ``return_index`` also the block -> query
-    index it built (``selection.sel_backward(index=...)`` and ``sel_backward_block(index=...)``
-    reuse it instead of sorting again).
+    indices it built, one per slot pass (``sel_backward_block(index=...)`` reuses them instead
+    of sorting again; ``selection.sel_backward(index=...)`` takes a single pass's).
     The partial outputs are stored in q's dtype when it is 16-bit (bf16 / f16: half the bytes;
-    one more rounding of each block's partial output), in float32 otherwise."""
+    one more rounding of each block's partial output), in float32 otherwise. Slots run in
+    passes (``slot_passes``, bounded by ``choices.sel_partial_mib``): each pass's partials are
+    merged before the next pass starts (an optimization barrier orders them), and the passes'
+    results are merged like two blocks' (``merge_outputs``)."""
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     h = Hq // G
-    n = idx.shape[-1]
     bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_keys)
     Ts = cfg.num_sel_blocks(T)
     rows, chunk = item_tiles(bs, h)
     packed = seg is not None
-    if packed:
-        meta, ot, pt = inverted_index(idx, T, Ts, chunk, seg.start, cfg.sel_block, slots=True)
-        extra, N = (ot, pt), 2 * n
-    else:
-        meta, ot = inverted_index(idx, T, Ts, chunk, slots=True)
-        extra, N = (ot,), n
-    kern = functools.partial(_fwd_block_kernel, h=h, rows=rows, n_slots=N, l_sel=cfg.sel_block,
-                             bk=bk, n_sub=n_sub, scale=scale,
-                             prec=dot_precision(q.dtype, interpret, choices), packed=packed)
-    lse0 = jnp.full((B, T * N, Hq), NEG_INF, jnp.float32)
     pdt = stored_dtype(q.dtype)
-    po, plse = pl.pallas_call(
-        kern, grid=(meta.shape[0],),
-        out_shape=[jax.ShapeDtypeStruct((B, T * N, Hq, Dv), pdt),
-                   jax.ShapeDtypeStruct((B, T * N, Hq), jnp.float32)],
-        input_output_aliases={len(extra) + 4: 1},
-        compiler_params=compiler_params(bs.num_warps, bs.num_stages),
-        interpret=interpret, name="nsa_sel_fwd_block",
-    )(meta, *extra, q, k, v, lse0)
-    o, lse = merge_partials(po.reshape(B, T, N, Hq, Dv), plse.reshape(B, T, N, Hq))
-    return (o, lse, (meta, *extra)) if return_index else (o, lse)
+    o = lse = None
+    indices = []
+    for lo, hi in slot_passes(idx.shape, Hq, max(Dk, Dv), q.dtype, packed, choices):
+        index = _pass_index(idx[..., lo:hi], T, Ts, chunk, seg, cfg.sel_block)
+        meta, *extra = index
+        N = (hi - lo) * (2 if packed else 1)
+        if o is not None:   # the previous pass's partials are merged (and freed) first
+            q, o, lse = lax.optimization_barrier((q, o, lse))
+        kern = functools.partial(_fwd_block_kernel, h=h, rows=rows, n_slots=N,
+                                 l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale,
+                                 prec=dot_precision(q.dtype, interpret, choices), packed=packed)
+        lse0 = jnp.full((B, T * N, Hq), NEG_INF, jnp.float32)
+        po, plse = pl.pallas_call(
+            kern, grid=(meta.shape[0],),
+            out_shape=[jax.ShapeDtypeStruct((B, T * N, Hq, Dv), pdt),
+                       jax.ShapeDtypeStruct((B, T * N, Hq), jnp.float32)],
+            input_output_aliases={len(extra) + 4: 1},
+            compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+            interpret=interpret, name="nsa_sel_fwd_block",
+        )(meta, *extra, q, k, v, lse0)
+        o_p, lse_p = merge_partials(po.reshape(B, T, N, Hq, Dv), plse.reshape(B, T, N, Hq))
+        o, lse = (o_p, lse_p) if o is None else merge_outputs(o, lse, o_p, lse_p)
+        indices.append(index)
+    return (o, lse, tuple(indices)) if return_index else (o, lse)
 
 
 # ---- backward: dK/dV and dQ in one block-major kernel ----------------------------------------
@@ -201,7 +247,9 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     if 16-bit, else float32) and summed over the slots in XLA (Eq. 10's gradient is a sum over
     the selected blocks; no softmax merge is needed, the saved lse already normalises P). This
     replaces the query-major dQ kernel, which loads the n blocks of every query again.
-    ``index``: the block forward's (slot payloads); None builds it here."""
+    Slots run in the forward's passes (``slot_passes``): dK/dV accumulate through the passes
+    (aliased), and each pass's dQ partials are summed before the next pass starts.
+    ``index``: the block forward's indices, one per pass; None builds them here."""
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     h = Hq // G
@@ -210,29 +258,41 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     rows, chunk = item_tiles(bs, h, bs.sel_dq_rows)
     packed = seg is not None
     doc = (seg.start, cfg.sel_block) if packed else ()
+    passes = slot_passes(idx.shape, Hq, max(Dk, Dv), q.dtype, packed, choices)
     if index is None:
-        index = inverted_index(idx, T, Ts, chunk, *doc, slots=True)
-    meta, *extra = index
-    N = idx.shape[-1] * (2 if packed else 1)
+        index = [None] * len(passes)
+    if len(index) != len(passes):
+        raise ValueError(f"sel_backward_block: {len(index)} indices for {len(passes)} slot "
+                         "passes (the forward ran with other KernelChoices)")
     gs, delta = grad_scales(o, do, gs)
     T_acc = Ts * cfg.sel_block + bk  # every tile [j*l' + sub*bk, +bk) stays in bounds
-    acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
+    dk = jnp.zeros((B, T_acc, G, Dk), jnp.float32)
+    dv = jnp.zeros((B, T_acc, G, Dv), jnp.float32)
     pdt = stored_dtype(q.dtype)
-    kern = functools.partial(_bwd_block_kernel, h=h, rows=rows, n_slots=N, l_sel=cfg.sel_block,
-                             bk=bk, n_sub=n_sub, scale=scale,
-                             prec=dot_precision(q.dtype, interpret, choices), packed=packed)
-    dk, dv, pdq = pl.pallas_call(
-        kern, grid=(meta.shape[0],),
-        out_shape=[jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
-                   jax.ShapeDtypeStruct(acc[1].shape, jnp.float32),
-                   jax.ShapeDtypeStruct((B, T * N, Hq, Dk), pdt)],
-        input_output_aliases={len(extra) + 8: 0, len(extra) + 9: 1},
-        compiler_params=compiler_params(bs.num_warps, bs.num_stages),
-        interpret=interpret, name="nsa_sel_bwd_block",
-    )(meta, *extra, q, k, v, do, gs, lse, delta, *acc)
-    # slots never listed in the index were not written: masked, not read
-    used = slot_keys(idx, T, Ts, *doc) < Ts                               # [B,T,G,N]
-    used = used.transpose(0, 1, 3, 2)[..., None, None]                    # [B,T,N,G,1,1]
-    pdq = pdq.reshape(B, T, N, G, h, Dk)
-    dq = jnp.sum(jnp.where(used, pdq.astype(jnp.float32), 0.0), axis=2).reshape(B, T, Hq, Dk)
-    return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
+    kern_args = dict(h=h, rows=rows, l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale,
+                     prec=dot_precision(q.dtype, interpret, choices), packed=packed)
+    dq = None
+    for (lo, hi), ix in zip(passes, index):
+        idx_p = idx[..., lo:hi]
+        meta, *extra = ix if ix is not None else _pass_index(idx_p, T, Ts, chunk, seg,
+                                                             cfg.sel_block)
+        N = (hi - lo) * (2 if packed else 1)
+        if dq is not None:  # the previous pass's dQ partials are summed (and freed) first
+            q, dq, dk, dv = lax.optimization_barrier((q, dq, dk, dv))
+        dk, dv, pdq = pl.pallas_call(
+            functools.partial(_bwd_block_kernel, n_slots=N, **kern_args),
+            grid=(meta.shape[0],),
+            out_shape=[jax.ShapeDtypeStruct(dk.shape, jnp.float32),
+                       jax.ShapeDtypeStruct(dv.shape, jnp.float32),
+                       jax.ShapeDtypeStruct((B, T * N, Hq, Dk), pdt)],
+            input_output_aliases={len(extra) + 8: 0, len(extra) + 9: 1},
+            compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+            interpret=interpret, name="nsa_sel_bwd_block",
+        )(meta, *extra, q, k, v, do, gs, lse, delta, dk, dv)
+        # slots never listed in the index were not written: masked, not read
+        used = slot_keys(idx_p, T, Ts, *doc) < Ts                            # [B,T,G,N]
+        used = used.transpose(0, 1, 3, 2)[..., None, None]                   # [B,T,N,G,1,1]
+        pdq = pdq.reshape(B, T, N, G, h, Dk)
+        dq_p = jnp.sum(jnp.where(used, pdq.astype(jnp.float32), 0.0), axis=2)
+        dq = dq_p if dq is None else dq + dq_p
+    return dq.reshape(B, T, Hq, Dk), dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
