@@ -86,34 +86,29 @@ def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
     lax.fori_loop(0, idiv(count + (bq - 1), bq), tile, 0)
 
 
-def merge_partials(po, plse):
+def merge_partials(po, plse, prev=None):
     """Partial results per slot -> (o float32 [B,T,Hq,Dv], lse2 [B,T,Hq], +inf where no key):
     po [B,T,N,Hq,Dv] (float32 or the 16-bit input dtype), plse [B,T,N,Hq] float32 base-2
-    (-inf = no partial; po is then ignored, it may be uninitialised)."""
+    (-inf = no partial; po is then ignored, it may be uninitialised). ``prev``: (o, lse2) of
+    an earlier slot pass (this function's output), merged in as one more partial."""
     m = jnp.max(plse, axis=2)
+    if prev is not None:
+        o0, l0 = prev
+        l0 = jnp.where(l0 == POS_INF, NEG_INF, l0)
+        m = jnp.maximum(m, l0)
     m_safe = jnp.where(m == NEG_INF, 0.0, m)
     w = jnp.exp2(plse - m_safe[:, :, None])                       # 0 where plse = -inf
     den = jnp.sum(w, axis=2)
+    if prev is not None:
+        w0 = jnp.exp2(l0 - m_safe)
+        den = den + w0
     has = den > 0
-    wn = w / jnp.where(has, den, 1.0)[:, :, None]
+    den_safe = jnp.where(has, den, 1.0)
     o = jnp.sum(jnp.where((plse > NEG_INF)[..., None], po.astype(jnp.float32), 0.0)
-                * wn[..., None], axis=2)
-    return o, jnp.where(has, m_safe + jnp.log2(jnp.where(has, den, 1.0)), POS_INF)
-
-
-def merge_outputs(o1, lse1, o2, lse2):
-    """Two merged results over disjoint key sets -> their union's (o float32, lse2 base-2,
-    +inf where neither has a key): the same identity as ``merge_partials``."""
-    a = jnp.where(lse1 == POS_INF, NEG_INF, lse1)
-    b = jnp.where(lse2 == POS_INF, NEG_INF, lse2)
-    m = jnp.maximum(a, b)
-    m_safe = jnp.where(m == NEG_INF, 0.0, m)
-    w1, w2 = jnp.exp2(a - m_safe), jnp.exp2(b - m_safe)
-    den = w1 + w2
-    has = den > 0
-    inv = jnp.where(has, 1.0 / jnp.where(has, den, 1.0), 0.0)
-    o = o1 * (w1 * inv)[..., None] + o2 * (w2 * inv)[..., None]
-    return o, jnp.where(has, m_safe + jnp.log2(jnp.where(has, den, 1.0)), POS_INF)
+                * (w / den_safe[:, :, None])[..., None], axis=2)
+    if prev is not None:
+        o = o + o0 * (w0 / den_safe)[..., None]
+    return o, jnp.where(has, m_safe + jnp.log2(den_safe), POS_INF)
 
 
 def slot_passes(idx_shape, Hq: int, D: int, dtype, packed: bool,
@@ -121,8 +116,8 @@ def slot_passes(idx_shape, Hq: int, D: int, dtype, packed: bool,
     """[(lo, hi)]: the slot groups idx[..., lo:hi] that the block-major forward and fused
     backward run one after the other, so that no pass's per-slot partials (B*T*N*Hq*D in the
     stored dtype, N = n or 2n packed) exceed ``choices.sel_partial_mib`` MiB (or a pass is one
-    slot). The forward and the
-    backward compute it from the same arguments (D = max(Dk, Dv)), so their passes match."""
+    slot). The forward and the backward compute it from the same arguments (D = max(Dk, Dv)),
+    so their passes match."""
     B, T, _, n = idx_shape
     N = n * (2 if packed else 1)
     nbytes = B * T * N * Hq * D * jnp.dtype(stored_dtype(dtype)).itemsize
@@ -149,8 +144,8 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
     The partial outputs are stored in q's dtype when it is 16-bit (bf16 / f16: half the bytes;
     one more rounding of each block's partial output), in float32 otherwise. Slots run in
     passes (``slot_passes``, bounded by ``choices.sel_partial_mib``): each pass's partials are
-    merged before the next pass starts (an optimization barrier orders them), and the passes'
-    results are merged like two blocks' (``merge_outputs``)."""
+    merged before the next pass starts (an optimization barrier orders them), the running
+    result entering the next pass's merge as one more partial."""
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     h = Hq // G
@@ -179,8 +174,8 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
             compiler_params=compiler_params(bs.num_warps, bs.num_stages),
             interpret=interpret, name="nsa_sel_fwd_block",
         )(meta, *extra, q, k, v, lse0)
-        o_p, lse_p = merge_partials(po.reshape(B, T, N, Hq, Dv), plse.reshape(B, T, N, Hq))
-        o, lse = (o_p, lse_p) if o is None else merge_outputs(o, lse, o_p, lse_p)
+        o, lse = merge_partials(po.reshape(B, T, N, Hq, Dv), plse.reshape(B, T, N, Hq),
+                                None if o is None else (o, lse))
         indices.append(index)
     return (o, lse, tuple(indices)) if return_index else (o, lse)
 
