@@ -274,16 +274,21 @@ def main(argv=None) -> int:
         {"context": N, "batch": B,
          "dense_over_nsa": by[("dense_125m", N, B)]["step_ms"] / by[("nsa_125m", N, B)]["step_ms"],
          "dense_over_nsa_stream": by[("dense_125m", N, B)]["stream_ms"]
-         / by[("nsa_125m", N, B)]["stream_ms"]}
+         / by[("nsa_125m", N, B)]["stream_ms"],
+         "dense_over_nsa_loop": by[("dense_125m", N, B)]["loop_ms"]
+         / by[("nsa_125m", N, B)]["loop_ms"]}
         for N in contexts for B in batches
         if ("dense_125m", N, B) in by and ("nsa_125m", N, B) in by]
     save()
-    print("\n  N      B   nsa ms   dense ms  dense/nsa (synced)  dense/nsa (stream)")
+    print("\n  N      B   nsa ms   dense ms  dense/nsa (synced)  dense/nsa (stream)  "
+          "nsa loop ms  dense loop ms  dense/nsa (loop)")
     for r in result["speedup_nsa_vs_dense"]:
         N, B = r["context"], r["batch"]
         print(f"{N:7d} {B:3d} {by[('nsa_125m', N, B)]['step_ms']:8.3f} "
               f"{by[('dense_125m', N, B)]['step_ms']:9.3f} {r['dense_over_nsa']:10.2f}x "
-              f"{r['dense_over_nsa_stream']:14.2f}x")
+              f"{r['dense_over_nsa_stream']:14.2f}x "
+              f"{by[('nsa_125m', N, B)]['loop_ms']:12.3f} "
+              f"{by[('dense_125m', N, B)]['loop_ms']:14.3f} {r['dense_over_nsa_loop']:12.2f}x")
     print(f"wrote {out}")
     return 0
 

@@ -12,13 +12,17 @@ partial softmax states (m, l, acc) that a small XLA epilogue merges:
 1. ``_cmp_kernel`` (grid B x G x splits): compressed attention (Eq. 8) over the *visible*
    compressed blocks only — the loop stops at the last visible tile, nothing past t is read. It
    also writes the scaled logits of the visible blocks.
-   ``_select_kernel`` (grid B x G) merges the splits' log-sum-exp, forms the group-summed block
-   scores (Eq. 9-10) from those logits and picks the top-n with the forced blocks (Eq. 11), the
-   rules of :mod:`nsa_jax.nsa.semantics` (ties to the lower index).
+   ``_score_kernel`` (grid B x G x chunks of selection blocks) merges the splits' log-sum-exp,
+   forms the group-summed block scores (Eq. 9-10) from those logits and keeps each chunk's
+   top-n with the forced blocks (Eq. 11); ``_topn_merge_kernel`` (grid B x G x candidate
+   slices) picks the top-n of the chunks' candidates. Both rank by counting (a candidate's
+   rank is the number of candidates ahead of it: higher score, or equal score and lower
+   index, the rules of :mod:`nsa_jax.nsa.semantics`), one comparison matrix and one reduction
+   instead of n serial rounds of argmax. The ids come out in score order, forced blocks first.
 2. ``_slc_win_kernel`` (grid B x G x (n_sel + window tiles)): one program per selected block (loaded
    by index; keys past t masked) or per tile of the window ring buffer.
-3. ``_finish_kernel`` (grid B x G) merges each branch's partial states and mixes them with the
-   gates (Eq. 5), one program per (row, group) over all its partials at once.
+3. ``_finish_kernel`` (grid B x G x h) merges each branch's partial states and mixes them with
+   the gates (Eq. 5), one program per head.
 
 Logits are kept in base 2 (scaled by log2 e) inside the kernels, as in the training kernels.
 """
@@ -125,45 +129,46 @@ def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret):
 
 
 # ---- 1b. block scores and top-n ------------------------------------------------------------
-SEL_CHUNK = 256        # selection blocks per scoring program
+SEL_CHUNK = 64         # selection blocks per scoring program
+MERGE_TILE = 64        # candidates per program (and per compared slice) of the top-n merge
 
 
-def _merge_states(m_ref, l_ref, b, g, lo, hi, pp, h, hp):
-    """Partial softmax states lo..hi-1 (axis 2) of (b, g), all heads at once: -> (M [hp], the
-    weights w = 2^(m - M) [pp, hp], L = sum l w [hp]); M is 0 for a head with no visible key."""
-    p = lo + jnp.arange(pp)
-    r = jnp.arange(hp)
-    ok = (p < hi)[:, None] & (r < h)[None, :]
-    at = (jnp.where(p < hi, p, lo)[:, None], jnp.where(r < h, r, 0)[None, :])
-    m = load(m_ref.at[b, g, at[0], at[1]], ok, NEG_INF)
-    l = load(l_ref.at[b, g, at[0], at[1]], ok, 0.0)
-    M = jnp.max(m, axis=0)
+def _lse_head(m_ref, l_ref, b, g, hh, nsp):
+    """Merge the compressed kernel's partial states of (b, g) for head hh into its base-2 lse."""
+    p = jnp.arange(nsp)
+    ok = p < m_ref.shape[2]
+    m = load(m_ref.at[b, g, jnp.where(ok, p, 0), hh], ok, NEG_INF)
+    l = load(l_ref.at[b, g, jnp.where(ok, p, 0), hh], ok, 0.0)
+    M = jnp.max(m)
     M = jnp.where(M == NEG_INF, 0.0, M)
-    w = jnp.exp2(m - M[None, :])
-    return M, w, jnp.sum(l * w, axis=0)
-
-
-def _lse(m_ref, l_ref, b, g, h, nsp):
-    """Merge the compressed kernel's partial states of (b, g) into a base-2 lse per head [hp]."""
-    M, _, L = _merge_states(m_ref, l_ref, b, g, 0, m_ref.shape[2], nsp, h, _rows(h))
+    L = jnp.sum(l * jnp.exp2(m - M))
     return M + jnp.log2(jnp.where(L > 0, L, 1.0))
+
+
+def _ahead(v, i, vj, ij):
+    """[len(v), len(vj)]: candidate (vj, ij) ranks before (v, i): a higher value, or the same
+    value and a lower index (the ``lax.top_k`` order of ``semantics``)."""
+    return (vj[None, :] > v[:, None]) | ((vj[None, :] == v[:, None]) & (ij[None, :] < i[:, None]))
 
 
 def _score_kernel(t_ref, s_ref, m_ref, l_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp, nsp, n_sel,
                   n_init, n_local, l_cmp, d_cmp, l_sel, ts):
     """Group-summed block scores (Eq. 9-10) of one chunk of selection blocks of one (row, group),
-    forced / non-candidate blocks at +-inf (Eq. 11), and the chunk's top-n (value, id) pairs."""
+    forced / non-candidate blocks at +-inf (Eq. 11), and the chunk's top-n (value, id) pairs.
+
+    The chunk's top-n is a rank count, not n rounds of argmax: block i's rank is the number of
+    blocks of the chunk ahead of it (``_ahead``), one [cs, cs] comparison and one reduction;
+    the blocks ranked < n go to slot rank, the slots past the chunk's candidates get (-inf, Ts).
+    """
     b, g, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     Tc, Ts = s_ref.shape[-1], ts
     t = t_ref[b]
     nvis = jnp.minimum(jnp.where(t + 1 >= l_cmp, (t + 1 - l_cmp) // d_cmp + 1, 0), Tc)
-    lse = _lse(m_ref, l_ref, b, g, h, nsp)
-    rr = jnp.arange(lse.shape[0])
     j = c * cs + jnp.arange(cs)
     k = jnp.arange(mmp)
     score = jnp.zeros((cs,), jnp.float32)
     for hh in range(h):
-        lse_h = jnp.sum(jnp.where(rr == hh, lse, 0.0))
+        lse_h = _lse_head(m_ref, l_ref, b, g, hh, nsp)
         for u in range(r):                       # chunk c collects p_{c-u}; block j sums chunks
             i = j[:, None] * mm + k[None, :] - u
             okp = (k < mm)[None, :] & (i >= 0) & (i < nvis)
@@ -173,55 +178,52 @@ def _score_kernel(t_ref, s_ref, m_ref, l_ref, val_ref, idx_ref, *, h, r, mm, cs,
     cand = j <= cur
     forced = cand & ((j < n_init) | (j > cur - n_local))
     sc = jnp.where(forced, float("inf"), jnp.where(cand, score, NEG_INF))
-    slot = jnp.arange(next_pow2(n_sel))
-
-    def pick(i, carry):
-        sc, vals, ids = carry
-        mx = jnp.max(sc)
-        jm = jnp.min(jnp.where(sc == mx, j, Ts))          # ties to the lower index
-        vals = jnp.where(slot == i, mx, vals)
-        ids = jnp.where(slot == i, jnp.where(mx > NEG_INF, jm, Ts), ids)
-        return jnp.where(j == jm, NEG_INF, sc), vals, ids
-
-    init = (sc, jnp.full(slot.shape, NEG_INF, jnp.float32), jnp.full(slot.shape, Ts, jnp.int32))
-    _, vals, ids = lax.fori_loop(0, n_sel, pick, init)
-    okw = slot < n_sel
-    at = jnp.where(okw, c * n_sel + slot, val_ref.shape[-1])
-    store(val_ref.at[b, g, at], vals, okw)
-    store(idx_ref.at[b, g, at], ids, okw)
-
-
-def _topn_merge_kernel(val_ref, idx_ref, ids_ref, *, n_sel, kp):
-    """Top-n over the chunks' candidates (value desc, id asc), written as ascending ids with -1
-    in unused slots."""
-    b, g = pl.program_id(0), pl.program_id(1)
+    rank = jnp.sum(_ahead(sc, j, sc, j).astype(jnp.int32), axis=1)
+    win = cand & (rank < n_sel)
     K = val_ref.shape[-1]
-    e = jnp.arange(kp)
-    ok = e < K
-    vals = load(val_ref.at[b, g, jnp.minimum(e, K - 1)], ok, NEG_INF)
-    cid = load(idx_ref.at[b, g, jnp.minimum(e, K - 1)], ok, 0)
-    cid = jnp.where(ok & (vals > NEG_INF), cid, 2 ** 30)
+    at = jnp.where(win, c * n_sel + rank, K)
+    store(val_ref.at[b, g, at], sc, win)
+    store(idx_ref.at[b, g, at], j, win)
+    count = jnp.minimum(jnp.sum(cand.astype(jnp.int32)), n_sel)
     slot = jnp.arange(next_pow2(n_sel))
-
-    def pick(i, carry):
-        vals, win = carry
-        mx = jnp.max(vals)
-        jm = jnp.min(jnp.where(vals == mx, cid, 2 ** 30))
-        win = jnp.where(slot == i, jnp.where(mx > NEG_INF, jm, 2 ** 30), win)
-        return jnp.where(cid == jm, NEG_INF, vals), win
-
-    _, win = lax.fori_loop(0, n_sel, pick, (vals, jnp.full(slot.shape, 2 ** 30, jnp.int32)))
-    rank = jnp.sum((win[None, :] < win[:, None]).astype(jnp.int32), axis=1)   # ascending order
-    valid = (win < 2 ** 30) & (slot < n_sel)
-    store(ids_ref.at[b, g, jnp.where(valid, rank, n_sel)], win, valid)
-    count = jnp.sum(valid.astype(jnp.int32))
     pad = (slot >= count) & (slot < n_sel)
+    at = jnp.where(pad, c * n_sel + slot, K)
+    store(val_ref.at[b, g, at], jnp.full(slot.shape, NEG_INF, jnp.float32), pad)
+    store(idx_ref.at[b, g, at], jnp.full(slot.shape, Ts, jnp.int32), pad)
+
+
+def _topn_merge_kernel(val_ref, idx_ref, ids_ref, *, n_sel, kt):
+    """Top-n over the chunks' candidates by the same rank count, in slices of ``kt``: program p
+    ranks candidates [p*kt, (p+1)*kt) against all of them and writes the winners to slot rank
+    (value order: forced blocks first); program 0 also writes -1 to the slots past the number of
+    candidates."""
+    b, g, p = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    K = val_ref.shape[-1]
+
+    def cands(lo):
+        e = lo + jnp.arange(kt)
+        ok = e < K
+        v = load(val_ref.at[b, g, jnp.minimum(e, K - 1)], ok, NEG_INF)
+        return v, load(idx_ref.at[b, g, jnp.minimum(e, K - 1)], ok, 2 ** 30)
+
+    v, i = cands(p * kt)
+    rank = jnp.zeros((kt,), jnp.int32)
+    count = jnp.int32(0)
+    for lo in range(0, K, kt):
+        vj, ij = cands(lo)
+        rank += jnp.sum(_ahead(v, i, vj, ij).astype(jnp.int32), axis=1)
+        count += jnp.sum((vj > NEG_INF).astype(jnp.int32))
+    win = (v > NEG_INF) & (rank < n_sel)
+    store(ids_ref.at[b, g, jnp.where(win, rank, n_sel)], i, win)
+    slot = jnp.arange(next_pow2(n_sel))
+    pad = (p == 0) & (slot >= count) & (slot < n_sel)
     store(ids_ref.at[b, g, jnp.where(pad, slot, n_sel)], jnp.full(slot.shape, -1, jnp.int32), pad)
 
 
-def _select_call(t, s, m, l, cfg, Ts, sel_chunk, interpret):
-    """Selected block ids [B,G,n_sel] from the compressed kernel's outputs (two launches: chunk
-    scores + chunk top-n over B x G x chunks programs, then the merge)."""
+def _select_call(t, s, m, l, cfg, Ts, sel_chunk, merge_tile, interpret):
+    """Selected block ids [B,G,n_sel] from the compressed kernel's outputs, in value order (forced
+    blocks first; -1 in unused slots): two launches, the chunk scores + chunk top-n over
+    B x G x chunks programs, then the merge over B x G x (candidates / MERGE_TILE) programs."""
     B, G, h, _ = s.shape
     r, mm = cfg.block_l // cfg.stride_d, cfg.sel_block // cfg.stride_d
     cs = max(sel_chunk if Ts > sel_chunk else next_pow2(Ts), next_pow2(cfg.n_sel))
@@ -237,11 +239,12 @@ def _select_call(t, s, m, l, cfg, Ts, sel_chunk, interpret):
                    jax.ShapeDtypeStruct((B, G, K), jnp.int32)],
         compiler_params=compiler_params(4, 1), interpret=interpret, name="nsa_decode_score",
     )(t, s, m, l)
-    merge = functools.partial(_topn_merge_kernel, n_sel=cfg.n_sel, kp=next_pow2(K))
+    kt = min(merge_tile, next_pow2(K))
+    merge = functools.partial(_topn_merge_kernel, n_sel=cfg.n_sel, kt=kt)
     return pl.pallas_call(
-        merge, grid=(B, G),
+        merge, grid=(B, G, cdiv(K, kt)),
         out_shape=jax.ShapeDtypeStruct((B, G, cfg.n_sel), jnp.int32),
-        compiler_params=compiler_params(2, 1), interpret=interpret, name="nsa_decode_topn",
+        compiler_params=compiler_params(4, 1), interpret=interpret, name="nsa_decode_topn",
     )(vals, idx)
 
 
@@ -308,48 +311,35 @@ def _slc_win_call(t, ids, q, kv, cfg, bw, scale, interpret):
 
 
 # ---- 3. epilogue ----------------------------------------------------------------------------
-def _weights(m_ref, l_ref, b, g, lo, hi, pp, h):
-    """Merge weights of partial states lo..hi-1 for all heads: (w [pp, hp], 1 / L [hp]); heads
-    with no visible key get 1 / L = 0."""
-    _, w, L = _merge_states(m_ref, l_ref, b, g, lo, hi, pp, h, max(8, next_pow2(h)))
-    return w, jnp.where(L > 0, 1.0 / jnp.where(L > 0, L, 1.0), 0.0)
-
-
-def _finish_kernel(g_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_ref, *, h, n_slc,
+def _finish_kernel(g_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_ref, *, n_slc,
                    has_cmp, has_slc, has_win, pc, ps_):
-    """Merge every branch's partial states and mix them with the gates (Eq. 5) for the h heads of
-    one (row, group): out = sum_c g_c o_c."""
-    b, g = pl.program_id(0), pl.program_id(1)
+    """Merge every branch's partial states and mix them with the gates (Eq. 5) for one head of
+    one (row, group): out = sum_c g_c o_c, o_c = sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p.
+    One program per head: the branches' merges are independent chains, no loop over heads."""
+    b, g, hh = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     U = ms_ref.shape[2]
     dv = jnp.arange(out_ref.shape[-1])
-    hp = max(8, next_pow2(h))
-    r = jnp.arange(hp)
-    # (partials, gate column, lo, hi, padded count) per enabled branch
-    parts = []
+    parts = []                       # (partials, gate column, lo, hi, padded count) per branch
     if has_cmp:
         parts.append(((mc_ref, lc_ref, oc_ref), 0, 0, mc_ref.shape[2], pc))
     if has_slc:
         parts.append(((ms_ref, ls_ref, os_ref), 1, 0, n_slc, ps_))
     if has_win:
         parts.append(((ms_ref, ls_ref, os_ref), 2, n_slc, U, ps_))
-    gates = load(g_ref.at[b, g, jnp.where(r < h, r, 0)[:, None], jnp.arange(4)[None, :]],
-                 (r < h)[:, None] & (jnp.arange(4) < 3)[None, :], 0.0)      # [hp, 4]
-    # per head: weight column and scale of each branch, then one pass over its partials
-    merged = []
-    for (m_ref, l_ref, o_ref), c, lo, hi, pp in parts:
-        w, inv = _weights(m_ref, l_ref, b, g, lo, hi, pp, h)
-        coef = inv * jnp.sum(jnp.where(jnp.arange(4)[None, :] == c, gates, 0.0), axis=1)
-        merged.append((o_ref, w * coef[None, :], lo, hi, pp))
-    for hh in range(h):
-        out = jnp.zeros(dv.shape, jnp.float32)
-        for o_ref, wc, lo, hi, pp in merged:
-            p = lo + jnp.arange(pp)
-            ok = p < hi
-            o = load(o_ref.at[b, g, jnp.where(ok, p, lo)[:, None], hh, dv[None, :]],
-                     ok[:, None], 0.0)
-            wh = jnp.sum(jnp.where(r[None, :] == hh, wc, 0.0), axis=1)          # [pp]
-            out += jnp.sum(o * wh[:, None], axis=0)
-        store(out_ref.at[b, g, hh, dv], out, dv >= 0)
+    out = jnp.zeros(dv.shape, jnp.float32)
+    for (m_ref, l_ref, o_ref), col, lo, hi, pp in parts:
+        p = lo + jnp.arange(pp)
+        ok = p < hi
+        pi = jnp.where(ok, p, lo)
+        m = load(m_ref.at[b, g, pi, hh], ok, NEG_INF)
+        l = load(l_ref.at[b, g, pi, hh], ok, 0.0)
+        M = jnp.max(m)
+        w = jnp.exp2(m - jnp.where(M == NEG_INF, 0.0, M))
+        L = jnp.sum(l * w)
+        coef = jnp.where(L > 0, g_ref[b, g, hh, col] / jnp.where(L > 0, L, 1.0), 0.0)
+        o = load(o_ref.at[b, g, pi[:, None], hh, dv[None, :]], ok[:, None], 0.0)
+        out += coef * jnp.sum(o * w[:, None], axis=0)
+    store(out_ref.at[b, g, hh, dv], out, dv >= 0)
 
 
 def _finish_call(gates, cmp_parts, sw_parts, n_slc, br, dtype, interpret):
@@ -358,13 +348,13 @@ def _finish_call(gates, cmp_parts, sw_parts, n_slc, br, dtype, interpret):
     mc, lc, oc = cmp_parts if cmp_parts is not None else dummy + [jnp.zeros((B, G, 1, h, 16))]
     ms, ls, os_ = sw_parts if sw_parts is not None else dummy + [jnp.zeros((B, G, 1, h, 16))]
     Dv = (oc if cmp_parts is not None else os_).shape[-1]
-    kern = functools.partial(_finish_kernel, h=h, n_slc=n_slc, has_cmp="cmp" in br,
+    kern = functools.partial(_finish_kernel, n_slc=n_slc, has_cmp="cmp" in br,
                              has_slc="slc" in br, has_win="win" in br,
                              pc=next_pow2(mc.shape[2]), ps_=next_pow2(ms.shape[2]))
     return pl.pallas_call(
-        kern, grid=(B, G),
+        kern, grid=(B, G, h),
         out_shape=jax.ShapeDtypeStruct((B, G, h, Dv), dtype),
-        compiler_params=compiler_params(4, 1), interpret=interpret, name="nsa_decode_finish",
+        compiler_params=compiler_params(2, 1), interpret=interpret, name="nsa_decode_finish",
     )(gates.astype(jnp.float32), mc, lc, oc, ms, ls, os_)
 
 
@@ -383,13 +373,16 @@ def _pad_last(x, D):
 
 def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = CMP_KEYS,
                       win_keys: int = WIN_KEYS, splits: int | None = None,
-                      sel_chunk: int = SEL_CHUNK):
+                      sel_chunk: int = SEL_CHUNK, merge_tile: int = MERGE_TILE,
+                      return_ids: bool = False):
     """q [B,Hq,Dk] at positions t [B] over the caches ``kv`` (layout in
     :mod:`nsa_jax.nsa.decoding`, tokens 0..t[b] written); gates [B,Hq,3] -> [B,Hq,Dv] in q.dtype.
 
     ``cmp_keys`` compressed keys per tile, ``win_keys`` window slots per program (powers of two
     >= 16); ``splits`` programs per (row, group) over the compressed keys (default: enough to fill
-    the GPU); ``sel_chunk`` selection blocks per scoring program (a power of two). Head dims
+    the GPU); ``sel_chunk`` selection blocks per scoring program and ``merge_tile`` candidates
+    per top-n merge program (powers of two). ``return_ids``: also the selected block ids
+    [B,G,n_sel] (score order, -1 in unused slots; None without the selection branch). Head dims
     that are not a power of two >= 16 are zero-padded (a copy of the caches: fine for tests,
     slow for real models, which use 64 or 128)."""
     B, Hq, Dk = q.shape
@@ -413,10 +406,11 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
         cmp_parts = (m, l, o)
         if "slc" in br:
             ids = _select_call(t, s, m, l, cfg, kv["k_slc"].shape[2] // cfg.sel_block, sel_chunk,
-                               interpret)
+                               merge_tile, interpret)
     if "slc" in br or "win" in br:
         sw_parts = _slc_win_call(t, ids, qg, kv, cfg, win_keys, scale, interpret)
     n_slc = ids.shape[-1] if ids is not None else 0
     o = _finish_call(gates.reshape(B, G, h, 3), cmp_parts if "cmp" in br else None, sw_parts,
                      n_slc, br, q.dtype, interpret)
-    return o[..., :Dv].reshape(B, Hq, Dv)
+    o = o[..., :Dv].reshape(B, Hq, Dv)
+    return (o, ids) if return_ids else o

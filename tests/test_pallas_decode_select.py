@@ -1,0 +1,51 @@
+"""The Pallas decode kernels' block selection (scores, chunk top-n by rank, merge) against the
+jax.numpy decode path, with many exactly tied block scores (interpret mode, float32)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nsa_jax.nsa import NSAConfig
+from nsa_jax.nsa.decoding import nsa_decode_attention
+from nsa_testutil import rel_err
+
+
+def _sorted_ids(ids):
+    """Score-ordered ids (-1 in unused slots) -> ascending ids, -1 last (the jnp path's order)."""
+    ids = np.asarray(ids)
+    big = np.where(ids < 0, np.iinfo(np.int32).max, ids)
+    return np.where(np.sort(big, axis=-1) == np.iinfo(np.int32).max, -1, np.sort(big, axis=-1))
+
+
+@pytest.mark.parametrize("merge_tile", [4, 64])
+def test_decode_selection_with_tied_scores_matches_jnp(merge_tile):
+    """Identical compressed keys make every fully visible selection block score the same, so
+    the top-n is decided by the tie rule (lower block index first) across scoring chunks of 4
+    blocks and merge slices of ``merge_tile`` candidates; the ids and the output must equal the
+    jax.numpy decode path's for rows at different positions."""
+    from nsa_jax.pallas.decode import nsa_decode_pallas
+    cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16, n_init=1,
+                    n_local=2)
+    B, G, h, D, S = 2, 2, 3, 16, 208
+    Tc = cfg.num_cmp_blocks(S)
+    ks = jax.random.split(jax.random.PRNGKey(3), 8)
+    one_key = jax.random.normal(ks[0], (B, G, 1, D))
+    kv = {"k_cmp": jnp.broadcast_to(one_key, (B, G, Tc, D)),
+          "v_cmp": jax.random.normal(ks[1], (B, G, Tc, D)),
+          "k_slc": jax.random.normal(ks[2], (B, G, S, D)),
+          "v_slc": jax.random.normal(ks[3], (B, G, S, D)),
+          "k_win": jax.random.normal(ks[4], (B, G, cfg.window, D)),
+          "v_win": jax.random.normal(ks[5], (B, G, cfg.window, D))}
+    gates = jax.nn.sigmoid(jax.random.normal(ks[6], (B, G * h, 3)))
+    want_f = jax.jit(lambda q, t: nsa_decode_attention(q, kv, t, gates, cfg, return_info=True))
+    got_f = jax.jit(lambda q, t: nsa_decode_pallas(q, kv, t, gates, cfg, cmp_keys=16, splits=3,
+                                                   sel_chunk=4, merge_tile=merge_tile,
+                                                   return_ids=True))
+    for i, t0 in enumerate(range(90, S, 13)):
+        t = jnp.asarray([t0, t0 - 37], jnp.int32)
+        q = 2.0 * jax.random.normal(jax.random.fold_in(ks[7], i), (B, G * h, D))
+        want, info = want_f(q, t)
+        got, ids = got_f(q, t)
+        np.testing.assert_array_equal(_sorted_ids(ids), np.asarray(info["ids"]),
+                                      err_msg=f"t={t0}")
+        assert rel_err(got, want) <= 2e-5, (t0, rel_err(got, want))
