@@ -5,6 +5,8 @@
 #   tests:   GPU decode tests of this tree
 #   64k:     nsa before/after and dense at 64k, B = 1 and 8, with profiles
 #   128k:    nsa before/after and dense at 128k, B = 64
+#   kernels: the decode kernels alone (bench/decode_kernels.py), before and after, at 64k/B=1,
+#            64k/B=8 and 128k/B=64, and 64k/B=8 with the previous split count (17)
 # JSON under $OUT; the comparison table last.
 set -u
 OUT=${OUT:-/tmp/nsa_decode_out}
@@ -27,7 +29,15 @@ for stage in "$@"; do
         --contexts 131072 --batches 64 --out "$OUT/before_128k.json") >> "$LOG" 2>&1
       PYTHONPATH=. python3 bench/decode.py --contexts 131072 --batches 64 \
         --out "$OUT/after_128k.json" >> "$LOG" 2>&1 ;;
+    kernels)
+      P="65536:1 65536:8 131072:64"
+      PYTHONPATH=. python3 bench/decode_kernels.py --tree .old/pre_decode --points $P \
+        --out "$OUT/k_before.json" >> "$LOG" 2>&1
+      PYTHONPATH=. python3 bench/decode_kernels.py --points $P --out "$OUT/k_after.json" >> "$LOG" 2>&1
+      PYTHONPATH=. python3 bench/decode_kernels.py --points 65536:8 --variants splits=17 \
+        --out "$OUT/k_after_splits17.json" >> "$LOG" 2>&1 ;;
   esac
 done
 grep -E "failed|Error" "$LOG" | tail -n 5
 cd "$HERE" && python3 bench/decode_compare.py "$OUT"/before_*.json "$OUT"/after_*.json --top 10
+grep -E "N= *[0-9]+ B=" "$LOG"

@@ -43,7 +43,8 @@ from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, cdiv, compiler_param
 
 CMP_KEYS = 64          # compressed keys per tile
 WIN_KEYS = 64          # window slots per program
-TARGET_PROGRAMS = 264  # ~2 programs per SM of an H100/H200 (132 SMs)
+TARGET_PROGRAMS = 264  # ~2 programs per SM of an H100/H200 (132 SMs): block scoring
+CMP_PROGRAMS = 2048    # compressed-attention programs to aim for (bandwidth-bound at large B)
 
 
 def _rows(h: int) -> int:
@@ -129,7 +130,16 @@ def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret):
 
 
 # ---- 1b. block scores and top-n ------------------------------------------------------------
-SEL_CHUNK = 64         # selection blocks per scoring program
+SEL_CHUNKS = (32, 128)  # selection blocks per scoring program: the range of the default
+
+
+def _sel_chunk(B: int, G: int, Ts: int) -> int:
+    """Default selection blocks per scoring program: about TARGET_PROGRAMS programs in all, a
+    power of two in SEL_CHUNKS. Smaller chunks shorten each program; larger ones leave fewer
+    candidates to merge (H200, 125M shape: 32 at 64k/B=1, 64 at 64k/B=8, 128 at 128k/B=64 were
+    the fastest of 32/64/128; bench/NOTES.md)."""
+    lo, hi = SEL_CHUNKS
+    return int(min(hi, max(lo, next_pow2(cdiv(Ts * B * G, TARGET_PROGRAMS)))))
 MERGE_TILE = 64        # candidates per program (and per compared slice) of the top-n merge
 
 
@@ -207,12 +217,14 @@ def _topn_merge_kernel(val_ref, idx_ref, ids_ref, *, n_sel, kt):
         return v, load(idx_ref.at[b, g, jnp.minimum(e, K - 1)], ok, 2 ** 30)
 
     v, i = cands(p * kt)
-    rank = jnp.zeros((kt,), jnp.int32)
-    count = jnp.int32(0)
+    ahead = jnp.zeros((kt, kt), jnp.int32)   # summed over the slices, reduced once
+    valid = jnp.zeros((kt,), jnp.int32)
     for lo in range(0, K, kt):
         vj, ij = cands(lo)
-        rank += jnp.sum(_ahead(v, i, vj, ij).astype(jnp.int32), axis=1)
-        count += jnp.sum((vj > NEG_INF).astype(jnp.int32))
+        ahead += _ahead(v, i, vj, ij).astype(jnp.int32)
+        valid += (vj > NEG_INF).astype(jnp.int32)
+    rank = jnp.sum(ahead, axis=1)
+    count = jnp.sum(valid)
     win = (v > NEG_INF) & (rank < n_sel)
     store(ids_ref.at[b, g, jnp.where(win, rank, n_sel)], i, win)
     slot = jnp.arange(next_pow2(n_sel))
@@ -362,9 +374,11 @@ MAX_SPLITS = 32        # partial states per (row, group) that the select and fin
 
 
 def _splits(B: int, G: int, Tc: int, bk: int) -> int:
-    """Key splits of the compressed kernel: enough (row, group, split) programs to fill the GPU,
-    at most one per tile and MAX_SPLITS (each split is a partial state to merge later)."""
-    return int(max(1, min(cdiv(Tc, bk), cdiv(TARGET_PROGRAMS, B * G), MAX_SPLITS)))
+    """Key splits of the compressed kernel: about CMP_PROGRAMS (row, group, split) programs, at
+    most one per tile and MAX_SPLITS (each split is a partial state to merge later). At large
+    B x context the kernel streams the compressed cache (268 MB per layer at 128k/B=64): 16
+    splits there took 71 us per layer against 85 us with 3 (H200; bench/NOTES.md)."""
+    return int(max(1, min(cdiv(Tc, bk), cdiv(CMP_PROGRAMS, B * G), MAX_SPLITS)))
 
 
 def _pad_last(x, D):
@@ -373,14 +387,15 @@ def _pad_last(x, D):
 
 def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = CMP_KEYS,
                       win_keys: int = WIN_KEYS, splits: int | None = None,
-                      sel_chunk: int = SEL_CHUNK, merge_tile: int = MERGE_TILE,
+                      sel_chunk: int | None = None, merge_tile: int = MERGE_TILE,
                       return_ids: bool = False):
     """q [B,Hq,Dk] at positions t [B] over the caches ``kv`` (layout in
     :mod:`nsa_jax.nsa.decoding`, tokens 0..t[b] written); gates [B,Hq,3] -> [B,Hq,Dv] in q.dtype.
 
     ``cmp_keys`` compressed keys per tile, ``win_keys`` window slots per program (powers of two
     >= 16); ``splits`` programs per (row, group) over the compressed keys (default: enough to fill
-    the GPU); ``sel_chunk`` selection blocks per scoring program and ``merge_tile`` candidates
+    the GPU); ``sel_chunk`` selection blocks per scoring program (default: ``_sel_chunk``) and
+    ``merge_tile`` candidates
     per top-n merge program (powers of two). ``return_ids``: also the selected block ids
     [B,G,n_sel] (score order, -1 in unused slots; None without the selection branch). Head dims
     that are not a power of two >= 16 are zero-padded (a copy of the caches: fine for tests,
@@ -405,7 +420,8 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
                                interpret)
         cmp_parts = (m, l, o)
         if "slc" in br:
-            ids = _select_call(t, s, m, l, cfg, kv["k_slc"].shape[2] // cfg.sel_block, sel_chunk,
+            Ts = kv["k_slc"].shape[2] // cfg.sel_block
+            ids = _select_call(t, s, m, l, cfg, Ts, sel_chunk or _sel_chunk(B, G, Ts),
                                merge_tile, interpret)
     if "slc" in br or "win" in br:
         sw_parts = _slc_win_call(t, ids, qg, kv, cfg, win_keys, scale, interpret)
