@@ -24,24 +24,24 @@ from jax.experimental import pallas as pl
 from nsa_jax.pallas.common import compiler_params, load, next_pow2, store
 
 
-def _row_kernel(*refs, n, G, ring):
+def _row_kernel(*refs, n, ring):
     """refs: idx_0..n-1 [B], rows_0..n-1 [B,G,D], bufs_0..n-1 (aliased, unread), then outputs
-    bufs_0..n-1 and, with ``ring = (i_k, i_v, start_ref_pos)``, the two token-order blocks."""
+    bufs_0..n-1 and, with ``ring = (i_k, i_v, start_ref_pos)``, the two token-order blocks.
+    One program per (batch row, KV group)."""
     idx_refs, row_refs = refs[:n], refs[n:2 * n]
     k = 2 * n + (1 if ring else 0)
     start_ref = refs[2 * n] if ring else None
     bufs_in = refs[k:k + n]
     outs = refs[k + n:k + 2 * n]
     blocks = refs[k + 2 * n:]
-    b = pl.program_id(0)
+    b, g = pl.program_id(0), pl.program_id(1)
     for i in range(n):
         D = row_refs[i].shape[-1]
         Dp = next_pow2(D)
         dd = jnp.arange(Dp)
         j = idx_refs[i][b]
-        for g in map(jnp.int32, range(G)):   # traced-style ints (interpret mode)
-            x = load(row_refs[i].at[b, g, pl.ds(0, Dp)], dd < D)
-            store(outs[i].at[b, g, j, pl.ds(0, Dp)], x, dd < D)
+        x = load(row_refs[i].at[b, g, pl.ds(0, Dp)], dd < D)
+        store(outs[i].at[b, g, j, pl.ds(0, Dp)], x, dd < D)
     if ring:
         start = start_ref[b]                       # first token of the block ending at t
         for blk, i in zip(blocks, ring):
@@ -51,11 +51,10 @@ def _row_kernel(*refs, n, G, ring):
             slot = jnp.mod(start + jj, L)          # ring slots in token order
             ok = (jj < L)[:, None] & (dd < D)[None, :]
             new = slot == idx_refs[i][b]           # the slot this call writes
-            for g in map(jnp.int32, range(G)):
-                old = load(bufs_in[i].at[b, g, slot[:, None], dd[None, :]], ok)
-                x = load(row_refs[i].at[b, g, pl.ds(0, Dp)], dd < D)
-                val = jnp.where(new[:, None], x[None, :].astype(old.dtype), old)
-                store(blk.at[b, jnp.where(jj < L, jj, L)[:, None], g, dd[None, :]], val, ok)
+            old = load(bufs_in[i].at[b, g, slot[:, None], dd[None, :]], ok)
+            x = load(row_refs[i].at[b, g, pl.ds(0, Dp)], dd < D)
+            val = jnp.where(new[:, None], x[None, :].astype(old.dtype), old)
+            store(blk.at[b, jnp.where(jj < L, jj, L)[:, None], g, dd[None, :]], val, ok)
 
 
 def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, interpret: bool):
@@ -78,8 +77,8 @@ def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, interpret:
     rows = tuple(r.astype(bf.dtype) for r, bf in zip(rows, bufs))
     first = 2 * n + len(extra)
     res = pl.pallas_call(
-        functools.partial(_row_kernel, n=n, G=G, ring=tuple(ring) if ring else None),
-        grid=(B,), out_shape=out_shape,
+        functools.partial(_row_kernel, n=n, ring=tuple(ring) if ring else None),
+        grid=(B, G), out_shape=out_shape,
         input_output_aliases={first + i: i for i in range(n)},
         compiler_params=compiler_params(1, 1), interpret=interpret, name="nsa_cache_write",
     )(*idx, *rows, *extra, *bufs)
