@@ -17,4 +17,4 @@ python3 bench/decode.py --models nsa_125m --contexts 131072 --batches 64 --profi
   --out "$OUT/after_128k_profile.json" >> "$LOG" 2>&1
 grep -E "Error|error" "$LOG" | tail -n 5
 python3 bench/decode_compare.py "$OUT/after_128k_profile.json" --top 14
-grep -E "^N=" "$LOG"
+grep -E "N= *[0-9]+ B=" "$LOG"

@@ -6,8 +6,8 @@ context: the visible compressed keys (T/d), the n selected blocks (n·l') and th
 
 Every program handles all h query heads of one KV group (rows padded to >= 16 for the tensor
 cores), so each K/V tile is read once per group. Decoding has only B x G (row, group) pairs, too
-few programs to fill a GPU, so both kernels also split over keys (flash-decoding) and write
-partial softmax states (m, l, acc) that a small XLA epilogue merges:
+few programs to fill a GPU, so the attention kernels also split over keys (flash-decoding) and
+write partial softmax states (m, l, acc) that the finishing kernel merges:
 
 1. ``_cmp_kernel`` (grid B x G x splits): compressed attention (Eq. 8) over the *visible*
    compressed blocks only — the loop stops at the last visible tile, nothing past t is read. It
@@ -131,6 +131,7 @@ def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret):
 
 # ---- 1b. block scores and top-n ------------------------------------------------------------
 SEL_CHUNKS = (32, 128)  # selection blocks per scoring program: the range of the default
+MERGE_TILE = 64         # candidates per program (and per compared slice) of the top-n merge
 
 
 def _sel_chunk(B: int, G: int, Ts: int) -> int:
@@ -140,18 +141,26 @@ def _sel_chunk(B: int, G: int, Ts: int) -> int:
     the fastest of 32/64/128; bench/NOTES.md)."""
     lo, hi = SEL_CHUNKS
     return int(min(hi, max(lo, next_pow2(cdiv(Ts * B * G, TARGET_PROGRAMS)))))
-MERGE_TILE = 64        # candidates per program (and per compared slice) of the top-n merge
+
+
+def _merge_head(m_ref, l_ref, b, g, hh, lo, hi, pp):
+    """Partial softmax states lo..hi-1 (axis 2) of (b, g) for head hh: -> (indices [pp], valid
+    [pp], merge weights w = 2^(m - M) [pp], L = sum l w, M); M is 0 when no key is visible.
+    Used by the scoring kernel (the lse) and the finishing kernel (the merged output)."""
+    p = lo + jnp.arange(pp)
+    ok = p < hi
+    pi = jnp.where(ok, p, lo)
+    m = load(m_ref.at[b, g, pi, hh], ok, NEG_INF)
+    l = load(l_ref.at[b, g, pi, hh], ok, 0.0)
+    M = jnp.max(m)
+    M = jnp.where(M == NEG_INF, 0.0, M)
+    w = jnp.exp2(m - M)
+    return pi, ok, w, jnp.sum(l * w), M
 
 
 def _lse_head(m_ref, l_ref, b, g, hh, nsp):
-    """Merge the compressed kernel's partial states of (b, g) for head hh into its base-2 lse."""
-    p = jnp.arange(nsp)
-    ok = p < m_ref.shape[2]
-    m = load(m_ref.at[b, g, jnp.where(ok, p, 0), hh], ok, NEG_INF)
-    l = load(l_ref.at[b, g, jnp.where(ok, p, 0), hh], ok, 0.0)
-    M = jnp.max(m)
-    M = jnp.where(M == NEG_INF, 0.0, M)
-    L = jnp.sum(l * jnp.exp2(m - M))
+    """The compressed kernel's partial states of (b, g) merged into head hh's base-2 lse."""
+    _, _, _, L, M = _merge_head(m_ref, l_ref, b, g, hh, 0, m_ref.shape[2], nsp)
     return M + jnp.log2(jnp.where(L > 0, L, 1.0))
 
 
@@ -235,7 +244,7 @@ def _topn_merge_kernel(val_ref, idx_ref, ids_ref, *, n_sel, kt):
 def _select_call(t, s, m, l, cfg, Ts, sel_chunk, merge_tile, interpret):
     """Selected block ids [B,G,n_sel] from the compressed kernel's outputs, in value order (forced
     blocks first; -1 in unused slots): two launches, the chunk scores + chunk top-n over
-    B x G x chunks programs, then the merge over B x G x (candidates / MERGE_TILE) programs."""
+    B x G x chunks programs, then the merge over B x G x (candidates / merge_tile) programs."""
     B, G, h, _ = s.shape
     r, mm = cfg.block_l // cfg.stride_d, cfg.sel_block // cfg.stride_d
     cs = max(sel_chunk if Ts > sel_chunk else next_pow2(Ts), next_pow2(cfg.n_sel))
@@ -340,14 +349,7 @@ def _finish_kernel(g_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_re
         parts.append(((ms_ref, ls_ref, os_ref), 2, n_slc, U, ps_))
     out = jnp.zeros(dv.shape, jnp.float32)
     for (m_ref, l_ref, o_ref), col, lo, hi, pp in parts:
-        p = lo + jnp.arange(pp)
-        ok = p < hi
-        pi = jnp.where(ok, p, lo)
-        m = load(m_ref.at[b, g, pi, hh], ok, NEG_INF)
-        l = load(l_ref.at[b, g, pi, hh], ok, 0.0)
-        M = jnp.max(m)
-        w = jnp.exp2(m - jnp.where(M == NEG_INF, 0.0, M))
-        L = jnp.sum(l * w)
+        pi, ok, w, L, _ = _merge_head(m_ref, l_ref, b, g, hh, lo, hi, pp)
         coef = jnp.where(L > 0, g_ref[b, g, hh, col] / jnp.where(L > 0, L, 1.0), 0.0)
         o = load(o_ref.at[b, g, pi[:, None], hh, dv[None, :]], ok[:, None], 0.0)
         out += coef * jnp.sum(o * w[:, None], axis=0)
