@@ -238,16 +238,23 @@ def smoke(log):
     del B
 
 
-def bench_sel_impls(shape, T, B, impls, tile_qs, reps, log):
-    """Selection fwd, bwd and whole-NSA fwd+bwd per selection implementation at (shape, T, B)."""
+def _tiled_name(bq, var):
+    short = {"sel_tile_heads": "h", "num_warps": "w", "num_stages": "s", "sel_keys": "k"}
+    return f"tiled{bq}" + "".join(f"_{short.get(k, k)}{v}" for k, v in var.items())
+
+
+def bench_sel_impls(shape, T, B, impls, tile_qs, reps, log, tiled_vars=({},)):
+    """Selection fwd, bwd and whole-NSA fwd+bwd per selection implementation at (shape, T, B);
+    the tiled kernels once per query tile size and ``tiled_vars`` entry (BlockSizes fields)."""
     Hq, G, D = SHAPES[shape]
     base = BlockSizes.for_shape(Hq // G, D)
     scale = 1.0 / math.sqrt(D)
     variants = []
     for impl in impls:
         if impl == "tiled":
-            variants += [(f"tiled{bq}", dataclasses.replace(base, sel_tile_q=bq),
-                          KernelChoices(sel_impl="tiled")) for bq in tile_qs]
+            variants += [(_tiled_name(bq, var), dataclasses.replace(base, sel_tile_q=bq, **var),
+                          KernelChoices(sel_impl="tiled")) for bq in tile_qs
+                         for var in tiled_vars]
         else:
             variants.append((impl, base, KernelChoices(sel_impl=impl)))
     sets = [make_inputs(s_, T, Hq, G, D, B=B) for s_ in (0, 1)]
@@ -397,6 +404,17 @@ def sweep(shape, T, reps, log):
     return {"shape": shape, "T": T, "reps": reps, "base": dataclasses.asdict(base), "runs": out}
 
 
+def _parse_var(spec: str) -> dict:
+    """"f=v,g=w" -> {f: int(v), g: int(w)} (BlockSizes fields); "" -> {}."""
+    out = {}
+    for item in filter(None, spec.split(",")):
+        k, v = item.split("=", 1)
+        if k not in {f.name for f in dataclasses.fields(BlockSizes)}:
+            raise SystemExit(f"--tiled-vars: BlockSizes has no field {k!r}")
+        out[k] = int(v)
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out")
@@ -410,6 +428,9 @@ def main(argv=None):
                    help="compare selection implementations (fwd, bwd, NSA fwd+bwd) instead")
     p.add_argument("--sel-tile-q", type=int, nargs="+", default=[64],
                    help="tiled selection: query tile sizes to time (with --sel-impl tiled)")
+    p.add_argument("--tiled-vars", nargs="+", default=[""], metavar="F=V,...",
+                   help="tiled selection: BlockSizes variants to time, e.g. sel_tile_heads=2,"
+                        "num_warps=8 ('' = the defaults)")
     p.add_argument("--tokens", type=int, default=32768,
                    help="with --sel-impl: batch B = tokens // T (at least 1)")
     a = p.parse_args(argv)
@@ -442,7 +463,8 @@ def main(argv=None):
             for T in a.T:
                 B = max(1, a.tokens // T)
                 t0 = time.time()
-                new = bench_sel_impls(shape, T, B, a.sel_impl, a.sel_tile_q, a.reps, log)
+                new = bench_sel_impls(shape, T, B, a.sel_impl, a.sel_tile_q, a.reps, log,
+                                      [_parse_var(v) for v in a.tiled_vars])
                 print_sel_table(new)
                 log(f"   ({time.time() - t0:.0f} s)")
                 names = {r["sel_impl"] for r in new}

@@ -1,7 +1,9 @@
 """Tile sweep of the document-local kernel (``pallas/local.py``) on the NSA window branch, packed
 rows, fwd+bwd, bf16, against cuDNN's unpacked window in the same process (one GPU).
 
-    PYTHONPATH=. python bench/window_tiles.py [--T 65536] [--reps 10]
+    PYTHONPATH=. python bench/window_tiles.py [--T 65536] [--reps 10] [--variants F=V,... ...]
+
+``--variants``: BlockSizes fields per variant (default: the tile sweep below).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import timed  # noqa: E402
+from kernels import _parse_var, timed  # noqa: E402
 from packed import doc_lengths  # noqa: E402
 
 from nsa_jax.nsa import NSAConfig, semantics  # noqa: E402
@@ -33,7 +35,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, default=65536)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--variants", nargs="+", metavar="F=V,...")
     a = p.parse_args(argv)
+    variants = [_parse_var(v) for v in a.variants] if a.variants else VARIANTS
     cfg, T = NSAConfig(), a.T
     rng = np.random.default_rng(3)
     q, k, v, ct = (jnp.asarray(rng.standard_normal((1, T, n, 64)), jnp.bfloat16)
@@ -50,7 +54,7 @@ def main(argv=None):
         return jax.jit(f)
 
     rows = [{"variant": "cudnn unpacked", "ms": timed(fb(None, None), [(q, k, v, ct)], a.reps)}]
-    for var in VARIANTS:
+    for var in variants:
         bs = dataclasses.replace(BlockSizes(), **var)
         rows.append({"variant": var, "ms": timed(fb(lay, bs), [(q, k, v, ct)], a.reps)})
         print(json.dumps(rows[-1]), flush=True)
