@@ -38,18 +38,13 @@ def _inputs(seed, B, T, Hq, G, Dk, Dv):
 SMALL = BlockSizes(win_q=16, win_keys=16)
 
 
-@pytest.mark.parametrize("lengths,Hq,G,D,window,bs", [
+@pytest.mark.parametrize("lengths,Hq,G,D,window", [
     # documents of length 1, shorter than a tile, straddling tiles, a row cut mid-document
-    ([[1, 5, 16, 21, 13], [40, 7, 9]], 4, 2, 8, 6, SMALL),
-    ([[1, 5, 16, 21, 13], [40, 7, 9]], 6, 1, 12, None, SMALL),   # packed dense, h = 6, padded D
-    ([[37]], 2, 2, 16, 20, SMALL),                             # one document: plain window, h = 1
-    # heads stacked per tile: h = 6 takes 2 of the asked 4; h = 4 over 2 groups takes all 4
-    ([[1, 5, 16, 21, 13], [40, 7, 9]], 6, 1, 12, 6, BlockSizes(win_q=16, win_keys=16,
-                                                                win_heads=4)),
-    ([[1, 5, 16, 21, 13], [40, 7, 9]], 8, 2, 8, None, BlockSizes(win_q=16, win_keys=16,
-                                                                  win_heads=4)),
+    ([[1, 5, 16, 21, 13], [40, 7, 9]], 4, 2, 8, 6),
+    ([[1, 5, 16, 21, 13], [40, 7, 9]], 6, 1, 12, None),   # packed dense, h = 6, padded D
+    ([[37]], 2, 2, 16, 20),                                # one document: plain window, h = 1
 ])
-def test_local_matches_masked_attention(lengths, Hq, G, D, window, bs):
+def test_local_matches_masked_attention(lengths, Hq, G, D, window):
     seg = segments(lengths)
     start = semantics.document_starts(seg)
     B, T = seg.shape
@@ -60,7 +55,7 @@ def test_local_matches_masked_attention(lengths, Hq, G, D, window, bs):
         return (o,) + vjp(ct)
 
     got = jax.jit(lambda: run(lambda a, b, c: local_attention(
-        a, b, c, start, window, bs, interpret=True)))()
+        a, b, c, start, window, SMALL, interpret=True)))()
     want = run(lambda a, b, c: masked_local(a, b, c, start, window))
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
         assert np.abs(np.asarray(w)).max() > 0, name
@@ -81,32 +76,3 @@ def test_bad_arguments_name_them():
         local_attention(q, k, v, window=0, interpret=True)
     with pytest.raises(ValueError, match="start must have shape"):
         local_attention(q, k, v, jnp.zeros((1, 7), jnp.int32), interpret=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("heads", [1, 2])
-def test_gpu_local_bf16_matches_masked_float32(heads):
-    """Compiled bf16 kernel (125M heads: Hq=12, G=2, D=64; window 512 over packed documents)
-    against float32 masked attention: output and gradients, relative RMSE <= 5e-3, with
-    ``heads`` heads of a group stacked per tile (``BlockSizes.win_heads``)."""
-    lengths = [[300, 1, 700, 64, 983], [2048]]
-    seg = segments(lengths)
-    start = semantics.document_starts(seg)
-    B, T = seg.shape
-    q, k, v, ct = _inputs(5, B, T, 12, 2, 64, 64)
-    bs = BlockSizes(win_heads=heads)
-
-    def run(f, args):
-        o, vjp = jax.vjp(f, *args)
-        return (o,) + vjp(ct.astype(o.dtype))
-
-    bf = [x.astype(jnp.bfloat16) for x in (q, k, v)]
-    got = jax.jit(lambda *a: run(lambda x, y, z: local_attention(x, y, z, start, 512, bs), a))(
-        *bf)
-    want = jax.jit(lambda *a: run(lambda x, y, z: masked_local(x, y, z, start, 512), a))(
-        *[x.astype(jnp.float32) for x in bf])
-    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
-        g64 = np.asarray(jnp.asarray(g, jnp.float32), np.float64)
-        w64 = np.asarray(w, np.float64)
-        err = float(np.linalg.norm(g64 - w64) / np.linalg.norm(w64))
-        assert err <= 5e-3, (name, heads, err)

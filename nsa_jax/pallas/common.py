@@ -18,7 +18,6 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.options import KernelChoices
@@ -150,67 +149,15 @@ def dscores(p, do, v, gs, delta, prec):
     return p * (dp - delta[:, None])
 
 
-def stacked_heads(h: int, asked: int) -> int:
-    """Heads of a KV group stacked per tile (``BlockSizes.sel_tile_heads`` / ``win_heads``):
-    the largest power of two <= ``asked`` that divides the group's h (1 for odd h)."""
-    hs = 1
-    while hs * 2 <= asked and h % (hs * 2) == 0:
-        hs *= 2
-    return hs
-
-
-def head_rows(ref, b, rows, hd, ok, heads: int = 1, other=0):
-    """Tile rows of ``ref`` [B,T,Hq(,D)] for the queries ``rows`` (a ``pl.ds`` of bq) and
-    ``heads`` consecutive heads from hd, as [bq * heads(, D)] in (query, head) order: heads of
-    one KV group share a tile's keys and mask, so stacking them makes taller tensor-core tiles.
-    ``heads`` == 1 is the plain [bq(, D)] tile of head hd. Rows where ``ok`` [bq] is False load
-    ``other``."""
-    if heads == 1:
-        view = ref.at[b, rows, hd]
-    else:
-        view = ref.at[b, rows, pl.ds(hd, heads)]
-    x = load(view, ok.reshape(ok.shape + (1,) * (len(view.shape) - 1)), other)
-    return x if heads == 1 else x.reshape((x.shape[0] * heads,) + x.shape[2:])
-
-
-def repeat_rows(x, heads: int):
-    """Per-query values x [bq, ...] -> [bq * heads, ...] in (query, head) order (``head_rows``)."""
-    if heads == 1:
-        return x
-    return jnp.broadcast_to(x[:, None], (x.shape[0], heads) + x.shape[1:]).reshape(
-        (x.shape[0] * heads,) + x.shape[1:])
-
-
-def store_head_rows(ref, b, t, hd, val, ok, heads: int = 1):
-    """Store a tile [bq * heads(, D)] in (query, head) order (``head_rows``) to ref
-    [B,T,Hq(,D)] at queries ``t`` [bq]; rows where ``ok`` is False are not written."""
-    T, bq = ref.shape[1], t.shape[0]
-    t_st = jnp.where(ok, t, T)  # masked rows -> out of bounds (dropped)
-    hds = hd + jnp.arange(heads)
-    if len(ref.shape) == 3:
-        if heads == 1:
-            store(ref.at[b, t_st, hd], val, ok)
-        else:
-            store(ref.at[b, t_st[:, None], hds[None, :]], val.reshape(bq, heads), ok[:, None])
-        return
-    d_ = jnp.arange(ref.shape[-1])
-    if heads == 1:
-        store(ref.at[b, t_st[:, None], hd, d_[None, :]], val, ok[:, None])
-    else:
-        store(ref.at[b, t_st[:, None, None], hds[None, :, None], d_[None, None, :]],
-              val.reshape(bq, heads, ref.shape[-1]), ok[:, None, None])
-
-
-def grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, rows, hd, ok, cdt, heads: int = 1):
-    """A backward tile's per-row operands for the query rows ``rows`` (a ``pl.ds``) of head hd
-    (and the next ``heads - 1`` heads, stacked as ``head_rows``): q, dO (cast to the compute
-    dtype ``cdt``), the output scale gs, the saved base-2 lse (+inf on masked rows, so their
-    recomputed p is 0) and delta; rows where ``ok`` is False load 0."""
-    q = head_rows(q_ref, b, rows, hd, ok, heads)
-    do = head_rows(do_ref, b, rows, hd, ok, heads).astype(cdt)
-    gs = head_rows(gs_ref, b, rows, hd, ok, heads)
-    lse = head_rows(lse_ref, b, rows, hd, ok, heads, POS_INF)
-    delta = head_rows(delta_ref, b, rows, hd, ok, heads)
+def grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, rows, hd, ok, cdt):
+    """A backward tile's per-row operands for the query rows ``rows`` (a ``pl.ds``) of head hd:
+    q, dO (cast to the compute dtype ``cdt``), the output scale gs, the saved base-2 lse (+inf on
+    masked rows, so their recomputed p is 0) and delta; rows where ``ok`` is False load 0."""
+    q = load(q_ref.at[b, rows, hd, :], ok[:, None])
+    do = load(do_ref.at[b, rows, hd, :], ok[:, None]).astype(cdt)
+    gs = load(gs_ref.at[b, rows, hd], ok)
+    lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
+    delta = load(delta_ref.at[b, rows, hd], ok)
     return q, do, gs, lse, delta
 
 
@@ -257,13 +204,8 @@ class BlockSizes:
                   dK/dV kernel: on an H200 at the 125M shape, 64k, 64 rows took 5.1 ms and
                   128 rows 6.4 ms; bench/NOTES.md).
     sel_tile_q:   queries per tile of the tiled selection kernels (rows of one head).
-    sel_tile_heads: heads of one KV group stacked in a tiled-selection tile (rows = sel_tile_q
-                  queries x this many heads; they share the tile's blocks and mask); the
-                  largest power of two <= it that divides the group's h is used.
     win_q, win_keys: queries (rows of one head) and keys per tile of the document-local
                   attention kernels (``local.py``: packed window branch, packed dense).
-    win_heads:    heads of one KV group stacked in a document-local tile (rows = win_q queries
-                  x this many heads), chosen as ``sel_tile_heads``.
     cmp_bwd_keys: compressed keys per tile in the compressed-attention backward (dQ and dK/dV).
     num_warps, num_stages: Triton launch parameters for the tile kernels; sel_warps and
                   sel_stages for the per-query selection kernels (16-row tiles); score_warps
@@ -280,11 +222,9 @@ class BlockSizes:
     sel_chunk: int = 1024
     sel_dq_rows: int = 64
     sel_tile_q: int = 64
-    sel_tile_heads: int = 1
     cmp_bwd_keys: int = 64
     win_q: int = 64
     win_keys: int = 64
-    win_heads: int = 1
     num_warps: int = 4
     num_stages: int = 2
     sel_warps: int = 2
@@ -299,10 +239,6 @@ class BlockSizes:
             v = getattr(self, f)
             if v < MIN_DOT or v & (v - 1):
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
-        for f in ("sel_tile_heads", "win_heads"):
-            v = getattr(self, f)
-            if v < 1 or v & (v - 1):
-                raise ValueError(f"BlockSizes.{f}: must be a power of two >= 1, got {v}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
         for f in ("num_warps", "sel_warps", "score_warps", "topn_warps"):

@@ -38,10 +38,9 @@ from jax.experimental import pallas as pl
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, choices_or_default,
-                                   compiler_params, dot, dot_precision, dscores, grad_rows,
-                                   head_rows, idiv, load, pad_dim, padded_dims, probs,
-                                   repeat_rows, softmax_finish, softmax_init, softmax_step,
-                                   stacked_heads, store, store_head_rows, use_interpret)
+                                   compiler_params, dot, dot_precision, dscores, grad_rows, idiv,
+                                   load, pad_dim, padded_dims, probs, softmax_finish,
+                                   softmax_init, softmax_step, store, use_interpret)
 
 
 def doc_last(start) -> jax.Array:
@@ -76,22 +75,20 @@ def _key_tiles(qt, st, bq: int, bk: int, w: int, T: int):
     return k0, idiv(hi + (bk - 1), bk) - k0
 
 
-def _q_program(T: int, bq: int, hs: int):
-    """(first head, batch, query tile) on grid (Hq / hs, B, n_tiles) (hs heads per program,
-    stacked as rows: ``common.head_rows``); tiles last to first (without a window the last
-    tiles of a long document are the longest programs: they start first)."""
-    return pl.program_id(0) * hs, pl.program_id(1), cdiv(T, bq) - 1 - pl.program_id(2)
+def _q_program(T: int, bq: int):
+    """(head, batch, query tile) on grid (Hq, B, n_tiles); tiles last to first (without a window
+    the last tiles of a long document are the longest programs: they start first)."""
+    return pl.program_id(0), pl.program_id(1), cdiv(T, bq) - 1 - pl.program_id(2)
 
 
 # ---- forward -----------------------------------------------------------------------------------
-def _fwd_kernel(start_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, h, hs, bq, bk, w, scale,
-                prec):
+def _fwd_kernel(start_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, h, bq, bk, w, scale, prec):
     T, Dv = q_ref.shape[1], v_ref.shape[-1]
-    hd, b, qt = _q_program(T, bq, hs)
+    hd, b, qt = _q_program(T, bq)
     g = idiv(hd, h)
     t, ok = _rows(qt, bq, T)
     rows = pl.ds(qt * bq, bq)
-    q = head_rows(q_ref, b, rows, hd, ok, hs)
+    q = load(q_ref.at[b, rows, hd, :], ok[:, None])
     st = load(start_ref.at[b, rows], ok, other=T)  # padding rows: start T, see nothing
     k0, nk = _key_tiles(qt, st, bq, bk, w, T)
     c = scale * LOG2E
@@ -102,15 +99,17 @@ def _fwd_kernel(start_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, h, hs, bq, bk
         kok = kpos < T
         k = load(k_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
         v = load(v_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
-        s = jnp.where(repeat_rows(_visible(t, kpos, st, w, T), hs),
-                      dot(q, k, trans_b=True, precision=prec) * c, NEG_INF)
+        s = jnp.where(_visible(t, kpos, st, w, T), dot(q, k, trans_b=True, precision=prec) * c,
+                      NEG_INF)
         m, alpha, p, lsum = softmax_step(m, lsum, s)
         return m, lsum, acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
 
-    m, lsum, acc = lax.fori_loop(0, nk, body, softmax_init(bq * hs, Dv))
+    m, lsum, acc = lax.fori_loop(0, nk, body, softmax_init(bq, Dv))
     l_safe, lse = softmax_finish(m, lsum)
-    store_head_rows(o_ref, b, t, hd, acc / l_safe[:, None], ok, hs)
-    store_head_rows(lse_ref, b, t, hd, lse, ok, hs)
+    t_st = jnp.where(ok, t, T)  # masked rows -> out of bounds (dropped)
+    dv_ = jnp.arange(Dv)
+    store(o_ref.at[b, t_st[:, None], hd, dv_[None, :]], acc / l_safe[:, None], ok[:, None])
+    store(lse_ref.at[b, t_st, hd], lse, ok)
 
 
 def local_forward(q, k, v, start, window: int | None, bs: BlockSizes, scale: float,
@@ -119,12 +118,11 @@ def local_forward(q, k, v, start, window: int | None, bs: BlockSizes, scale: flo
     [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of the scaled logits)."""
     B, T, Hq, _ = q.shape
     G, Dv = k.shape[2], v.shape[-1]
-    hs = stacked_heads(Hq // G, bs.win_heads)
-    kern = functools.partial(_fwd_kernel, h=Hq // G, hs=hs, bq=bs.win_q, bk=bs.win_keys,
+    kern = functools.partial(_fwd_kernel, h=Hq // G, bq=bs.win_q, bk=bs.win_keys,
                              w=_span(window, T), scale=scale,
                              prec=dot_precision(q.dtype, interpret, choices))
     return pl.pallas_call(
-        kern, grid=(Hq // hs, B, cdiv(T, bs.win_q)),
+        kern, grid=(Hq, B, cdiv(T, bs.win_q)),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
@@ -134,15 +132,15 @@ def local_forward(q, k, v, start, window: int | None, bs: BlockSizes, scale: flo
 
 # ---- backward: dQ ------------------------------------------------------------------------------
 def _dq_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, dq_ref, *, h,
-               hs, bq, bk, w, scale, prec):
+               bq, bk, w, scale, prec):
     T, Dk = q_ref.shape[1], q_ref.shape[-1]
-    hd, b, qt = _q_program(T, bq, hs)
+    hd, b, qt = _q_program(T, bq)
     g = idiv(hd, h)
     cdt = q_ref.dtype
     t, ok = _rows(qt, bq, T)
     rows = pl.ds(qt * bq, bq)
     q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
-                                      b, rows, hd, ok, cdt, hs)
+                                      b, rows, hd, ok, cdt)
     st = load(start_ref.at[b, rows], ok, other=T)
     k0, nk = _key_tiles(qt, st, bq, bk, w, T)
     c = scale * LOG2E
@@ -152,18 +150,19 @@ def _dq_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_re
         kok = kpos < T
         k = load(k_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
         v = load(v_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
-        p = probs(dot(q, k, trans_b=True, precision=prec) * c,
-                  repeat_rows(_visible(t, kpos, st, w, T), hs), lse)
+        p = probs(dot(q, k, trans_b=True, precision=prec) * c, _visible(t, kpos, st, w, T), lse)
         ds = dscores(p, do, v, gs, delta, prec)
         return dq + dot(ds.astype(cdt), k, precision=prec)
 
-    dq = lax.fori_loop(0, nk, body, jnp.zeros((bq * hs, Dk), jnp.float32))
-    store_head_rows(dq_ref, b, t, hd, dq * scale, ok, hs)
+    dq = lax.fori_loop(0, nk, body, jnp.zeros((bq, Dk), jnp.float32))
+    t_st = jnp.where(ok, t, T)
+    dk_ = jnp.arange(Dk)
+    store(dq_ref.at[b, t_st[:, None], hd, dk_[None, :]], dq * scale, ok[:, None])
 
 
 # ---- backward: dK/dV ---------------------------------------------------------------------------
 def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref,
-                dk_ref, dv_ref, *, h, hs, bq, bk, w, scale, prec):
+                dk_ref, dv_ref, *, h, bq, bk, w, scale, prec):
     g, b, kt = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     T, Dk, Dv = q_ref.shape[1], q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
@@ -184,19 +183,19 @@ def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
         t, ok = _rows(qt, bq, T)
         rows = pl.ds(qt * bq, bq)
         st = load(start_ref.at[b, rows], ok, other=T)
-        vis = repeat_rows(_visible(t, kpos, st, w, T), hs)
+        vis = _visible(t, kpos, st, w, T)
 
-        def head(j, carry):   # hs heads at a time, stacked as rows (query, head)
+        def head(j, carry):
             dk, dv = carry
-            hd = g * h + j * hs
+            hd = g * h + j
             q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
-                                              b, rows, hd, ok, cdt, hs)
+                                              b, rows, hd, ok, cdt)
             p = probs(dot(q, k, trans_b=True, precision=prec) * c, vis, lse)
             dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
             ds = dscores(p, do, v, gs, delta, prec)
             return dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec), dv
 
-        return lax.fori_loop(0, h // hs, head, carry)
+        return lax.fori_loop(0, h, head, carry)
 
     dk, dv = lax.fori_loop(0, nq, tile, (jnp.zeros((bk, Dk), jnp.float32),
                                          jnp.zeros((bk, Dv), jnp.float32)))
@@ -214,12 +213,11 @@ def local_backward(q, k, v, start, o, lse, do, gs, window: int | None, bs: Block
     G, Dv = k.shape[2], v.shape[-1]
     gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)
-    hs = stacked_heads(Hq // G, bs.win_heads)
-    kw = dict(h=Hq // G, hs=hs, bq=bs.win_q, bk=bs.win_keys, w=_span(window, T), scale=scale,
+    kw = dict(h=Hq // G, bq=bs.win_q, bk=bs.win_keys, w=_span(window, T), scale=scale,
               prec=dot_precision(q.dtype, interpret, choices))
     cp = compiler_params(bs.num_warps, bs.num_stages)
     dq = pl.pallas_call(
-        functools.partial(_dq_kernel, **kw), grid=(Hq // hs, B, cdiv(T, bs.win_q)),
+        functools.partial(_dq_kernel, **kw), grid=(Hq, B, cdiv(T, bs.win_q)),
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),
         compiler_params=cp, interpret=interpret, name="nsa_local_bwd_dq",
     )(start, q, k, v, do, gs, lse, delta)

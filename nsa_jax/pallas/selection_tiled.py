@@ -58,19 +58,13 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, compiler_params, dot,
-                                   dot_precision, dscores, grad_rows, head_rows, idiv, load,
-                                   next_pow2, probs, repeat_rows, sel_sub_tiles, softmax_finish,
-                                   softmax_init, softmax_step, stacked_heads, store,
-                                   store_head_rows)
+                                   dot_precision, dscores, grad_rows, idiv, load, next_pow2,
+                                   probs, sel_sub_tiles, softmax_finish, softmax_init,
+                                   softmax_step, store)
 
 
 def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
     return sel_sub_tiles(cfg.sel_block, bs.sel_keys)
-
-
-def tile_heads(h: int, bs: BlockSizes) -> int:
-    """Heads stacked per tile: ``common.stacked_heads`` of ``BlockSizes.sel_tile_heads``."""
-    return stacked_heads(h, bs.sel_tile_heads)
 
 
 def _aligned_blocks(jj, start, T: int, l_sel: int, Ts: int):
@@ -170,11 +164,11 @@ def _starts(st_ref, b, qt, bq: int, ok):
     return load(st_ref.at[b, pl.ds(qt * bq, bq)], ok)
 
 
-def _tile_program(T: int, bq: int, hs: int):
-    """(first head, batch, query tile) of a forward / dQ program on grid (Hq / hs, B, n_tiles)
-    (hs heads per program). The launch order runs the grid's first axis fastest, so tiles go
-    last to first: later tiles see more blocks, and the longest programs start first."""
-    return pl.program_id(0) * hs, pl.program_id(1), cdiv(T, bq) - 1 - pl.program_id(2)
+def _tile_program(T: int, bq: int):
+    """(head, batch, query tile) of a forward / dQ program on grid (Hq, B, n_tiles). The
+    launch order runs the grid's first axis fastest, so tiles go last to first: later tiles
+    see more blocks, and the longest programs start first."""
+    return pl.program_id(0), pl.program_id(1), cdiv(T, bq) - 1 - pl.program_id(2)
 
 
 def _tile_rows(qt, bq: int, T: int):
@@ -183,17 +177,17 @@ def _tile_rows(qt, bq: int, T: int):
 
 
 # ---- forward ---------------------------------------------------------------------------------
-def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, *refs, h, hs, bq, l_sel,
-                bk, n_sub, scale, prec, packed=False):
+def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, *refs, h, bq, l_sel, bk,
+                n_sub, scale, prec, packed=False):
     if packed:
         st_ref, o_ref, lse_ref = refs
     else:
         o_ref, lse_ref = refs
     T, Dv = q_ref.shape[1], v_ref.shape[-1]
-    hd, b, qt = _tile_program(T, bq, hs)
+    hd, b, qt = _tile_program(T, bq)
     g = idiv(hd, h)
     t, ok = _tile_rows(qt, bq, T)
-    q = head_rows(q_ref, b, pl.ds(qt * bq, bq), hd, ok, hs)   # [bq * hs, Dk]
+    q = load(q_ref.at[b, pl.ds(qt * bq, bq), hd, :], ok[:, None])
     sel = load(idx_ref.at[b, pl.ds(qt * bq, bq), g, :], ok[:, None], other=-1)
     st = _starts(st_ref, b, qt, bq, ok) if packed else None
     c = scale * LOG2E
@@ -210,16 +204,18 @@ def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, *refs, h, 
             k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
             v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
             s = dot(q, k, trans_b=True, precision=prec) * c
-            vis = repeat_rows(_visible(rule, t, kpos, kvalid), hs)
+            vis = _visible(rule, t, kpos, kvalid)
             s = jnp.where(vis, s, NEG_INF)
             m, alpha, p, lsum = softmax_step(m, lsum, s)
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
         return m, lsum, acc
 
-    m, lsum, acc = lax.fori_loop(0, bcount_ref[b, g, qt], block, softmax_init(bq * hs, Dv))
+    m, lsum, acc = lax.fori_loop(0, bcount_ref[b, g, qt], block, softmax_init(bq, Dv))
     l_safe, lse = softmax_finish(m, lsum)
-    store_head_rows(o_ref, b, t, hd, acc / l_safe[:, None], ok, hs)
-    store_head_rows(lse_ref, b, t, hd, lse, ok, hs)
+    t_st = jnp.where(ok, t, T)  # masked rows -> out of bounds (dropped)
+    dv_ = jnp.arange(Dv)
+    store(o_ref.at[b, t_st[:, None], hd, dv_[None, :]], acc / l_safe[:, None], ok[:, None])
+    store(lse_ref.at[b, t_st, hd], lse, ok)
 
 
 def _seg_args(seg):
@@ -239,12 +235,11 @@ def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
     bk, n_sub = _sub_tiles(cfg, bs)
     segs = _seg_args(seg)
     blocks, bcount, _, _ = tile_index(idx, T, cfg, bq, *segs)
-    hs = tile_heads(Hq // G, bs)
-    kern = functools.partial(_fwd_kernel, h=Hq // G, hs=hs, bq=bq, l_sel=cfg.sel_block, bk=bk,
+    kern = functools.partial(_fwd_kernel, h=Hq // G, bq=bq, l_sel=cfg.sel_block, bk=bk,
                              n_sub=n_sub, scale=scale,
                              prec=dot_precision(q.dtype, interpret, choices), packed=bool(segs))
     return pl.pallas_call(
-        kern, grid=(Hq // hs, B, cdiv(T, bq)),
+        kern, grid=(Hq, B, cdiv(T, bq)),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
@@ -254,19 +249,19 @@ def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
 
 # ---- backward: dQ ------------------------------------------------------------------------------
 def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref,
-                   delta_ref, *refs, h, hs, bq, l_sel, bk, n_sub, scale, prec, packed=False):
+                   delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec, packed=False):
     if packed:
         st_ref, dq_ref = refs
     else:
         (dq_ref,) = refs
     T, Dk = q_ref.shape[1], q_ref.shape[-1]
-    hd, b, qt = _tile_program(T, bq, hs)
+    hd, b, qt = _tile_program(T, bq)
     g = idiv(hd, h)
     cdt = q_ref.dtype
     t, ok = _tile_rows(qt, bq, T)
     rows = pl.ds(qt * bq, bq)
     q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
-                                      b, rows, hd, ok, cdt, hs)     # [bq * hs, ...]
+                                      b, rows, hd, ok, cdt)
     sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
     st = _starts(st_ref, b, qt, bq, ok) if packed else None
     c = scale * LOG2E
@@ -282,19 +277,21 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
             k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
             v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
             s = dot(q, k, trans_b=True, precision=prec) * c
-            vis = repeat_rows(_visible(rule, t, kpos, kvalid), hs)
+            vis = _visible(rule, t, kpos, kvalid)
             p = probs(s, vis, lse)
             ds = dscores(p, do, v, gs, delta, prec)
             dq = dq + dot(ds.astype(cdt), k, precision=prec)
         return dq
 
-    dq = lax.fori_loop(0, bcount_ref[b, g, qt], block, jnp.zeros((bq * hs, Dk), jnp.float32))
-    store_head_rows(dq_ref, b, t, hd, dq * scale, ok, hs)
+    dq = lax.fori_loop(0, bcount_ref[b, g, qt], block, jnp.zeros((bq, Dk), jnp.float32))
+    t_st = jnp.where(ok, t, T)
+    dk_ = jnp.arange(Dk)
+    store(dq_ref.at[b, t_st[:, None], hd, dk_[None, :]], dq * scale, ok[:, None])
 
 
 # ---- backward: dK/dV ---------------------------------------------------------------------------
 def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref,
-                    delta_ref, *refs, h, hs, bq, l_sel, bk, n_sub, scale, prec, packed=False):
+                    delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec, packed=False):
     if packed:
         st_ref, dk_ref, dv_ref = refs
     else:
@@ -320,13 +317,13 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
             rows = pl.ds(qt * bq, bq)
             sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
             st = _starts(st_ref, b, qt, bq, ok) if packed else None
-            vis = repeat_rows(_visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid), hs)
+            vis = _visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid)
 
-            def head(i, carry):   # hs heads at a time, stacked as rows (query, head)
+            def head(i, carry):
                 dk, dv = carry
-                hd = g * h + i * hs
+                hd = g * h + i
                 q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
-                                                  b, rows, hd, ok, cdt, hs)
+                                                  b, rows, hd, ok, cdt)
                 s = dot(q, k, trans_b=True, precision=prec) * c
                 p = probs(s, vis, lse)
                 dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
@@ -334,7 +331,7 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
                 dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
                 return dk, dv
 
-            return lax.fori_loop(0, h // hs, head, carry)
+            return lax.fori_loop(0, h, head, carry)
 
         dk, dv = lax.fori_loop(0, count, tile, (jnp.zeros((bk, Dk), jnp.float32),
                                                 jnp.zeros((bk, Dv), jnp.float32)))
@@ -346,8 +343,7 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
 def _bwd_common(q, k, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool,
                 choices=None, seg=None):
     bk, n_sub = _sub_tiles(cfg, bs)
-    h = q.shape[2] // k.shape[2]
-    return dict(h=h, hs=tile_heads(h, bs), bq=bs.sel_tile_q, l_sel=cfg.sel_block, bk=bk,
+    return dict(h=q.shape[2] // k.shape[2], bq=bs.sel_tile_q, l_sel=cfg.sel_block, bk=bk,
                 n_sub=n_sub, scale=scale, prec=dot_precision(q.dtype, interpret, choices),
                 packed=seg is not None)
 
@@ -358,10 +354,10 @@ def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAC
     lists, float32 ``gs`` and ``delta = gs * rowsum(o * do)`` (``seg``: packed rows' layout,
     the one ``tile_index`` was given)."""
     B, T, Hq, Dk = q.shape
-    kw = _bwd_common(q, k, cfg, bs, scale, interpret, choices, seg)
     return pl.pallas_call(
-        functools.partial(_bwd_dq_kernel, **kw),
-        grid=(Hq // kw["hs"], B, cdiv(T, bs.sel_tile_q)),
+        functools.partial(_bwd_dq_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret,
+                                                        choices, seg)),
+        grid=(Hq, B, cdiv(T, bs.sel_tile_q)),
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dq",
