@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call (issue 15/16, 2026-11-23 sixth session): heads stacked per tile in the tiled
-# (Record of the call that measured them: sel_tile_heads / win_heads were removed after it, see
-# bench/NOTES.md "Heads of a group stacked per tile"; the variants other than "" no longer exist.)
 # selection and document-local kernels. GPU parity (bf16 vs float32) with 1 and 2 heads per tile,
 # then the kernels timed per variant in one process. JSON under $OUT.
+# (Record of the call that measured them: sel_tile_heads / win_heads were removed after it, see
+# bench/NOTES.md "Heads of a group stacked per tile"; the variants other than "" no longer exist.)
 set -u
 OUT=${OUT:-/tmp/nsa_heads}; mkdir -p "$OUT"; export PYTHONPATH=. PYTHONUNBUFFERED=1
 LOG="$OUT/heads.log"; rc=0
