@@ -134,7 +134,7 @@ def window_bench(a, T, seg, docs):
     def fb(s):
         def f(q, k, v, ct):
             o, vjp = jax.vjp(lambda *x: window_attention(*x, cfg, False, seg=s), q, k, v)
-            return o, vjp(ct.astype(o.dtype))
+            return o, vjp(ct.astype(jnp.float32))
         return jax.jit(f)
 
     compare(a, "window", T, docs, fb(None), fb(lay), (q, k, v, ct))

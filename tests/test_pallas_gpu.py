@@ -290,9 +290,8 @@ def test_cmp_attn_cudnn_matches_f32_reference(shape, T):
     from nsa_jax.pallas.compressed import cmp_forward
     Hq, G, D = SHAPES[shape]
     args, cot = _inputs(T + 11, T, Hq, G, D, jnp.bfloat16)
-    o_c, lse = jax.jit(lambda q, kc, vc: cmp_attention_grouped(q, kc, vc, CFG, "cudnn"))(
+    _, lse = jax.jit(lambda q, kc, vc: cmp_attention_grouped(q, kc, vc, CFG, "cudnn"))(
         *args[:3])
-    assert o_c.dtype == jnp.bfloat16   # cuDNN's output, not widened (half the regrouping bytes)
     _, want = jax.jit(lambda q, kc: cmp_forward(q, kc, None, CFG, BlockSizes(), 1 / math.sqrt(D),
                                                 False))(args[0], args[1])
     fin = np.isfinite(np.asarray(want))

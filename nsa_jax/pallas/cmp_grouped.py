@@ -9,10 +9,8 @@ keys i <= c. Rows past the last query and keys past Tc are padding (a query row 
 a key >= Tc under the causal mask; padded query rows are dropped). Queries t < l - 1 get o = 0
 and lse = +inf, as in the Pallas kernels.
 
-Returns o and the base-2 log-sum-exp of the scaled logits (the selection scores, Eq. 9, need
-it; not differentiated). o stays in the attention's output dtype (bf16/fp16 from cuDNN, float32
-from XLA): regrouping it to token order and saving it for the gate gradient then move half the
-bytes of a float32 copy (bench/NOTES.md, sixth session). Two implementations:
+Returns o (float32) and the base-2 log-sum-exp of the scaled logits (the selection scores,
+Eq. 9, need it; not differentiated). Two implementations:
 
 * ``"cudnn"``: cuDNN fused attention, forward and backward (``return_residual`` gives the
   natural-log lse, converted to base 2). GPU, bf16/fp16, head dims <= 128 and multiples of 8.
@@ -153,16 +151,14 @@ def _cudnn_causal(qg, k, v, scale: float, lo=None):
         mask = (i[None, None, :] >= lo[:, :, None])[:, None]                 # [B,1,Tq,Tq]
     o, lse = cudnn_attn(qg, k, v, mask=mask, scale=scale, mask_type=MaskType.CAUSAL,
                         return_residual=True)
-    # o in qg's dtype (cuDNN's output; a float32 copy would only double the regrouping bytes);
     # the residual is [B, N, Tq] (softmax statistics of the BTNH call), natural log
-    return o, jnp.swapaxes(jax.lax.stop_gradient(lse), 1, 2)
+    return o.astype(jnp.float32), jnp.swapaxes(jax.lax.stop_gradient(lse), 1, 2)
 
 
 def cmp_attention_grouped(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision=None,
                           seg: semantics.SegmentLayout | None = None):
-    """q [B,T,Hq,Dk], k_cmp/v_cmp [B,Tc,G,D] -> (o_cmp [B,T,Hq,Dv], lse2 float32 [B,T,Hq]:
-    base-2 log-sum-exp of the scaled logits, +inf where no block is visible). o_cmp is q's dtype
-    with ``"cudnn"`` (cuDNN's output, not widened) and float32 with ``"xla"``.
+    """q [B,T,Hq,Dk], k_cmp/v_cmp [B,Tc,G,D] -> (o_cmp float32 [B,T,Hq,Dv], lse2 float32
+    [B,T,Hq]: base-2 log-sum-exp of the scaled logits, +inf where no block is visible).
     Differentiable in q, k_cmp, v_cmp through o_cmp (lse2 is not). ``precision``: XLA matmul
     precision of the ``"xla"`` path's float32 einsums. ``seg``: packed rows' layout (module
     docstring; None = one document per row)."""
@@ -170,7 +166,7 @@ def cmp_attention_grouped(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision=
     Tc, G = k_cmp.shape[1], k_cmp.shape[2]
     Dv = v_cmp.shape[-1]
     if Tc == 0:
-        return (jnp.zeros((B, T, Hq, Dv), q.dtype if impl == "cudnn" else jnp.float32),
+        return (jnp.zeros((B, T, Hq, Dv), jnp.float32),
                 jnp.full((B, T, Hq), POS_INF, jnp.float32))
     if impl not in ("cudnn", "xla"):
         raise ValueError(f"impl must be 'cudnn' or 'xla', got {impl!r}")

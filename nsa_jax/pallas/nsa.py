@@ -232,7 +232,7 @@ def _nsa_bwd(st: _Static, resid, dout):
     if "cmp_grouped" in res:
         o_c, cmp_vjp = res["cmp_grouped"]
         dgates[0] = jnp.sum(o_c * dout32, axis=-1)
-        dq_c, dkc, dvc = cmp_vjp((g[..., 0:1] * dout32).astype(o_c.dtype))
+        dq_c, dkc, dvc = cmp_vjp(g[..., 0:1] * dout32)
         dq = dq + pad_dim(dq_c.astype(jnp.float32), Dkp)
     if "cmp" in res:
         o_c, lse_c = res["cmp"]
@@ -259,7 +259,7 @@ def _nsa_bwd(st: _Static, resid, dout):
     if "win" in res:
         o_w, win_vjp = res["win"]
         dgates[2] = jnp.sum(o_w * dout32, axis=-1)
-        dq_w, dkw, dvw = win_vjp((g[..., 2:3] * dout32).astype(o_w.dtype))
+        dq_w, dkw, dvw = win_vjp(g[..., 2:3] * dout32)
         dq = dq + dq_w.astype(jnp.float32)
     dg = jnp.stack(dgates, axis=-1).astype(gates.dtype)
     return (dq.astype(q.dtype), dkc[..., :Dk], dvc[..., :Dv], dks[..., :Dk], dvs[..., :Dv],

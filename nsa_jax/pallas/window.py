@@ -52,10 +52,8 @@ def _masked_window(q, k, v, cfg: NSAConfig, precision):
 def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
                      choices: KernelChoices | None = None, seg=None,
                      block_sizes: BlockSizes | None = None):
-    """q [B,T,Hq,D], k/v [B,T,G,D] -> o [B,T,Hq,Dv]: q's dtype from cuDNN (its output, not
-    widened: the copy saved for the gate gradient stays half-size), float32 otherwise;
-    ``seg``: packed rows' layout; ``block_sizes``: tiles of the document-local kernel (None = by
-    shape)."""
+    """q [B,T,Hq,D], k/v [B,T,G,D] -> o float32 [B,T,Hq,Dv]; ``seg``: packed rows' layout;
+    ``block_sizes``: tiles of the document-local kernel (None = by shape)."""
     if seg is not None:
         return local_attention(q, k, v, seg.start, cfg.window, block_sizes,
                                interpret=interpret, choices=choices)
@@ -71,7 +69,7 @@ def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
         o = jax.nn.dot_product_attention(
             q, k, v, is_causal=True, scale=1.0 / math.sqrt(q.shape[-1]),
             local_window_size=(cfg.window - 1, 0), implementation="cudnn")
-        return o[:, :T]
+        return o[:, :T].astype(jnp.float32)
     if not interpret:
         return local_attention(q, k, v, None, cfg.window, block_sizes, interpret=False,
                                choices=choices)
