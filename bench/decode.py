@@ -269,17 +269,30 @@ def main(argv=None) -> int:
                          f"{pt['hlo']['temp_bytes'] / 1e6:.1f} MB" if "hlo" in pt else ""),
                       flush=True)
                 save()
-    by = {(p["model"], p["context"], p["batch"]): p for p in result["points"] if "step_ms" in p}
-    result["speedup_nsa_vs_dense"] = [
+    result["speedup_nsa_vs_dense"] = speedups(result["points"])
+    save()
+    print_speedups(result)
+    print(f"wrote {out}")
+    return 0
+
+
+def speedups(points) -> list[dict]:
+    """dense / NSA time ratios (synced step, stream, loop) at every (context, batch) that has a
+    point of both models, in context then batch order."""
+    by = {(p["model"], p["context"], p["batch"]): p for p in points if "step_ms" in p}
+    keys = sorted({(N, B) for (_, N, B) in by})
+    return [
         {"context": N, "batch": B,
          "dense_over_nsa": by[("dense_125m", N, B)]["step_ms"] / by[("nsa_125m", N, B)]["step_ms"],
          "dense_over_nsa_stream": by[("dense_125m", N, B)]["stream_ms"]
          / by[("nsa_125m", N, B)]["stream_ms"],
          "dense_over_nsa_loop": by[("dense_125m", N, B)]["loop_ms"]
          / by[("nsa_125m", N, B)]["loop_ms"]}
-        for N in contexts for B in batches
-        if ("dense_125m", N, B) in by and ("nsa_125m", N, B) in by]
-    save()
+        for N, B in keys if ("dense_125m", N, B) in by and ("nsa_125m", N, B) in by]
+
+
+def print_speedups(result) -> None:
+    by = {(p["model"], p["context"], p["batch"]): p for p in result["points"] if "step_ms" in p}
     print("\n  N      B   nsa ms   dense ms  dense/nsa (synced)  dense/nsa (stream)  "
           "nsa loop ms  dense loop ms  dense/nsa (loop)")
     for r in result["speedup_nsa_vs_dense"]:
@@ -289,8 +302,6 @@ def main(argv=None) -> int:
               f"{r['dense_over_nsa_stream']:14.2f}x "
               f"{by[('nsa_125m', N, B)]['loop_ms']:12.3f} "
               f"{by[('dense_125m', N, B)]['loop_ms']:14.3f} {r['dense_over_nsa_loop']:12.2f}x")
-    print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":
