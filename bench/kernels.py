@@ -239,7 +239,7 @@ def smoke(log):
 
 
 def _tiled_name(bq, var):
-    short = {"sel_tile_heads": "h", "num_warps": "w", "num_stages": "s", "sel_keys": "k"}
+    short = {"num_warps": "w", "num_stages": "s", "sel_keys": "k"}
     return f"tiled{bq}" + "".join(f"_{short.get(k, k)}{v}" for k, v in var.items())
 
 
@@ -404,14 +404,16 @@ def sweep(shape, T, reps, log):
     return {"shape": shape, "T": T, "reps": reps, "base": dataclasses.asdict(base), "runs": out}
 
 
-def _parse_var(spec: str) -> dict:
-    """"f=v,g=w" -> {f: int(v), g: int(w)} (BlockSizes fields); "" -> {}."""
+def fields(specs, cls):
+    """["f=v", ...] -> {f: v} with v typed like the dataclass default (``--tiled-vars`` takes
+    one comma-joined list per variant; bench/profile_op.py, score_topn.py, window_tiles.py)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     out = {}
-    for item in filter(None, spec.split(",")):
-        k, v = item.split("=", 1)
-        if k not in {f.name for f in dataclasses.fields(BlockSizes)}:
-            raise SystemExit(f"--tiled-vars: BlockSizes has no field {k!r}")
-        out[k] = int(v)
+    for spec in specs or ():
+        f, v = spec.split("=", 1)
+        if f not in defaults:
+            raise SystemExit(f"{cls.__name__} has no field {f!r}")
+        out[f] = type(defaults[f])(v)
     return out
 
 
@@ -464,7 +466,8 @@ def main(argv=None):
                 B = max(1, a.tokens // T)
                 t0 = time.time()
                 new = bench_sel_impls(shape, T, B, a.sel_impl, a.sel_tile_q, a.reps, log,
-                                      [_parse_var(v) for v in a.tiled_vars])
+                                      [fields(filter(None, v.split(",")), BlockSizes)
+                                       for v in a.tiled_vars])
                 print_sel_table(new)
                 log(f"   ({time.time() - t0:.0f} s)")
                 names = {r["sel_impl"] for r in new}

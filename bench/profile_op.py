@@ -21,23 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
 
-from kernels import CFG, SHAPES, make_inputs  # noqa: E402
+from kernels import CFG, SHAPES, fields, make_inputs  # noqa: E402
 from profile_step import load_trace, summarise  # noqa: E402
 
 from nsa_jax.nsa import KernelChoices, nsa_attention  # noqa: E402
 from nsa_jax.pallas.common import BlockSizes  # noqa: E402
-
-
-def fields(specs, cls):
-    """["f=v", ...] -> {f: v} with v typed like the dataclass default."""
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-    out = {}
-    for spec in specs or ():
-        f, v = spec.split("=", 1)
-        if f not in defaults:
-            raise SystemExit(f"{cls.__name__} has no field {f!r}")
-        out[f] = type(defaults[f])(v)
-    return out
 
 
 def main(argv=None):

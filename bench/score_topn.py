@@ -26,7 +26,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from kernels import CFG, INTERP, SHAPES, make_inputs, timed  # noqa: E402
-from profile_op import fields  # noqa: E402
+from kernels import fields  # noqa: E402
 
 from nsa_jax.pallas.common import BlockSizes  # noqa: E402
 from nsa_jax.pallas.compressed import cmp_block_scores, cmp_forward  # noqa: E402

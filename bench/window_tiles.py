@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import _parse_var, timed  # noqa: E402
+from kernels import fields, timed  # noqa: E402
 from packed import doc_lengths  # noqa: E402
 
 from nsa_jax.nsa import NSAConfig, semantics  # noqa: E402
@@ -37,7 +37,8 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--variants", nargs="+", metavar="F=V,...")
     a = p.parse_args(argv)
-    variants = [_parse_var(v) for v in a.variants] if a.variants else VARIANTS
+    variants = ([fields(filter(None, v.split(",")), BlockSizes) for v in a.variants]
+                if a.variants else VARIANTS)
     cfg, T = NSAConfig(), a.T
     rng = np.random.default_rng(3)
     q, k, v, ct = (jnp.asarray(rng.standard_normal((1, T, n, 64)), jnp.bfloat16)
