@@ -231,7 +231,11 @@ def _nsa_bwd(st: _Static, resid, dout):
     dkc, dvc, dks, dvs, dkw, dvw = zeros
     if "cmp_grouped" in res:
         o_c, cmp_vjp = res["cmp_grouped"]
-        dgates[0] = jnp.sum(o_c * dout32, axis=-1)
+        # kept out of the final stack: left to XLA, this sum was fused into its concatenate
+        # (one thread per output walking the transposed grouped o_cmp: 0.21 ms per layer on an
+        # H200 at 2k/8k; a barrier on all three sums moved the 64k peak past 26.8 GB;
+        # bench/NOTES.md, seventh session)
+        dgates[0] = jax.lax.optimization_barrier(jnp.sum(o_c * dout32, axis=-1))
         dq_c, dkc, dvc = cmp_vjp(g[..., 0:1] * dout32)
         dq = dq + pad_dim(dq_c.astype(jnp.float32), Dkp)
     if "cmp" in res:
