@@ -299,7 +299,7 @@ def test_f32_dot_choice_sets_every_float32_matmul_precision():
 
 @pytest.mark.parametrize("T,cfg,packed,bs", [
     (700, TINY, False, None),       # Ts = 44 -> width buckets 16, 32, 64; B = 2 rows
-    (700, TINY, True, None),        # packed: one full-width bucket, document-relative t
+    (700, TINY, True, None),        # packed: the same buckets, document-relative t
     (300, dataclasses.replace(TINY, n_sel=6, n_init=2, n_local=3), False,
      BlockSizes(topn_elems=256, topn_warps=2)),   # several rows per program
     (40, dataclasses.replace(TINY, n_sel=6, n_init=2, n_local=3), False, None),  # k=3 < 5 forced

@@ -17,7 +17,9 @@ longer than ``MAX_ROW`` (Ts padded; T > ~1M tokens at l' = 64) do not fit one pr
 through ``semantics.topn_from_scores`` (``lax.top_k``, same result).
 
 Packed documents: ``rel`` [B,T] (the document-relative position r(t)) replaces t, so candidates
-and forced blocks are the query's own document's blocks and the ids document-relative.
+and forced blocks are the query's own document's blocks and the ids document-relative. Their rows
+take the same width buckets: r(t) <= t, so a query t < w*l' has at most w candidates in its
+document too.
 """
 from __future__ import annotations
 
@@ -88,11 +90,9 @@ def _topn_kernel(sc_ref, *refs, rows, width, t0, n_bucket, T, G, k, n_sel, n_ini
           jnp.full((rows, slot.shape[0]), -1, jnp.int32), pad)
 
 
-def _buckets(T: int, tsp: int, l_sel: int, packed: bool):
-    """[(t0, t1, width)]: query ranges whose candidates fit ``width`` columns (one full-width
-    range for packed rows, whose positions are document-relative)."""
-    if packed:
-        return [(0, T, tsp)]
+def _buckets(T: int, tsp: int, l_sel: int):
+    """[(t0, t1, width)]: query ranges whose candidates fit ``width`` columns (packed rows too:
+    a document-relative position is at most the row position)."""
     out, t0, w = [], 0, min(MIN_WIDTH, tsp)
     while t0 < T:
         t1 = T if w >= tsp else min(T, w * l_sel)   # t < w*l' <=> floor(t/l') < w
@@ -114,7 +114,7 @@ def topn_pallas(scores, cfg: NSAConfig, interpret: bool, rel=None, bs: BlockSize
     N = B * T * G
     sc = scores.reshape(N, Ts).astype(jnp.float32)
     ids = jnp.zeros((N, cfg.n_sel), jnp.int32)   # every row is written by its bucket
-    for t0, t1, width in _buckets(T, tsp, cfg.sel_block, rel is not None):
+    for t0, t1, width in _buckets(T, tsp, cfg.sel_block):
         rows = max(1, min(64, bs.topn_elems // width))
         n_bucket = (t1 - t0) * G
         kern = functools.partial(
