@@ -10,10 +10,11 @@ to find where packing costs. Prints one JSON line per (attention, T, mode) and t
 packed/unpacked speed ratio (target >= 0.9). ``--cmp-attn``: ``KernelChoices.cmp_attn`` of the NSA
 and parts runs (several values: each one run and labelled; default the product's "auto");
 ``--packed-sel``: ``sel_fwd``/``sel_dq`` of the packed NSA run (query- or block-major selection
-kernels; default "auto", the product's choice for packed rows).
+kernels; default "auto", the product's choice for packed rows); ``--packed-choices k=v ...``: more
+``KernelChoices`` fields of the packed NSA run (e.g. ``sel_impl=tiled``), recorded in its label.
 
     python bench/packed.py --T 8192 65536 [--attention dense nsa window parts] [--cmp-attn auto]
-        [--packed-sel auto block]
+        [--packed-sel auto block] [--packed-choices sel_impl=tiled]
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import timed  # noqa: E402
+from kernels import fields, timed  # noqa: E402
 
 from nsa_jax.model import dense_packed_attention  # noqa: E402
 from nsa_jax.nsa import KernelChoices, NSAConfig, nsa_attention  # noqa: E402
@@ -73,15 +74,16 @@ def nsa_inputs(a, T, cfg):
     return args, n(1, T, H, D)
 
 
-def nsa_bench(a, T, seg, docs, cmp_attn, packed_sel="auto"):
+def nsa_bench(a, T, seg, docs, cmp_attn, packed_sel="auto", extra=None):
     """NSA fwd+bwd through the Pallas kernels, packed (segment_ids) and unpacked (the product's
     choices, ``cmp_attn`` aside). ``packed_sel``: the packed run's ``sel_fwd`` and ``sel_dq``
-    ("auto" = the product's choice for packed rows)."""
+    ("auto" = the product's choice for packed rows); ``extra``: more ``KernelChoices`` fields of
+    the packed run."""
     cfg = NSAConfig()
     args, ct = nsa_inputs(a, T, cfg)
     ch = KernelChoices(cmp_attn=cmp_attn)
-    ch_packed = ch if packed_sel == "auto" else KernelChoices(
-        cmp_attn=cmp_attn, sel_fwd=packed_sel, sel_dq=packed_sel)
+    sel = {} if packed_sel == "auto" else {"sel_fwd": packed_sel, "sel_dq": packed_sel}
+    ch_packed = KernelChoices(cmp_attn=cmp_attn, **sel, **(extra or {}))
 
     def fb(seg_ids, ch):
         def f(args, ct):
@@ -90,8 +92,9 @@ def nsa_bench(a, T, seg, docs, cmp_attn, packed_sel="auto"):
             return o, vjp(ct)
         return jax.jit(f)
 
+    label = {"packed_choices": extra} if extra else {}
     compare(a, "nsa", T, docs, fb(None, ch), fb(seg, ch_packed), (args, ct), cmp_attn=cmp_attn,
-            packed_sel=packed_sel)
+            packed_sel=packed_sel, **label)
 
 
 def branches_bench(a, T, seg, docs, cmp_attn):
@@ -153,13 +156,16 @@ def main(argv=None):
     p.add_argument("--cmp-attn", nargs="+", default=["auto"], choices=list(CMP_ATTNS))
     p.add_argument("--packed-sel", nargs="+", default=["auto"], choices=["auto", "query", "block"],
                    help="sel_fwd and sel_dq of the packed NSA run (each value run and labelled)")
+    p.add_argument("--packed-choices", nargs="*", default=[], metavar="FIELD=VALUE",
+                   help="more KernelChoices fields of the packed NSA run")
     a = p.parse_args(argv)
+    extra = fields(a.packed_choices, KernelChoices)
     for T in a.T:
         lengths = doc_lengths(T, a.mean_doc)
         seg = jnp.asarray(np.repeat(np.arange(len(lengths)), lengths)[None], jnp.int32)
         for c in a.cmp_attn if "nsa" in a.attention else ():
             for ps in a.packed_sel:
-                nsa_bench(a, T, seg, len(lengths), c, ps)
+                nsa_bench(a, T, seg, len(lengths), c, ps, extra)
         if "window" in a.attention:
             window_bench(a, T, seg, len(lengths))
         for c in a.cmp_attn if "parts" in a.attention else ():

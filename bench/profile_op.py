@@ -3,10 +3,13 @@ device time per kernel: where one op's time goes, without a whole train step aro
 
     PYTHONPATH=. python bench/profile_op.py [--shape 125m] [--T 65536] [--B 1] [--reps 3]
         [--choices sel_dq=block ...] [--tiles sel_dq_rows=64 ...] [--top 20] [--out F]
+        [--packed-mean-doc 2048]
 
 Inputs are ``bench/kernels.make_inputs`` (bf16, random; the selection comes from the op's own
 scoring + top-n). ``--choices`` / ``--tiles``: ``KernelChoices`` / ``BlockSizes`` fields
-(defaults: the product's). The trace is summarised by ``bench/profile_step.summarise`` (ms per
+(defaults: the product's). ``--packed-mean-doc M``: each row packs documents of exponential
+lengths with mean M (``bench/packed.doc_lengths``, as ``bench/packed.py``) and the op gets their
+``segment_ids``. The trace is summarised by ``bench/profile_step.summarise`` (ms per
 call, by kernel and by XLA op).
 """
 from __future__ import annotations
@@ -21,7 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
 
+import jax.numpy as jnp  # noqa: E402
 from kernels import CFG, SHAPES, fields, make_inputs  # noqa: E402
+from packed import doc_lengths  # noqa: E402
 from profile_step import load_trace, summarise  # noqa: E402
 
 from nsa_jax.nsa import KernelChoices, nsa_attention  # noqa: E402
@@ -38,16 +43,22 @@ def main(argv=None):
     p.add_argument("--tiles", nargs="*")
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--out")
+    p.add_argument("--packed-mean-doc", type=int, help="pack documents of this mean length")
     a = p.parse_args(argv)
     Hq, G, D = SHAPES[a.shape]
     x = make_inputs(0, a.T, Hq, G, D, B=a.B)
     ch = KernelChoices(**fields(a.choices, KernelChoices))
     bs = dataclasses.replace(BlockSizes.for_shape(Hq // G, D, 2), **fields(a.tiles, BlockSizes))
+    seg = None
+    if a.packed_mean_doc:
+        lens = doc_lengths(a.T, a.packed_mean_doc)
+        seg = jnp.broadcast_to(jnp.repeat(jnp.arange(len(lens), dtype=jnp.int32),
+                                          jnp.asarray(lens), total_repeat_length=a.T), (a.B, a.T))
 
     @jax.jit
     def fb(args, ct):
         o, vjp = jax.vjp(lambda *y: nsa_attention(*y, CFG, impl="pallas", choices=ch,
-                                                  block_sizes=bs), *args)
+                                                  block_sizes=bs, segment_ids=seg), *args)
         return o, vjp(ct)
 
     for _ in range(3):
@@ -57,12 +68,13 @@ def main(argv=None):
             for _ in range(a.reps):
                 jax.block_until_ready(fb(x[:8], x[8]))
         r = summarise(load_trace(tmp), a.reps, a.top)
-    r = {"shape": a.shape, "T": a.T, "B": a.B, "choices": dataclasses.asdict(ch),
+    r = {"shape": a.shape, "T": a.T, "B": a.B, "packed_mean_doc": a.packed_mean_doc,
+         "docs": None if seg is None else len(lens), "choices": dataclasses.asdict(ch),
          "tiles": dataclasses.asdict(bs), "device": jax.devices()[0].device_kind,
          "jax": jax.__version__, **r}
     if a.out:
         Path(a.out).write_text(json.dumps(r, indent=1))
-    print(f"{a.shape} T={a.T} B={a.B}: device busy {r['device_busy_ms_per_step']:.2f} ms per "
+    print(f"{a.shape} T={a.T} B={a.B}{' packed' if seg is not None else ''}: device busy {r['device_busy_ms_per_step']:.2f} ms per "
           f"call, {r['n_kernels_per_step']:.0f} kernels")
     for k in r["top_kernels"]:
         print(f"  {k['ms_per_step']:8.3f} ms {k['share']:6.1%} x{k['calls_per_step']:<4.0f} "
