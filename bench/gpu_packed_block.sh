@@ -21,14 +21,5 @@ for T in 8192 65536; do
 done
 run "$HERE" "after_packed8k_block_8192" --T 8192 --packed-mean-doc 8192 $BLK
 run "$HERE" "after_packed8k_auto_8192" --T 8192 --packed-mean-doc 8192
-python3 - "$TMP" "$OUT" <<'PY'
-import glob, json, os, sys
-tmp, out = sys.argv[1:]
-ops = {os.path.basename(f)[3:-5]: json.load(open(f)) for f in sorted(glob.glob(tmp + "/op_*.json"))}
-json.dump(ops, open(out + "/ops_pblock7.json", "w"), indent=1)
-print("device busy ms per fwd+bwd call (B=1):")
-for k, r in ops.items():
-    sel = sum(o["ms_per_step"] for o in r["top_ops"] if "sel" in o["name"])
-    print(f"  {k:28s} busy {r['device_busy_ms_per_step']:7.3f}  selection kernels {sel:6.3f}")
-PY
+python3 bench/op_table.py "$TMP" "$OUT/ops_pblock7.json"
 exit $rc

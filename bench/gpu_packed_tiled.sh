@@ -19,17 +19,6 @@ run "packed8k_auto_8192" --T 8192 --packed-mean-doc 8192
 run "packed8k_tiled_8192" --T 8192 --packed-mean-doc 8192 --choices sel_impl=tiled
 timeout 150 python3 bench/packed.py --T 8192 65536 --reps 20 --attention nsa \
   --packed-choices sel_impl=tiled > "$OUT/packed_tiled.jsonl" 2>> "$LOG" || rc=1
-python3 - "$TMP" "$OUT" <<'PY'
-import glob, json, os, sys
-tmp, out = sys.argv[1:]
-ops = {os.path.basename(f)[3:-5]: json.load(open(f)) for f in sorted(glob.glob(tmp + "/op_*.json"))}
-json.dump(ops, open(out + "/ops_packed7.json", "w"), indent=1)
-print("device busy ms per fwd+bwd call (B=1):")
-for k, r in ops.items():
-    sel = sum(o["ms_per_step"] for o in r["top_ops"] if "sel" in o["name"])
-    print(f"  {k:24s} busy {r['device_busy_ms_per_step']:7.3f}  selection kernels {sel:6.3f}  docs {r.get('docs')}")
-for l in open(out + "/packed_tiled.jsonl"):
-    if "packed_speed" in l or "fwd_bwd_ms" in l:
-        r = json.loads(l); print(" ", r["T"], r.get("mode", "ratio"), r.get("fwd_bwd_ms", r.get("packed_speed_over_unpacked")))
-PY
+python3 bench/op_table.py "$TMP" "$OUT/ops_packed7.json"
+grep -hE '"(fwd_bwd_ms|packed_speed_over_unpacked)"' "$OUT/packed_tiled.jsonl" | cut -c1-160
 exit $rc

@@ -46,6 +46,14 @@ def doc_lengths(T: int, mean: int, seed: int = 0) -> list[int]:
     return out
 
 
+def segment_ids(T: int, mean: int, B: int = 1, seed: int = 0):
+    """int32 [B, T]: ``doc_lengths(T, mean, seed)`` as one id per document, the same in every
+    row; -> (segment ids, number of documents)."""
+    lengths = doc_lengths(T, mean, seed)
+    row = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+    return jnp.asarray(np.broadcast_to(row, (B, T))), len(lengths)
+
+
 def compare(a, attention, T, docs, unpacked, packed, args, **label):
     """Time both functions on ``args``; one JSON line each and one with the speed ratio
     (``label``: extra keys of every line)."""
@@ -161,15 +169,14 @@ def main(argv=None):
     a = p.parse_args(argv)
     extra = fields(a.packed_choices, KernelChoices)
     for T in a.T:
-        lengths = doc_lengths(T, a.mean_doc)
-        seg = jnp.asarray(np.repeat(np.arange(len(lengths)), lengths)[None], jnp.int32)
+        seg, docs = segment_ids(T, a.mean_doc)
         for c in a.cmp_attn if "nsa" in a.attention else ():
             for ps in a.packed_sel:
-                nsa_bench(a, T, seg, len(lengths), c, ps, extra)
+                nsa_bench(a, T, seg, docs, c, ps, extra)
         if "window" in a.attention:
-            window_bench(a, T, seg, len(lengths))
+            window_bench(a, T, seg, docs)
         for c in a.cmp_attn if "parts" in a.attention else ():
-            branches_bench(a, T, seg, len(lengths), c)
+            branches_bench(a, T, seg, docs, c)
         if "dense" not in a.attention:
             continue
         rng = np.random.default_rng(1)
@@ -186,7 +193,7 @@ def main(argv=None):
                                                                  implementation="cudnn"))
         packed = fb(lambda q, k, v: dense_packed_attention(q, k, v, seg, "pallas"))
         # packed attends only inside documents: less work, so >= 1 is expected; >= 0.9 required
-        compare(a, "dense", T, len(lengths), plain, packed, (q, k, v, ct))
+        compare(a, "dense", T, docs, plain, packed, (q, k, v, ct))
 
 
 if __name__ == "__main__":

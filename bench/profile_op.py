@@ -8,7 +8,7 @@ device time per kernel: where one op's time goes, without a whole train step aro
 Inputs are ``bench/kernels.make_inputs`` (bf16, random; the selection comes from the op's own
 scoring + top-n). ``--choices`` / ``--tiles``: ``KernelChoices`` / ``BlockSizes`` fields
 (defaults: the product's). ``--packed-mean-doc M``: each row packs documents of exponential
-lengths with mean M (``bench/packed.doc_lengths``, as ``bench/packed.py``) and the op gets their
+lengths with mean M (``bench/packed.segment_ids``, as ``bench/packed.py``) and the op gets their
 ``segment_ids``. The trace is summarised by ``bench/profile_step.summarise`` (ms per
 call, by kernel and by XLA op).
 """
@@ -24,9 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
 
-import jax.numpy as jnp  # noqa: E402
 from kernels import CFG, SHAPES, fields, make_inputs  # noqa: E402
-from packed import doc_lengths  # noqa: E402
+from packed import segment_ids  # noqa: E402
 from profile_step import load_trace, summarise  # noqa: E402
 
 from nsa_jax.nsa import KernelChoices, nsa_attention  # noqa: E402
@@ -49,11 +48,7 @@ def main(argv=None):
     x = make_inputs(0, a.T, Hq, G, D, B=a.B)
     ch = KernelChoices(**fields(a.choices, KernelChoices))
     bs = dataclasses.replace(BlockSizes.for_shape(Hq // G, D, 2), **fields(a.tiles, BlockSizes))
-    seg = None
-    if a.packed_mean_doc:
-        lens = doc_lengths(a.T, a.packed_mean_doc)
-        seg = jnp.broadcast_to(jnp.repeat(jnp.arange(len(lens), dtype=jnp.int32),
-                                          jnp.asarray(lens), total_repeat_length=a.T), (a.B, a.T))
+    seg, docs = segment_ids(a.T, a.packed_mean_doc, a.B) if a.packed_mean_doc else (None, None)
 
     @jax.jit
     def fb(args, ct):
@@ -69,7 +64,7 @@ def main(argv=None):
                 jax.block_until_ready(fb(x[:8], x[8]))
         r = summarise(load_trace(tmp), a.reps, a.top)
     r = {"shape": a.shape, "T": a.T, "B": a.B, "packed_mean_doc": a.packed_mean_doc,
-         "docs": None if seg is None else len(lens), "choices": dataclasses.asdict(ch),
+         "docs": docs, "choices": dataclasses.asdict(ch),
          "tiles": dataclasses.asdict(bs), "device": jax.devices()[0].device_kind,
          "jax": jax.__version__, **r}
     if a.out:
