@@ -56,7 +56,7 @@ def run(shape, T, reps, variants):
         out[f"block_fwd_ms[{name}]"] = round(timed(bf, [(a[0], a[3], a[4], idx)], reps), 3)
         out[f"block_rel_diff[{name}]"] = float(f"{rel(bf(a[0], a[3], a[4], idx)[0], want):.2e}")
     chunk = item_tiles(bs0, Hq // G)[1]
-    ix = jax.jit(lambda i: inverted_index(i, T, Ts, chunk, slots=True))
+    ix = jax.jit(lambda i: inverted_index(i, T, Ts, chunk, CFG.sel_block, slots=True))
     out["index_ms"] = round(timed(ix, [(idx,)], reps), 3)
     del n
     # backward alone: the query forward's o / lse, a random bf16 cotangent, gates 1

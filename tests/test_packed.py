@@ -169,21 +169,24 @@ def test_pallas_packed_matches_reference_and_no_gradient_crosses(sel_impl, kerne
         assert np.all(outside == 0.0), name
 
 
-@pytest.mark.parametrize("sel_impl, kernel", [("gather", "nsa_sel_bwd_atomic"),
-                                              ("tiled", "nsa_sel_tiled_bwd_dkv")])
-def test_pallas_packed_small_tiles_general_scoring(sel_impl, kernel):
+@pytest.mark.parametrize("choice, kernel", [
+    (dict(sel_impl="gather", sel_bwd="atomic"), "nsa_sel_bwd_atomic"),
+    (dict(sel_impl="gather", sel_fwd="block", sel_dq="block"), "nsa_sel_bwd_block"),
+    (dict(sel_impl="tiled"), "nsa_sel_tiled_bwd_dkv")])
+def test_pallas_packed_small_tiles_general_scoring(choice, kernel):
     """h=1, l'/d = 3 (general scoring path), several compressed-key tiles (a document whose
     slots start past the first tile), 16-row tiles, split compressed dK/dV; the selection by
-    the gather kernels with atomic dK/dV, or by the tiled kernels with 16-query tiles that span
-    documents (starts 70, 73, 103: not multiples of l' = 12, itself not a multiple of the
-    16-key sub-tile)."""
+    the gather kernels with atomic dK/dV, by the block-major pair (key ranges that start off
+    the grid, two 16-key sub-tiles for a 12-key block), or by the tiled kernels with 16-query
+    tiles that span documents (starts 70, 73, 103: not multiples of l' = 12, itself not a
+    multiple of the 16-key sub-tile)."""
     from nsa_jax.nsa import KernelChoices
     from nsa_jax.pallas import BlockSizes
     cfg = NSAConfig(block_l=8, stride_d=4, sel_block=12, n_sel=3, window=8)
     args, seg = packed_inputs(6, [[70, 3, 30, 17]], 2, 2, 8, 8, cfg)
     bs = BlockSizes(cmp_bwd_keys=16, cmp_keys=16, cmp_rows=16, score_sel=16, sel_keys=16,
                     sel_tile_q=16)
-    ch = KernelChoices(sel_impl=sel_impl, sel_bwd="atomic", cmp_bwd_split=2)
+    ch = KernelChoices(cmp_bwd_split=2, **choice)
     _pallas_vs_reference(args, seg, cfg, cotangent(7, args[0].shape), kernel=kernel,
                          block_sizes=bs, choices=ch)
 

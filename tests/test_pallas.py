@@ -183,33 +183,38 @@ def test_standalone_custom_vjps_and_lse_cotangent():
 
 @pytest.mark.parametrize("one_key", [True, False])
 def test_inverted_index_covers_every_selection_once(monkeypatch, one_key):
-    """Both sorts: one packed int32 (block, entry) key, and two keys where it would not fit."""
+    """Both sorts: one packed int32 (block, entry) key, and two keys where it would not fit;
+    an item's base is its block's first key."""
     import nsa_jax.pallas.selection as sel
     if not one_key:
         monkeypatch.setattr(sel, "ONE_KEY_MAX", 0)
     rng = np.random.default_rng(1)
-    B, T, G, n, Ts, chunk = 2, 40, 3, 4, 5, 7
+    B, T, G, n, Ts, chunk, l_sel = 2, 40, 3, 4, 5, 7, 8
     idx = rng.integers(-1, Ts, size=(B, T, G, n)).astype(np.int32)
-    meta, qt = jax.jit(lambda i: inverted_index(i, T, Ts, chunk))(jnp.asarray(idx))
+    meta, qt = jax.jit(lambda i: inverted_index(i, T, Ts, chunk, l_sel))(jnp.asarray(idx))
     meta, qt = np.asarray(meta), np.asarray(qt)
     got = []
-    for b, g, j, start, count in meta:
+    for b, g, base, start, count in meta:
         assert 0 <= count <= chunk
-        got += [(b, g, j, t) for t in qt[b, g, start:start + count]]
-    want = [(b, g, idx[b, t, g, s], t) for b in range(B) for t in range(T) for g in range(G)
-            for s in range(n) if idx[b, t, g, s] >= 0]
+        got += [(b, g, base, t) for t in qt[b, g, start:start + count]]
+    want = [(b, g, idx[b, t, g, s] * l_sel, t) for b in range(B) for t in range(T)
+            for g in range(G) for s in range(n) if idx[b, t, g, s] >= 0]
     assert sorted(got) == sorted(want)
 
 
-def test_packed_inverted_index_with_slots_is_the_same_either_sort(monkeypatch):
+def test_packed_inverted_index_lists_each_pair_once_under_a_range_holding_its_keys(monkeypatch):
     """Packed rows, slot payloads (the block-major forward's index): the one-key and the
-    two-key sorts give the same index, and every (query, slot) half is listed once."""
+    two-key sorts give the same index; every (query, slot) is listed once, under an l'-key
+    range [base, base + l') that holds every key the query sees of its block, whose ranges are
+    aligned blocks or start at a block's first key (at most 2 Ts - 1 distinct ranges), and all
+    the entries of one range that is not aligned share its first key."""
     import nsa_jax.pallas.selection as sel
     rng = np.random.default_rng(2)
     B, T, G, n, l_sel, chunk = 2, 45, 2, 3, 8, 5
     start = np.zeros((B, T), np.int32)
     start[:, 13:] = 13
     start[1, 30:] = 30
+    start[1, 31:] = 31   # a document of one token
     Ts = -(-T // l_sel)
     idx = np.full((B, T, G, n), -1, np.int32)
     for b in range(B):
@@ -218,28 +223,31 @@ def test_packed_inverted_index_with_slots_is_the_same_either_sort(monkeypatch):
                 k = rng.integers(1, n + 1)
                 m = (t - start[b, t]) // l_sel + 1     # candidate document blocks
                 idx[b, t, g, :min(k, m)] = np.sort(rng.choice(m, size=min(k, m), replace=False))
-    f = jax.jit(lambda i, s: inverted_index(i, T, Ts, chunk, s, l_sel, slots=True))
+    f = jax.jit(lambda i, s: inverted_index(i, T, Ts, chunk, l_sel, s, slots=True))
     one = [np.asarray(x) for x in f(jnp.asarray(idx), jnp.asarray(start))]
     monkeypatch.setattr(sel, "ONE_KEY_MAX", 0)
-    f2 = jax.jit(lambda i, s: inverted_index(i, T, Ts, chunk, s, l_sel, slots=True))
+    f2 = jax.jit(lambda i, s: inverted_index(i, T, Ts, chunk, l_sel, s, slots=True))
     two = [np.asarray(x) for x in f2(jnp.asarray(idx), jnp.asarray(start))]
     for a, b in zip(one, two):
         np.testing.assert_array_equal(a, b)
     meta, qt, pt = one
-    got = sorted((b, g, j, e // (2 * n), e % (2 * n), p) for b, g, j, s0, c in meta
-                 for e, p in zip(qt[b, g, s0:s0 + c], pt[b, g, s0:s0 + c]))
-    want = []
+    got, ranges = [], set()
+    for b, g, base, s0, c in meta:
+        for e, p in zip(qt[b, g, s0:s0 + c], pt[b, g, s0:s0 + c]):
+            t, s = e // n, e % n
+            assert p == start[b, t] + idx[b, t, g, s] * l_sel
+            # the range holds every key the query sees of its block [p, min(p + l', t + 1))
+            assert base <= p and min(p + l_sel, t + 1) <= base + l_sel
+            assert base % l_sel == 0 or base == p
+            got.append((b, g, t, s))
+        if c:
+            ranges.add((b, g, base))
+    want = [(b, g, t, s) for b in range(B) for t in range(T) for g in range(G)
+            for s in range(n) if idx[b, t, g, s] >= 0]
+    assert sorted(got) == sorted(want)
     for b in range(B):
-        for t in range(T):
-            for g in range(G):
-                for s in range(n):
-                    if idx[b, t, g, s] < 0:
-                        continue
-                    p = start[b, t] + idx[b, t, g, s] * l_sel
-                    want.append((b, g, p // l_sel, t, s, p))
-                    if p % l_sel and (p // l_sel + 1) * l_sel <= t:
-                        want.append((b, g, p // l_sel + 1, t, s + n, p))
-    assert got == sorted(want)
+        for g in range(G):
+            assert len({r for r in ranges if r[:2] == (b, g)}) <= 2 * Ts - 1
 
 
 @pytest.mark.parametrize("field,value", [("cmp_rows", 48), ("sel_keys", 8), ("num_warps", 3)])

@@ -235,14 +235,16 @@ def _packed_lengths(T):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [2048])   # the float32 O(T^2) reference does not fit at 8192
-@pytest.mark.parametrize("cmp_attn", ["pallas", "cudnn"])
-def test_packed_bf16_matches_f32_reference(T, cmp_attn):
+@pytest.mark.parametrize("cmp_attn,sel_impl", [("pallas", "auto"), ("cudnn", "auto"),
+                                               ("pallas", "gather")])
+def test_packed_bf16_matches_f32_reference(T, cmp_attn, sel_impl):
     """Packed documents (issue #16) through the compiled kernels: bf16 impl="pallas" with
     segment_ids against the float32 packed reference, output and all 8 gradients (125M shape,
     h=6, D=64), relative RMSE <= 5e-3; the packed selection (document-relative ids) feeds both,
     and it equals the float32 selection on at least 99% of its ids. The compressed branch by
     the packed Pallas kernels or as a grouped cuDNN attention with the documents' slot mask;
-    for cuDNN its lse (which the scores take) equals the packed Pallas lse."""
+    for cuDNN its lse (which the scores take) equals the packed Pallas lse. The selection by
+    the tiled kernels ("auto" at 2k) or the block-major pair ("gather": h = 6, bf16)."""
     Hq, G, D = SHAPES["125m"]
     args, cot = _inputs(T + 7, T, Hq, G, D, jnp.bfloat16)
     seg = jnp.asarray(np.repeat(np.arange(len(_packed_lengths(T))), _packed_lengths(T))[None],
@@ -269,11 +271,11 @@ def test_packed_bf16_matches_f32_reference(T, cmp_attn):
                               args[1][:, :, :1].astype(jnp.float32), CFG, seg)
     assert float(jnp.mean(idx[:, :, :1] == idx32)) >= 0.99
     out, grads = _pallas_fwd_bwd(args, cot, block_idx=idx, segment_ids=seg,
-                                 choices=KernelChoices(cmp_attn=cmp_attn))
+                                 choices=KernelChoices(cmp_attn=cmp_attn, sel_impl=sel_impl))
     ro, rgrads = _reference_by_group(args, cot, idx, G, segment_ids=seg)
     errs = {"out": _rel(out, ro)}
     errs.update({n: _rel(a, b) for n, a, b in zip(NAMES, grads, rgrads)})
-    print("packed 125m", T, cmp_attn, {k: f"{v:.2e}" for k, v in errs.items()})
+    print("packed 125m", T, cmp_attn, sel_impl, {k: f"{v:.2e}" for k, v in errs.items()})
     bad = {k: v for k, v in errs.items() if not v <= 5e-3}
     assert not bad, f"relative RMSE above 5e-3: {bad}"
 

@@ -104,20 +104,20 @@ def test_op_with_block_kernels_matches_reference(mib, sel_dq):
 def test_slot_passes_bound_the_partial_buffer():
     from nsa_jax.pallas.selection_block import slot_passes
     # 125M shape at 64k, bf16: 1.5 GiB of partials -> 2 passes of <= 1024 MiB (the default)
-    assert slot_passes((1, 65536, 2, 16), 12, 64, jnp.bfloat16, False) == [(0, 8), (8, 16)]
-    assert slot_passes((1, 65536, 2, 16), 12, 64, jnp.bfloat16, False,
+    assert slot_passes((1, 65536, 2, 16), 12, 64, jnp.bfloat16) == [(0, 8), (8, 16)]
+    assert slot_passes((1, 65536, 2, 16), 12, 64, jnp.bfloat16,
                        KernelChoices(sel_partial_mib=512)) == [(0, 5), (5, 11), (11, 16)]
-    assert slot_passes((4, 8192, 2, 16), 12, 64, jnp.bfloat16, False) == [(0, 16)]
+    assert slot_passes((4, 8192, 2, 16), 12, 64, jnp.bfloat16) == [(0, 16)]
     # never more passes than slots
-    assert len(slot_passes((1, 65536, 2, 16), 12, 64, jnp.float32, True,
+    assert len(slot_passes((1, 65536, 2, 16), 12, 64, jnp.float32,
                            KernelChoices(sel_partial_mib=1e-6))) == 16
 
 
 @pytest.mark.parametrize("mib", [1024.0, 15000 / 2**20])
 def test_packed_op_with_block_kernels_matches_reference(mib):
     """Packed rows through the op with the block-major forward and fused backward (documents of
-    length 1 and < l', starts off the l' grid: straddling blocks give two partials per slot, and
-    two dQ partials); its index (slot payloads) is the one the backward walks."""
+    length 1 and < l', starts off the l' grid: blocks that cross an aligned boundary are listed
+    under their own key range); its index (slot payloads) is the one the backward walks."""
     from test_packed import CFG as PCFG
     from test_packed import LENGTHS, _pallas_vs_reference
     from packed_util import cotangent

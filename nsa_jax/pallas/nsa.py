@@ -12,8 +12,9 @@ mask) goes to every kernel, which then applies each rule in document-relative co
 compressed fwd/bwd and scoring see slot i iff 0 <= i - lo and (i - lo)*d + l - 1 <= r (Eq. 8),
 top-n takes r as the position (Eq. 11, document-relative ids), the selection kernels keep key s
 of block j where start + j*l' <= s < start + (j+1)*l' and start <= s <= t (Eq. 12 per
-document; the gather kernels load the block at start + j*l', the tiled ones walk the one or two
-aligned blocks it overlaps: ``selection_tiled``), the window (the document-local kernel,
+document; the gather kernels load the block at start + j*l', the block-major ones list it once
+under an l'-key range that holds it: ``selection``, the tiled ones walk the one or two aligned
+blocks it overlaps: ``selection_tiled``), the window (the document-local kernel,
 ``local.py``) keeps s >= start. Both selection
 implementations take packed rows, picked by ``KernelChoices.sel_impl`` as for unpacked ones.
 ``segment_ids=None`` passes no layout and compiles exactly the unpacked kernels (packing is a
@@ -93,8 +94,9 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
     cfg, bs, scale, interpret, choices=, seg=) -> (dq, dk, dv)`` (``seg``: packed rows' layout,
     None = unpacked; module docstring). The gather forward follows ``choices.sel_fwd`` ("query"
     or "block"; the tiled kernels ignore it); "auto" takes "block" only where it was measured
-    faster: unpacked rows (``packed`` False), groups of ``h`` <= 8 heads and a 16-bit ``dtype``
-    (h or dtype None = unknown: "query"). The gather backward's dQ follows ``choices.sel_dq``:
+    faster: groups of ``h`` <= 8 heads and a 16-bit ``dtype`` (h or dtype None = unknown:
+    "query"), packed rows (``packed``) as unpacked ones since their index lists each selected
+    block once (``selection`` module docstring). The gather backward's dQ follows ``choices.sel_dq``:
     "auto" takes the fused block-major backward (``sel_backward_block``) where the forward
     resolved to "block" under the same rule and ``sel_bwd`` is "inverted" (the two share one
     index), else the per-query dQ kernel (``sel_backward``)."""
@@ -102,7 +104,8 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
     tiled = ch.sel_impl == "tiled" or (ch.sel_impl == "auto" and T <= ch.sel_tiled_max_t)
     if tiled:
         return sel_tiled_forward, sel_tiled_backward
-    small = (not packed and h is not None and h <= SEL_FWD_BLOCK_MAX_H and dtype is not None
+    del packed   # the same rule for packed rows (measured: bench/NOTES.md, eighth session)
+    small = (h is not None and h <= SEL_FWD_BLOCK_MAX_H and dtype is not None
              and jnp.dtype(dtype).itemsize == 2)
     block = ch.sel_fwd == "block" or (ch.sel_fwd == "auto" and small)
     block_dq = ch.sel_dq == "block" or (ch.sel_dq == "auto" and block and small

@@ -31,11 +31,14 @@ sort of T*n*G pairs (2.4 ms at that shape). Indices are not differentiable.
 Packed documents (``seg``, a ``semantics.SegmentLayout``; None compiles the unpacked kernels):
 ids are document-relative, so block j of the query at t is the keys [p, p + l'),
 p = start(t) + j*l' (an unaligned ``pl.ds`` load), kept where s <= t (s >= start holds by
-construction). The inverted dK/dV index keys each (query, block) pair by the aligned key block
-J = floor(p / l') its first keys fall in and, when p is unaligned, also by J + 1 (the rest of
-the block, if J + 1 starts at or before t); each entry carries p and masks keys to
-[p, p + l') ∩ [J l', (J+1) l'), so the two halves add up to the whole block and work items keep
-their aligned key tiles. The atomic variant adds at p directly.
+construction). The block -> query index keys each (query, block) pair by a *key range* of l'
+keys (``slot_keys``): the aligned block J = floor(p / l') when the keys the query sees,
+[p, min(p + l', t + 1)), lie inside it, else the range that starts at p itself (the document
+block crosses the aligned boundary (J + 1) l'; one document block can cross a given boundary,
+so this range is "boundary J", id Ts + J). Each entry carries p and masks keys to
+[p, p + l'), so a pair is one entry and one slot, as in unpacked rows; a work item's K/V tile
+starts at its range's first key (``inverted_index``'s meta), and the ranges number at most
+2 Ts - 1, a static bound whatever the documents' lengths. The atomic variant adds at p directly.
 """
 from __future__ import annotations
 
@@ -206,14 +209,14 @@ def item_tiles(bs: BlockSizes, h: int, rows: int | None = None):
 
 
 def work_item(meta_ref, h: int, rows: int):
-    """This program's work item -> (b, g, j, start, count) and its tile rows (query qi of the
-    tile, head), ``rows // h`` queries x h heads per tile."""
+    """This program's work item -> (b, g, base = its key range's first key, start, count) and
+    its tile rows (query qi of the tile, head), ``rows // h`` queries x h heads per tile."""
     ci = pl.program_id(0)
-    b, g, j = meta_ref[ci, 0], meta_ref[ci, 1], meta_ref[ci, 2]
+    b, g, base = meta_ref[ci, 0], meta_ref[ci, 1], meta_ref[ci, 2]
     start, count = meta_ref[ci, 3], meta_ref[ci, 4]
     qi = idiv(jnp.arange(rows), h)
     head = g * h + (jnp.arange(rows) - qi * h)
-    return b, g, j, start, count, qi, head
+    return b, g, base, start, count, qi, head
 
 
 def item_entries(qt_ref, b, g, start, count, it, qi, bq: int):
@@ -246,8 +249,8 @@ def block_kv(k_ref, v_ref, b, g, base, sub: int, bk: int, l_sel: int):
 
 
 def item_mask(row_ok, kvalid, kpos, t, p0, l_sel: int):
-    """[rows, bk] keys a tile row sees: causal (s <= t) and, packed (``p0`` not None), the part
-    of its block [p0, p0 + l') that lies in this aligned key block."""
+    """[rows, bk] keys a tile row sees: causal (s <= t) and, packed (``p0`` not None), its
+    block's keys [p0, p0 + l') (the item's key range may begin before p0: an aligned block)."""
     mask = row_ok[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
     if p0 is not None:
         mask = mask & (kpos[None, :] >= p0[:, None]) & (kpos[None, :] < p0[:, None] + l_sel)
@@ -260,13 +263,12 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
         pt_ref, *refs = refs
     (q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref,
      dv_ref) = refs
-    b, g, j, start, count, qi, head = work_item(meta_ref, h, rows)
+    b, g, base, start, count, qi, head = work_item(meta_ref, h, rows)
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
     bq = rows // h
     c = scale * LOG2E
     n_tiles = idiv(count + (bq - 1), bq)
-    base = j * l_sel
 
     for sub in range(n_sub):
         k, v, kpos, kvalid = block_kv(k_ref, v_ref, b, g, base, sub, bk, l_sel)
@@ -295,87 +297,105 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
             plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv)
 
 
-ONE_KEY_MAX = 2 ** 31 - 1   # largest (block, entry) key inverted_index packs into one int32
+ONE_KEY_MAX = 2 ** 31 - 1   # largest (range, entry) key inverted_index packs into one int32
+
+
+def num_ranges(Ts: int, packed: bool) -> int:
+    """Key ranges of the block -> query index, also the id ``slot_keys`` gives an unused slot:
+    the Ts aligned blocks, and packed, the Ts - 1 ranges that start at a document block
+    crossing an aligned boundary (J + 1) l' < Ts l' (module docstring)."""
+    return 2 * Ts - 1 if packed else Ts
 
 
 def slot_keys(idx, T: int, Ts: int, doc_start=None, l_sel: int = 0):
-    """The aligned key block each (query, slot) entry of the inverted index is listed under:
-    int32 [B,T,G,N], Ts where the slot is unused. Unpacked N = n (the selected ids); packed
-    (``doc_start`` [B,T], ``l_sel`` = l') N = 2n: slot i < n is the aligned block J holding the
-    first key p = start + idx*l' of the query's i-th block, slot n + i the next one, J + 1, when
-    p is unaligned and J + 1 starts at or before t (``inverted_index``)."""
-    jkey = jnp.where(idx >= 0, idx, Ts).astype(jnp.int32)
+    """The key range each (query, slot) entry of the inverted index is listed under: int32
+    [B,T,G,n], ``num_ranges`` where the slot is unused. Unpacked: the selected ids. Packed
+    (``doc_start`` [B,T], ``l_sel`` = l'; idx document-relative): with p = start + idx*l' the
+    block's first key and J = floor(p / l'), the aligned block J when the keys the query sees,
+    [p, min(p + l', t + 1)), lie in it, else Ts + J (the range from p across (J + 1) l')."""
+    nr = num_ranges(Ts, doc_start is not None)
     if doc_start is None:
-        return jkey
+        return jnp.where((idx >= 0) & (idx < Ts), idx, nr).astype(jnp.int32)
     tpos = jnp.arange(T, dtype=jnp.int32)[None, :, None, None]
     p = doc_start[:, :, None, None] + jnp.maximum(idx, 0) * l_sel
     j0 = p // l_sel
-    two = (idx >= 0) & (p % l_sel != 0) & ((j0 + 1) * l_sel <= tpos)
-    keys = jnp.concatenate([jnp.where(idx >= 0, j0, Ts), jnp.where(two, j0 + 1, Ts)], -1)
-    return jnp.minimum(keys, Ts).astype(jnp.int32)   # an id past the row: no block, no entry
+    cross = (p % l_sel != 0) & ((j0 + 1) * l_sel <= tpos)
+    keys = jnp.where(cross, Ts + j0, j0)
+    return jnp.where((idx >= 0) & (p <= tpos), keys, nr).astype(jnp.int32)
 
 
-def inverted_index(idx, T: int, Ts: int, chunk: int, doc_start=None, l_sel: int = 0,
+def inverted_index(idx, T: int, Ts: int, chunk: int, l_sel: int, doc_start=None,
                    slots: bool = False):
     """Block -> query index of a selection, split into work items of <= ``chunk`` queries.
 
-    idx [B,T,G,n] (block ids, -1 unused) -> (meta int32 [NC, 5] rows (b, g, j, start, count),
-    qt int32 [B,G,T*n]: for each (b, g) the query positions sorted by (block, query)). Work item
-    c covers ``qt[b, g, start:start+count]``, all of which selected block j. NC is a static upper
-    bound; unused items have count 0.
+    idx [B,T,G,n] (block ids, -1 unused) -> (meta int32 [NC, 5] rows (b, g, base, start,
+    count), qt int32 [B,G,T*n]: for each (b, g) the query positions sorted by (key range,
+    query)). Work item c covers ``qt[b, g, start:start+count]``, all of which selected the l'
+    keys from ``base`` on (unpacked: block j, base = j*l'). NC is a static upper bound; unused
+    items have count 0.
 
-    Packed rows (``doc_start`` [B,T] document starts, ``l_sel`` = l'): idx is document-relative;
-    each (query, block) pair is listed under the aligned key block J of its first key
-    p = start + j*l' and, for unaligned p, under J + 1 too (when (J + 1)*l' <= t), so entries
-    number 2*T*n, and a third output pt [B,G,2*T*n] holds each entry's p (module docstring).
+    Packed rows (``doc_start`` [B,T] document starts): idx is document-relative; each (query,
+    block) pair is listed once, under the key range of ``slot_keys`` (an aligned block, or the
+    range starting at the block's first key p when the block crosses an aligned boundary before
+    t), and a third output pt [B,G,T*n] holds each entry's p (module docstring).
 
-    ``slots``: qt holds t*N + i instead of t, where i < N is the entry's slot (its position in
-    idx's last axis, N = n; packed: N = 2n, the second halves in slots n..2n-1), so a kernel can
-    write a result per (query, slot) (``selection_block``).
+    ``slots``: qt holds t*n + i instead of t, where i < n is the entry's slot (its position in
+    idx's last axis), so a kernel can write a result per (query, slot) (``selection_block``).
     """
     B, _, G, n = idx.shape
+    packed = doc_start is not None
+    nr = num_ranges(Ts, packed)
     jkey = slot_keys(idx, T, Ts, doc_start, l_sel)
-    N = jkey.shape[-1]
-    TN = T * N
-    # entry e = t*N + slot, in (b, g) rows; sorted by (block, e) through one int32 key when it
+    TN = T * n
+    # entry e = t*n + slot, in (b, g) rows; sorted by (range, e) through one int32 key when it
     # fits (a single-operand sort: XLA runs a radix sort), else by two keys
-    jkey = jkey.astype(jnp.int32).transpose(0, 2, 1, 3).reshape(B * G, TN)
+    jkey = jkey.transpose(0, 2, 1, 3).reshape(B * G, TN)
     ent = jnp.broadcast_to(jnp.arange(TN, dtype=jnp.int32), (B * G, TN))
-    if (Ts + 1) * TN <= ONE_KEY_MAX:
+    if (nr + 1) * TN - 1 <= ONE_KEY_MAX:
         ks = lax.sort(jkey * TN + ent, dimension=-1)
         jsort = ks // TN
         esort = ks - jsort * TN
     else:
         jsort, esort = lax.sort((jkey, ent), dimension=-1, num_keys=2)
     jsort, esort = jsort.reshape(B, G, TN), esort.reshape(B, G, TN)
-    tsort = esort // N
-    if doc_start is not None:   # each entry's first key p = start(t) + j*l'
-        jdoc = idx.transpose(0, 2, 1, 3).reshape(B, G, T * n)
-        j_e = jnp.take_along_axis(jdoc, tsort * n + (esort - tsort * N) % n, axis=-1)
+    tsort = esort // n
+    if packed:   # each entry's first key p = start(t) + j*l'
+        j_e = jnp.take_along_axis(idx.transpose(0, 2, 1, 3).reshape(B, G, TN), esort, axis=-1)
         st = jnp.take_along_axis(jnp.broadcast_to(doc_start[:, None, :], (B, G, T)), tsort,
                                  axis=-1)
         psort = (st + jnp.maximum(j_e, 0) * l_sel).astype(jnp.int32)
     if slots:
         tsort = esort
-    n = N
-    bounds = jnp.arange(Ts + 1, dtype=jnp.int32)
+    bounds = jnp.arange(nr + 1, dtype=jnp.int32)
     starts = jax.vmap(jax.vmap(lambda row: jnp.searchsorted(row, bounds, side="left")))(jsort)
-    starts = starts.astype(jnp.int32)                       # [B,G,Ts+1]
-    cnt = (starts[..., 1:] - starts[..., :-1]).reshape(-1)  # [B*G*Ts]
+    starts = starts.astype(jnp.int32)                       # [B,G,nr+1]
+    cnt = (starts[..., 1:] - starts[..., :-1]).reshape(-1)  # [B*G*nr]
     first = starts[..., :-1].reshape(-1)
     nch = (cnt + chunk - 1) // chunk
     ends = jnp.cumsum(nch)
-    NC = B * G * (cdiv(T * n, chunk) + Ts)
+    NC = B * G * (cdiv(TN, chunk) + nr)
     cid = jnp.arange(NC, dtype=jnp.int32)
     blk = jnp.searchsorted(ends, cid, side="right").astype(jnp.int32)
-    live = blk < B * G * Ts
-    blk = jnp.minimum(blk, B * G * Ts - 1)
+    live = blk < B * G * nr
+    blk = jnp.minimum(blk, B * G * nr - 1)
     within = cid - (ends[blk] - nch[blk])
     start = first[blk] + within * chunk
     count = jnp.where(live, jnp.clip(cnt[blk] - within * chunk, 0, chunk), 0)
-    bb, rem = blk // (G * Ts), blk % (G * Ts)
-    meta = jnp.stack([bb, rem // Ts, rem % Ts, start, count], axis=-1).astype(jnp.int32)
-    return (meta, tsort) if doc_start is None else (meta, tsort, psort)
+    bb, rem = blk // (G * nr), blk % (G * nr)
+    g, r = rem // nr, rem % nr
+    base = r * l_sel
+    if packed:   # a crossing range starts at its entries' (common) first key
+        p_first = psort.reshape(-1)[(bb * G + g) * TN + jnp.clip(start, 0, TN - 1)]
+        base = jnp.where(r >= Ts, p_first, base)
+    meta = jnp.stack([bb, g, base, start, count], axis=-1).astype(jnp.int32)
+    return (meta, tsort) if not packed else (meta, tsort, psort)
+
+
+def dkv_rows(T: int, Ts: int, l_sel: int, bk: int, n_sub: int, packed: bool) -> int:
+    """Rows of the float32 dK/dV accumulators the block-major and inverted kernels add into:
+    every tile [base + sub*bk, +bk) stays in bounds (packed: a range may start at any p < T)."""
+    rows = Ts * l_sel + bk   # unpacked: tiles [j*l' + sub*bk, +bk), j < Ts
+    return max(rows, T + n_sub * bk) if packed else rows
 
 
 def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, scale: float,
@@ -384,7 +404,7 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
     dK/dV by ``choices.sel_bwd`` ("inverted" or "atomic"). ``index``: the block -> query index
     of the forward (``selection_block.sel_forward_block(return_index=True)``: (meta, qt[, pt])
-    with slot payloads t*N + slot, N = n or 2n packed), reused by the inverted dK/dV instead of
+    with slot payloads t*n + slot), reused by the inverted dK/dV instead of
     a second sort.
 
     ``do`` [B,T,Hq,Dv] is the cotangent as it arrives (bf16 stays bf16: it feeds the dots
@@ -398,10 +418,8 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     bk, n_sub = _sub_tiles(cfg, bs)
     prec = dot_precision(q.dtype, interpret, choices)
     Ts = cfg.num_sel_blocks(T)
-    T_acc = Ts * cfg.sel_block + bk  # every atomic tile [j*l' + sub*bk, +bk) stays in bounds
     packed = seg is not None
-    if packed and atomic_mode(choices):  # tiles start at start + j*l' <= t < T
-        T_acc = max(T_acc, T + n_sub * bk)
+    T_acc = dkv_rows(T, Ts, cfg.sel_block, bk, n_sub, packed)
     segs = (seg.start,) if packed else ()
     gs, delta = grad_scales(o, do, gs)
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
@@ -429,13 +447,11 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
         if index is not None:
             meta, *qt = index
             qt = tuple(qt)
-            n_slots = n * (2 if packed else 1)
-        elif packed:
-            meta, qt, pt = inverted_index(idx, T, Ts, chunk, seg.start, cfg.sel_block)
-            qt = (qt, pt)
+            n_slots = n
         else:
-            meta, qt = inverted_index(idx, T, Ts, chunk)
-            qt = (qt,)
+            meta, *qt = inverted_index(idx, T, Ts, chunk, cfg.sel_block,
+                                       seg.start if packed else None)
+            qt = tuple(qt)
         kern = functools.partial(_bwd_kv_kernel, h=h, rows=rows, l_sel=cfg.sel_block, bk=bk,
                                  n_sub=n_sub, scale=scale, prec=prec, packed=packed,
                                  n_slots=n_slots)

@@ -24,10 +24,12 @@ query rows in and n partial rows out (h * (2 Dk + 2 Dv + 4) bytes each in bf16, 
 The index is returned for the backward, whose dK/dV kernel (``selection.sel_backward``) or fused
 dK/dV + dQ kernel (``sel_backward_block``) walks the same (block, queries) items.
 
-Packed rows: ``inverted_index`` lists a block that straddles an aligned key block under both
-aligned blocks (its two halves), each in its own slot (2n slots), so a partial covers
-[p, p + l') ∩ the aligned block, and the merge adds the halves like any two blocks. Unused slots
-keep lse = -inf (the partial lse buffer starts at -inf) and weigh nothing.
+Packed rows: ``inverted_index`` lists each (query, block) pair once, under a key range of l'
+keys that holds the keys the query sees of its block (an aligned block, or the range starting
+at the block's first key when it crosses an aligned boundary: ``selection`` module docstring),
+so packed rows have n slots, as unpacked ones, and the kernels are the same (the entry's first
+key p masks the range to [p, p + l')). Unused slots keep lse = -inf (the partial lse buffer
+starts at -inf) and weigh nothing.
 """
 from __future__ import annotations
 
@@ -47,9 +49,9 @@ from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, choices_
                                    dot_precision, dscores, idiv, load, probs, sel_sub_tiles,
                                    softmax_finish, softmax_init, softmax_step, store,
                                    stored_dtype)
-from nsa_jax.pallas.selection import (block_kv, grad_scales, inverted_index, item_entries,
-                                      item_mask, item_rows, item_tiles, slot_keys,
-                                      work_item)
+from nsa_jax.pallas.selection import (block_kv, dkv_rows, grad_scales, inverted_index,
+                                      item_entries, item_mask, item_rows, item_tiles,
+                                      num_ranges, slot_keys, work_item)
 
 
 def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
@@ -57,16 +59,16 @@ def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
     if packed:
         pt_ref, *refs = refs
     q_ref, k_ref, v_ref, _lse_in, po_ref, plse_ref = refs
-    b, g, j, start, count, qi, head = work_item(meta_ref, h, rows)
+    b, g, base, start, count, qi, head = work_item(meta_ref, h, rows)
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     bq = rows // h
     dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
     c = scale * LOG2E
     # the block's K/V, loaded once for all of its queries
-    kv = [block_kv(k_ref, v_ref, b, g, j * l_sel, sub, bk, l_sel) for sub in range(n_sub)]
+    kv = [block_kv(k_ref, v_ref, b, g, base, sub, bk, l_sel) for sub in range(n_sub)]
 
     def tile(it, carry):
-        row_ok, ent, ts = item_entries(ot_ref, b, g, start, count, it, qi, bq)  # t*N + slot
+        row_ok, ent, ts = item_entries(ot_ref, b, g, start, count, it, qi, bq)  # t*n + slot
         t = idiv(ts, n_slots)
         q = load(q_ref.at[b, t[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
         p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
@@ -111,16 +113,14 @@ def merge_partials(po, plse, prev=None):
     return o, jnp.where(has, m_safe + jnp.log2(den_safe), POS_INF)
 
 
-def slot_passes(idx_shape, Hq: int, D: int, dtype, packed: bool,
-                choices: KernelChoices | None = None):
+def slot_passes(idx_shape, Hq: int, D: int, dtype, choices: KernelChoices | None = None):
     """[(lo, hi)]: the slot groups idx[..., lo:hi] that the block-major forward and fused
-    backward run one after the other, so that no pass's per-slot partials (B*T*N*Hq*D in the
-    stored dtype, N = n or 2n packed) exceed ``choices.sel_partial_mib`` MiB (or a pass is one
+    backward run one after the other, so that no pass's per-slot partials (B*T*n*Hq*D in the
+    stored dtype) exceed ``choices.sel_partial_mib`` MiB (or a pass is one
     slot). The forward and the backward compute it from the same arguments (D = max(Dk, Dv)),
     so their passes match."""
     B, T, _, n = idx_shape
-    N = n * (2 if packed else 1)
-    nbytes = B * T * N * Hq * D * jnp.dtype(stored_dtype(dtype)).itemsize
+    nbytes = B * T * n * Hq * D * jnp.dtype(stored_dtype(dtype)).itemsize
     limit = choices_or_default(choices).sel_partial_mib * 2**20
     p = max(1, min(n, math.ceil(nbytes / limit)))
     edges = [round(i * n / p) for i in range(p + 1)]
@@ -129,9 +129,8 @@ def slot_passes(idx_shape, Hq: int, D: int, dtype, packed: bool,
 
 def _pass_index(idx, T, Ts, chunk, seg, l_sel):
     """The block -> query index (slot payloads) of one slot group."""
-    if seg is not None:
-        return inverted_index(idx, T, Ts, chunk, seg.start, l_sel, slots=True)
-    return inverted_index(idx, T, Ts, chunk, slots=True)
+    return inverted_index(idx, T, Ts, chunk, l_sel, None if seg is None else seg.start,
+                          slots=True)
 
 
 def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float,
@@ -156,10 +155,10 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
     pdt = stored_dtype(q.dtype)
     o = lse = None
     indices = []
-    for lo, hi in slot_passes(idx.shape, Hq, max(Dk, Dv), q.dtype, packed, choices):
+    for lo, hi in slot_passes(idx.shape, Hq, max(Dk, Dv), q.dtype, choices):
         index = _pass_index(idx[..., lo:hi], T, Ts, chunk, seg, cfg.sel_block)
         meta, *extra = index
-        N = (hi - lo) * (2 if packed else 1)
+        N = hi - lo
         if o is not None:   # the previous pass's partials are merged (and freed) first
             q, o, lse = lax.optimization_barrier((q, o, lse))
         kern = functools.partial(_fwd_block_kernel, h=h, rows=rows, n_slots=N,
@@ -187,17 +186,16 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         pt_ref, *refs = refs
     (q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref, dv_ref,
      pdq_ref) = refs
-    b, g, j, start, count, qi, head = work_item(meta_ref, h, rows)
+    b, g, base, start, count, qi, head = work_item(meta_ref, h, rows)
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
     bq = rows // h
     dk_ = jnp.arange(Dk)
     c = scale * LOG2E
-    base = j * l_sel
     kv = [block_kv(k_ref, v_ref, b, g, base, sub, bk, l_sel) for sub in range(n_sub)]
 
     def tile(it, carry):
-        row_ok, ent, ts = item_entries(qt_ref, b, g, start, count, it, qi, bq)  # t*N + slot
+        row_ok, ent, ts = item_entries(qt_ref, b, g, start, count, it, qi, bq)  # t*n + slot
         t = idiv(ts, n_slots)
         q, do, gs, lse, delta = item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, t, head,
                                           row_ok, cdt)
@@ -253,14 +251,14 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     rows, chunk = item_tiles(bs, h, bs.sel_dq_rows)
     packed = seg is not None
     doc = (seg.start, cfg.sel_block) if packed else ()
-    passes = slot_passes(idx.shape, Hq, max(Dk, Dv), q.dtype, packed, choices)
+    passes = slot_passes(idx.shape, Hq, max(Dk, Dv), q.dtype, choices)
     if index is None:
         index = [None] * len(passes)
     if len(index) != len(passes):
         raise ValueError(f"sel_backward_block: {len(index)} indices for {len(passes)} slot "
                          "passes (the forward ran with other KernelChoices)")
     gs, delta = grad_scales(o, do, gs)
-    T_acc = Ts * cfg.sel_block + bk  # every tile [j*l' + sub*bk, +bk) stays in bounds
+    T_acc = dkv_rows(T, Ts, cfg.sel_block, bk, n_sub, packed)
     dk = jnp.zeros((B, T_acc, G, Dk), jnp.float32)
     dv = jnp.zeros((B, T_acc, G, Dv), jnp.float32)
     pdt = stored_dtype(q.dtype)
@@ -271,7 +269,7 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
         idx_p = idx[..., lo:hi]
         meta, *extra = ix if ix is not None else _pass_index(idx_p, T, Ts, chunk, seg,
                                                              cfg.sel_block)
-        N = (hi - lo) * (2 if packed else 1)
+        N = hi - lo
         if dq is not None:  # the previous pass's dQ partials are summed (and freed) first
             q, dq, dk, dv = lax.optimization_barrier((q, dq, dk, dv))
         dk, dv, pdq = pl.pallas_call(
@@ -285,7 +283,7 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
             interpret=interpret, name="nsa_sel_bwd_block",
         )(meta, *extra, q, k, v, do, gs, lse, delta, dk, dv)
         # slots never listed in the index were not written: masked, not read
-        used = slot_keys(idx_p, T, Ts, *doc) < Ts                            # [B,T,G,N]
+        used = slot_keys(idx_p, T, Ts, *doc) < num_ranges(Ts, packed)        # [B,T,G,N]
         used = used.transpose(0, 1, 3, 2)[..., None, None]                   # [B,T,N,G,1,1]
         pdq = pdq.reshape(B, T, N, G, h, Dk)
         dq_p = jnp.sum(jnp.where(used, pdq.astype(jnp.float32), 0.0), axis=2)
