@@ -324,7 +324,7 @@ def test_auto_dispatch_by_sequence_length():
     assert selection_kernels(KernelChoices(sel_impl="gather"), 16) == gather
     assert selection_kernels(KernelChoices(sel_impl="tiled"), 1 << 20) == tiled
     from nsa_jax.pallas.selection_block import sel_backward_block, sel_forward_block
-    bf = jnp.bfloat16   # sel_fwd auto: block for small groups of 16-bit unpacked rows only
+    bf = jnp.bfloat16   # sel_fwd auto: block for small groups of 16-bit rows only
     assert selection_kernels(None, 8192, h=6, dtype=bf) == (sel_forward_block, sel_backward_block)
     # sel_dq auto follows the resolved forward (one shared index), never under sel_bwd atomic
     assert selection_kernels(KernelChoices(sel_fwd="query"), 8192, h=6, dtype=bf)[1] \
@@ -335,7 +335,6 @@ def test_auto_dispatch_by_sequence_length():
         (gather[0], sel_backward_block)
     assert selection_kernels(None, 8192, h=16, dtype=bf) == gather
     assert selection_kernels(None, 8192, h=6, dtype=jnp.float32) == gather
-    assert selection_kernels(None, 8192, h=6, dtype=bf, packed=True) == gather
     assert selection_kernels(None, 8192, h=6) == gather
 
 

@@ -86,7 +86,7 @@ def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | Non
 
 
 def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = None,
-                      dtype=None, packed: bool = False):
+                      dtype=None):
     """(forward, backward) of the selection branch by ``choices.sel_impl``: "auto" takes the
     tiled (block-sparse flash) kernels up to ``choices.sel_tiled_max_t`` tokens, the gather ones
     above, for unpacked and packed rows alike. Both share one contract: ``fwd(q, k, v, idx, cfg,
@@ -95,8 +95,8 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
     None = unpacked; module docstring). The gather forward follows ``choices.sel_fwd`` ("query"
     or "block"; the tiled kernels ignore it); "auto" takes "block" only where it was measured
     faster: groups of ``h`` <= 8 heads and a 16-bit ``dtype`` (h or dtype None = unknown:
-    "query"), packed rows (``packed``) as unpacked ones since their index lists each selected
-    block once (``selection`` module docstring). The gather backward's dQ follows ``choices.sel_dq``:
+    "query"), for packed rows as for unpacked ones (their index lists each selected block once,
+    ``selection`` module docstring; measured in bench/NOTES.md, eighth session). The gather backward's dQ follows ``choices.sel_dq``:
     "auto" takes the fused block-major backward (``sel_backward_block``) where the forward
     resolved to "block" under the same rule and ``sel_bwd`` is "inverted" (the two share one
     index), else the per-query dQ kernel (``sel_backward``)."""
@@ -104,7 +104,6 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
     tiled = ch.sel_impl == "tiled" or (ch.sel_impl == "auto" and T <= ch.sel_tiled_max_t)
     if tiled:
         return sel_tiled_forward, sel_tiled_backward
-    del packed   # the same rule for packed rows (measured: bench/NOTES.md, eighth session)
     small = (h is not None and h <= SEL_FWD_BLOCK_MAX_H and dtype is not None
              and jnp.dtype(dtype).itemsize == 2)
     block = ch.sel_fwd == "block" or (ch.sel_fwd == "auto" and small)
@@ -204,7 +203,7 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
                                                choices=st.choices, seg=seg), cfg, interpret,
                               None if seg is None else seg.rel, bs)
         sel_fwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
-                                    q.dtype, seg is not None)[0]
+                                    q.dtype)[0]
         kw = {"return_index": True} if sel_fwd is sel_forward_block else {}
         o_s, lse_s, *index = sel_fwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, cfg, bs,
                                      scale, interpret, choices=st.choices, seg=seg, **kw)
@@ -252,7 +251,7 @@ def _nsa_bwd(st: _Static, resid, dout):
         idx, o_s, lse_s, index = res["slc"]
         dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
         sel_bwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
-                                    q.dtype, seg is not None)[1]
+                                    q.dtype)[1]
         kw = {}
         if index and sel_bwd is sel_backward_block:
             kw = {"index": index[0]}           # the forward's indices, one per slot pass
