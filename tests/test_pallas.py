@@ -250,8 +250,7 @@ def test_packed_inverted_index_lists_each_pair_once_under_a_range_holding_its_ke
             assert len({r for r in ranges if r[:2] == (b, g)}) <= 2 * Ts - 1
 
 
-@pytest.mark.parametrize("field,value", [("cmp_rows", 48), ("sel_keys", 8), ("num_warps", 3),
-                                         ("win_dkv_heads", -1)])
+@pytest.mark.parametrize("field,value", [("cmp_rows", 48), ("sel_keys", 8), ("num_warps", 3)])
 def test_block_sizes_reject_bad_values(field, value):
     with pytest.raises(ValueError, match=f"BlockSizes.{field}"):
         BlockSizes(**{field: value})

@@ -206,9 +206,6 @@ class BlockSizes:
     sel_tile_q:   queries per tile of the tiled selection kernels (rows of one head).
     win_q, win_keys: queries (rows of one head) and keys per tile of the document-local
                   attention kernels (``local.py``: packed window branch, packed dense).
-    win_dkv_heads: query heads per program of the document-local dK/dV kernel; 0 = all h
-                  heads of the group (one plain store per key tile); fewer split a group's heads
-                  over more programs whose partial dK/dV meet in float32 atomic adds.
     cmp_bwd_keys: compressed keys per tile in the compressed-attention backward (dQ and dK/dV).
     num_warps, num_stages: Triton launch parameters for the tile kernels; sel_warps and
                   sel_stages for the per-query selection kernels (16-row tiles); score_warps
@@ -228,7 +225,6 @@ class BlockSizes:
     cmp_bwd_keys: int = 64
     win_q: int = 64
     win_keys: int = 64
-    win_dkv_heads: int = 0
     num_warps: int = 4
     num_stages: int = 2
     sel_warps: int = 2
@@ -245,9 +241,6 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
-        if self.win_dkv_heads < 0:
-            raise ValueError("BlockSizes.win_dkv_heads: must be >= 0 (0 = all heads of a group), "
-                             f"got {self.win_dkv_heads}")
         for f in ("num_warps", "sel_warps", "score_warps", "topn_warps"):
             v = getattr(self, f)
             if v not in (1, 2, 4, 8, 16):

@@ -19,9 +19,7 @@ Kernels (``start`` int32 [B,T] non-decreasing along a row, as document starts ar
 * dK/dV: one program per (KV group, batch, key tile) walks the query tiles that can see its keys
   (up to the last token of the last key's document, ``doc_last``, and within w of the last key)
   and, per tile, the group's h heads, accumulating in registers; one plain store per key tile (no
-  atomics). ``BlockSizes.win_dkv_heads`` = hp < h splits a group's heads over ceil(h / hp)
-  programs per key tile (more programs where B * G * tiles is small), whose partial dK/dV meet
-  in float32 atomic adds.
+  atomics).
 
 Work is O(T * (w + tile)) with a window and O(sum of squared document lengths / 2) without one
 (plus the tiles that straddle documents), never O(T^2) for short documents; memory is O(T).
@@ -36,7 +34,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.options import KernelChoices
@@ -165,19 +162,8 @@ def _dq_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_re
 
 # ---- backward: dK/dV ---------------------------------------------------------------------------
 def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref,
-                *refs, h, bq, bk, w, scale, prec, hp=None):
-    """``hp`` None: all h heads, plain stores; else heads [s*hp, s*hp + hp) ∩ [0, h) of split
-    s = program_id(0) % ceil(h / hp), added atomically into zero-initialised outputs."""
-    gs_, b, kt = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    if hp is None:
-        dk_ref, dv_ref = refs
-        g, h0, nh = gs_, 0, h
-    else:
-        _dk_in, _dv_in, dk_ref, dv_ref = refs
-        ns = cdiv(h, hp)
-        g = idiv(gs_, ns)
-        h0 = (gs_ - g * ns) * hp
-        nh = jnp.minimum(hp, h - h0)
+                dk_ref, dv_ref, *, h, bq, bk, w, scale, prec):
+    g, b, kt = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     T, Dk, Dv = q_ref.shape[1], q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
     c = scale * LOG2E
@@ -201,7 +187,7 @@ def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
 
         def head(j, carry):
             dk, dv = carry
-            hd = g * h + h0 + j
+            hd = g * h + j
             q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
                                               b, rows, hd, ok, cdt)
             p = probs(dot(q, k, trans_b=True, precision=prec) * c, vis, lse)
@@ -209,14 +195,10 @@ def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
             ds = dscores(p, do, v, gs, delta, prec)
             return dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec), dv
 
-        return lax.fori_loop(0, nh, head, carry)
+        return lax.fori_loop(0, h, head, carry)
 
     dk, dv = lax.fori_loop(0, nq, tile, (jnp.zeros((bk, Dk), jnp.float32),
                                          jnp.zeros((bk, Dv), jnp.float32)))
-    if hp is not None:   # outputs padded to whole key tiles: every tile add stays in bounds
-        plgpu.atomic_add(dk_ref, (b, pl.ds(kt * bk, bk), g, pl.ds(0, Dk)), dk * scale)
-        plgpu.atomic_add(dv_ref, (b, pl.ds(kt * bk, bk), g, pl.ds(0, Dv)), dv)
-        return
     k_st = jnp.where(kok, kpos, T)  # masked rows -> out of bounds (dropped)
     dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
     store(dk_ref.at[b, k_st[:, None], g, dk_[None, :]], dk * scale, kok[:, None])
@@ -239,25 +221,13 @@ def local_backward(q, k, v, start, o, lse, do, gs, window: int | None, bs: Block
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),
         compiler_params=cp, interpret=interpret, name="nsa_local_bwd_dq",
     )(start, q, k, v, do, gs, lse, delta)
-    h, nkt = Hq // G, cdiv(T, bs.win_keys)
-    hp = bs.win_dkv_heads if 0 < bs.win_dkv_heads < h else None
-    if hp is None:
-        dk, dv = pl.pallas_call(
-            functools.partial(_dkv_kernel, **kw), grid=(G, B, nkt),
-            out_shape=[jax.ShapeDtypeStruct((B, T, G, Dk), jnp.float32),
-                       jax.ShapeDtypeStruct((B, T, G, Dv), jnp.float32)],
-            compiler_params=cp, interpret=interpret, name="nsa_local_bwd_dkv",
-        )(start, doc_last(start), q, k, v, do, gs, lse, delta)
-        return dq, dk, dv
-    Tp = nkt * bs.win_keys
-    acc = [jnp.zeros((B, Tp, G, Dk), jnp.float32), jnp.zeros((B, Tp, G, Dv), jnp.float32)]
     dk, dv = pl.pallas_call(
-        functools.partial(_dkv_kernel, hp=hp, **kw), grid=(G * cdiv(h, hp), B, nkt),
-        out_shape=[jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in acc],
-        input_output_aliases={9: 0, 10: 1},
+        functools.partial(_dkv_kernel, **kw), grid=(G, B, cdiv(T, bs.win_keys)),
+        out_shape=[jax.ShapeDtypeStruct((B, T, G, Dk), jnp.float32),
+                   jax.ShapeDtypeStruct((B, T, G, Dv), jnp.float32)],
         compiler_params=cp, interpret=interpret, name="nsa_local_bwd_dkv",
-    )(start, doc_last(start), q, k, v, do, gs, lse, delta, *acc)
-    return dq, dk[:, :T], dv[:, :T]
+    )(start, doc_last(start), q, k, v, do, gs, lse, delta)
+    return dq, dk, dv
 
 
 # ---- the differentiable op ---------------------------------------------------------------------
