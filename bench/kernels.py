@@ -113,7 +113,8 @@ def bench_one(shape, T, reps, log):
     sel_f = jax.jit(lambda q, k, v, i: sel_forward(q, k, v, i, CFG, bs, scale, INTERP))
     run("sel_fwd", sel_f, [(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)])
     fw = [sel_f(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)]
-    run("sel_index", jax.jit(lambda i: inverted_index(i, T, CFG.num_sel_blocks(T), 256, CFG.sel_block)),
+    run("sel_index", jax.jit(lambda i: inverted_index(i, T, CFG.num_sel_blocks(T), 256,
+                                                      CFG.sel_block)),
         [(i,) for i in idxs])
     for mode in ("inverted", "atomic"):
         chm = KernelChoices(sel_bwd=mode)

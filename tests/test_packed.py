@@ -177,7 +177,7 @@ def test_pallas_packed_small_tiles_general_scoring(choice, kernel):
     """h=1, l'/d = 3 (general scoring path), several compressed-key tiles (a document whose
     slots start past the first tile), 16-row tiles, split compressed dK/dV; the selection by
     the gather kernels with atomic dK/dV, by the block-major pair (key ranges that start off
-    the grid, two 16-key sub-tiles for a 12-key block), or by the tiled kernels with 16-query
+    the grid; a 12-key block in one 16-key sub-tile), or by the tiled kernels with 16-query
     tiles that span documents (starts 70, 73, 103: not multiples of l' = 12, itself not a
     multiple of the 16-key sub-tile)."""
     from nsa_jax.nsa import KernelChoices
@@ -233,3 +233,19 @@ def test_pallas_packed_scores_long_documents():
     ids = jax.jit(lambda a, b, s: select_blocks_pallas(a, b, CFG, segment_ids=s))(q, kc, seg)
     np.testing.assert_array_equal(np.asarray(ids),
                                   np.asarray(ref.select_blocks(q, kc, CFG, lay)))
+
+
+def test_pallas_packed_block_major_key_ranges_in_two_sub_tiles():
+    """The block-major pair with l' = 32 walked in two 16-key sub-tiles (BlockSizes.sel_keys =
+    16): key ranges that start at an unaligned block's first key put their second sub-tile
+    across the aligned boundary and near the row end (documents starting at 0, 37, 70, 71, 109;
+    the last one cut by the row end)."""
+    from nsa_jax.nsa import KernelChoices
+    from nsa_jax.pallas import BlockSizes
+    cfg = NSAConfig(block_l=16, stride_d=8, sel_block=32, n_sel=3, window=16)
+    args, seg = packed_inputs(8, [[37, 33, 1, 38, 20]], 2, 2, 8, 8, cfg)
+    bs = BlockSizes(cmp_bwd_keys=16, cmp_keys=16, cmp_rows=16, score_sel=16, sel_keys=16,
+                    sel_rows=16, sel_dq_rows=16, sel_chunk=5)
+    ch = KernelChoices(sel_impl="gather", sel_fwd="block", sel_dq="block")
+    _pallas_vs_reference(args, seg, cfg, cotangent(9, args[0].shape), kernel="nsa_sel_bwd_block",
+                         block_sizes=bs, choices=ch)

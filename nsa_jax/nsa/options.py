@@ -29,10 +29,11 @@ class KernelChoices:
                         blocks), "block" (one program per key block and a chunk of the queries
                         that selected it: K/V loaded once, partial results merged over the n
                         slots, its index reused by the backward; ``nsa_jax/pallas/
-                        selection_block.py``) or "auto" (block for unpacked rows, groups of
-                        h <= 8 heads and bf16/fp16 inputs; on an H200 at h = 6, bf16, NSA
-                        fwd+bwd 6.5% faster at 8k and 64k; at h = 16 the block forward is 2.3x
-                        slower; float32 and packed rows were not timed: "query"). The tiled
+                        selection_block.py``) or "auto" (block for groups of h <= 8 heads
+                        and bf16/fp16 inputs, packed rows too; on an H200 at h = 6, bf16, NSA
+                        fwd+bwd 6.5% faster at 8k and 64k, packed 8k 2.52 -> 2.01 ms busy;
+                        at h = 16 the block forward is 2.3x slower; float32 was not timed:
+                        "query"). The tiled
                         selection kernels (``sel_impl``) have their own forward and ignore it.
     sel_dq:             gather backward's dQ: "query" (its own per-query kernel loads each
                         query's n blocks again), "block" (formed in the inverted dK/dV kernel,

@@ -96,8 +96,8 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
     or "block"; the tiled kernels ignore it); "auto" takes "block" only where it was measured
     faster: groups of ``h`` <= 8 heads and a 16-bit ``dtype`` (h or dtype None = unknown:
     "query"), for packed rows as for unpacked ones (their index lists each selected block once,
-    ``selection`` module docstring; measured in bench/NOTES.md, eighth session). The gather backward's dQ follows ``choices.sel_dq``:
-    "auto" takes the fused block-major backward (``sel_backward_block``) where the forward
+    ``selection`` module docstring; measured in bench/NOTES.md, eighth session). The gather
+    backward's dQ follows ``choices.sel_dq``: "auto" takes the fused block-major backward (``sel_backward_block``) where the forward
     resolved to "block" under the same rule and ``sel_bwd`` is "inverted" (the two share one
     index), else the per-query dQ kernel (``sel_backward``)."""
     ch = choices_or_default(choices)

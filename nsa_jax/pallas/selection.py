@@ -159,10 +159,13 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
 
     def block(si, dq):
         j = idx_ref[b, t, g, si]
-        valid = j >= 0
         base = jnp.maximum(j, 0) * l_sel
         if packed:
             base = start + base
+        # a block starting past t has no visible key; its (zero) atomic tiles go to 0, not past
+        # the accumulator (a caller's block_idx may name one)
+        valid = (j >= 0) & (base <= t)
+        base = jnp.where(valid, base, 0)
         for sub in range(n_sub):
             off = sub * bk + jnp.arange(bk)
             kmask = valid & (off < l_sel) & (base + off <= t)
@@ -276,7 +279,7 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
         def tile(it, carry, k=k, v=v, kpos=kpos, kvalid=kvalid):
             dk, dv = carry
             row_ok, ent, t = item_entries(qt_ref, b, g, start, count, it, qi, bq)
-            if n_slots:   # an index built with slots (the block-major forward's): t*N + slot
+            if n_slots:   # an index built with slots (the block-major forward's): t*n + slot
                 t = idiv(t, n_slots)
             q, do, gs, lse, delta = item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, t,
                                               head, row_ok, cdt)
