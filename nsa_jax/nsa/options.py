@@ -54,7 +54,10 @@ class KernelChoices:
                         2.16x dense; 512 MiB: 3 passes, 26.70 GB, 2.12x), 1 pass at 8k, B <= 5
                         (bench/NOTES.md).
     cmp_bwd_split:      parts the query range of one compressed dK/dV tile is split into
-                        (float32 atomic adds; 1 = plain stores).
+                        (float32 atomic adds; 1 = plain stores). 16: on an H200 at the 125M
+                        shape the Pallas compressed dK/dV took 0.155 / 0.258 ms at 8k (16 / 8
+                        parts), 4.93 / 5.43 ms at 64k, packed rows 0.088 / 0.138 at 8k
+                        (bench/NOTES.md, eighth session).
     score_dot:          GPU precision of the general scoring path's float32 dots (used when
                         l'/d is not a power of two): "ieee" or "tf32x3" (three tf32 passes;
                         measured 1.9x slower than ieee on an H200).
@@ -80,7 +83,7 @@ class KernelChoices:
     sel_fwd: str = "auto"
     sel_dq: str = "auto"
     sel_partial_mib: float = 1024.0
-    cmp_bwd_split: int = 8
+    cmp_bwd_split: int = 16
     score_dot: str = "ieee"
     f32_dot: str = "ieee"
     cmp_attn: str = "auto"
