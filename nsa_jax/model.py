@@ -16,12 +16,12 @@ import math
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 
 from nsa_jax import cache_update
 from nsa_jax import decode as kvcache
 from nsa_jax.config import ExecConfig, ModelConfig
+from nsa_jax.loss import chunked_cross_entropy
 from nsa_jax.nsa import NSAConfig, nsa_attention, semantics
 from nsa_jax.nsa.decoding import dense_decode_attention
 from nsa_jax.nsa.compression import compress, compress_block
@@ -411,36 +411,6 @@ class NSALM(nnx.Module):
 
     def logits(self, tokens, positions=None, segment_ids=None):
         return self.head_logits(self(tokens, positions, segment_ids)).astype(jnp.float32)
-
-
-def chunked_cross_entropy(h, w_out, targets, chunk: int, loss_mask=None):
-    """Sum and count of next-token cross-entropy without materialising [B,T,V] logits.
-
-    h [B,T,D] final hidden states, w_out [D,V] the LM head, targets [B,T]. The sequence is cut into
-    chunks of ``chunk`` tokens; each chunk's logits are computed in float32 inside a rematerialised
-    ``lax.scan`` step, so the forward and the backward hold one chunk of logits at a time.
-    """
-    B, T, D = h.shape
-    n = -(-T // chunk)
-    pad = n * chunk - T
-    mask = jnp.ones((B, T), jnp.float32) if loss_mask is None else loss_mask.astype(jnp.float32)
-    if pad:
-        h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
-        targets = jnp.pad(targets, ((0, 0), (0, pad)))
-        mask = jnp.pad(mask, ((0, 0), (0, pad)))
-    xs = (h.reshape(B, n, chunk, D).swapaxes(0, 1), targets.reshape(B, n, chunk).swapaxes(0, 1),
-          mask.reshape(B, n, chunk).swapaxes(0, 1))
-
-    @jax.checkpoint
-    def body(total, x):
-        hc, tc, mc = x
-        logits = jnp.einsum("bcd,dv->bcv", hc, w_out.astype(hc.dtype),
-                            preferred_element_type=jnp.float32)
-        ce = optax.softmax_cross_entropy_with_integer_labels(logits, tc)
-        return total + jnp.sum(ce * mc), None
-
-    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), xs)
-    return total, jnp.sum(mask)
 
 
 def lm_loss(model: NSALM, tokens, loss_mask=None, segment_ids=None):

@@ -181,6 +181,21 @@ def test_standalone_custom_vjps_and_lse_cotangent():
         assert _rel(a, b) <= TOL
 
 
+def test_count_below_is_searchsorted():
+    """The index's histogram + prefix sum equals searchsorted on sorted rows: side "left" for the
+    bounds 0..nv (values == nv, the unused slot, counted by none), "right" from entry 1 on."""
+    from nsa_jax.pallas.selection import _count_below
+    rng = np.random.default_rng(5)
+    nv = 9
+    rows = np.sort(rng.integers(0, nv + 1, size=(4, 50)), axis=-1).astype(np.int32)
+    rows[0] = nv                         # a row of unused slots only
+    rows[1, :20] = 0                     # a run at the first bound
+    got = np.asarray(jax.jit(lambda r: _count_below(r, nv))(jnp.asarray(rows)))
+    for r, g in zip(rows, got):
+        np.testing.assert_array_equal(g, np.searchsorted(r, np.arange(nv + 1), side="left"))
+        np.testing.assert_array_equal(g[1:], np.searchsorted(r, np.arange(nv), side="right"))
+
+
 @pytest.mark.parametrize("one_key", [True, False])
 def test_inverted_index_covers_every_selection_once(monkeypatch, one_key):
     """Both sorts: one packed int32 (block, entry) key, and two keys where it would not fit;

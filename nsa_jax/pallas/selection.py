@@ -327,6 +327,17 @@ def slot_keys(idx, T: int, Ts: int, doc_start=None, l_sel: int = 0):
     return jnp.where((idx >= 0) & (p <= tpos), keys, nr).astype(jnp.int32)
 
 
+def _count_below(rows, nv: int):
+    """int32 [R, nv + 1]: entry k counts the values of each row below k, i.e. entry k + 1 those
+    <= k (``jnp.searchsorted`` side "left" for the bounds 0..nv, or "right" for 0..nv-1), as a
+    histogram (one scatter-add; values >= nv dropped) and a prefix sum: two kernels where the
+    searchsorted scan runs ~20 small ones per call."""
+    R = rows.shape[0]
+    hist = jnp.zeros((R, nv), jnp.int32).at[jnp.arange(R)[:, None], rows].add(1, mode="drop")
+    below = jnp.cumsum(hist, axis=-1, dtype=jnp.int32)
+    return jnp.concatenate([jnp.zeros((R, 1), jnp.int32), below], axis=-1)
+
+
 def inverted_index(idx, T: int, Ts: int, chunk: int, l_sel: int, doc_start=None,
                    slots: bool = False):
     """Block -> query index of a selection, split into work items of <= ``chunk`` queries.
@@ -369,16 +380,14 @@ def inverted_index(idx, T: int, Ts: int, chunk: int, l_sel: int, doc_start=None,
         psort = (st + jnp.maximum(j_e, 0) * l_sel).astype(jnp.int32)
     if slots:
         tsort = esort
-    bounds = jnp.arange(nr + 1, dtype=jnp.int32)
-    starts = jax.vmap(jax.vmap(lambda row: jnp.searchsorted(row, bounds, side="left")))(jsort)
-    starts = starts.astype(jnp.int32)                       # [B,G,nr+1]
+    starts = _count_below(jsort.reshape(B * G, TN), nr).reshape(B, G, nr + 1)
     cnt = (starts[..., 1:] - starts[..., :-1]).reshape(-1)  # [B*G*nr]
     first = starts[..., :-1].reshape(-1)
     nch = (cnt + chunk - 1) // chunk
     ends = jnp.cumsum(nch)
     NC = B * G * (cdiv(TN, chunk) + nr)
     cid = jnp.arange(NC, dtype=jnp.int32)
-    blk = jnp.searchsorted(ends, cid, side="right").astype(jnp.int32)
+    blk = _count_below(ends[None], NC)[0, 1:]   # #(ends <= c), c < NC
     live = blk < B * G * nr
     blk = jnp.minimum(blk, B * G * nr - 1)
     within = cid - (ends[blk] - nch[blk])
