@@ -149,7 +149,7 @@ def test_gate_bias_must_be_three_numbers():
 
 @pytest.mark.parametrize("chunk", [1, 7, 16, 64])
 def test_chunked_loss_equals_full_logits(chunk):
-    """lm_loss (chunked, rematerialised) == mean CE over full logits; same gradients."""
+    """lm_loss (chunked, fused loss + gradient) == mean CE over full logits; same gradients."""
     m = dataclasses.replace(MCFG, loss_chunk=chunk, tie_embeddings=chunk % 2 == 0)
     model = build_model(m, NCFG)
     toks = jax.random.randint(jax.random.PRNGKey(4), (2, 30), 0, 97)
