@@ -1,5 +1,26 @@
-import jax
-import pytest
+import os
+import pkgutil
+
+
+def _gpu_plugin_installed() -> bool:
+    try:
+        import jax_plugins
+    except ImportError:
+        return False
+    return any("cuda" in m.name or "rocm" in m.name for m in pkgutil.iter_modules(jax_plugins.__path__))
+
+
+# Test speed only, CPU machines only: XLA's CPU backend compiles at LLVM -O0. The suite is bound
+# by compile time (thousands of small programs, interpret-mode kernels), which this halves; the
+# programs' results are the same, only slower to run. Subprocesses inherit it. Set before jax
+# starts its backend; a machine with a GPU plugin keeps its own flags.
+if not _gpu_plugin_installed() and "xla_backend_optimization_level" not in os.environ.get(
+        "XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_backend_optimization_level=0").strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 # Tests compare against float32 references; keep matmuls exact on every backend.
 jax.config.update("jax_default_matmul_precision", "highest")
