@@ -18,7 +18,8 @@ rematerialised scan takes four, and the gradient GEMMs take operands in the comp
 bfloat16 activations they multiply a bf16 dlogits, as torch autocast and fused linear-CE kernels
 do, rather than a float32 (tf32) one. With float32 activations every step stays float32. The
 weight is cast to the compute dtype once, outside the scan. Without differentiation (eval) only
-the logits and the CE are computed.
+the logits and the CE are computed. Being a custom VJP, the loss has reverse-mode derivatives only
+(``jax.grad``, not ``jax.jvp`` / ``jax.jacfwd``), and only into ``h`` and ``w_out``.
 """
 from __future__ import annotations
 
