@@ -59,7 +59,8 @@ def _fused_ce_fwd(hs, w, ts, ms):
         tot, dw = carry
         hc, tc, mc = x
         logits, lse, ce = _chunk_ce(hc, wc, tc)
-        onehot = jnp.arange(V, dtype=tc.dtype) == tc[..., None]
+        # the column take_along_axis scored (a negative id wraps, as in the CE above)
+        onehot = jnp.arange(V, dtype=tc.dtype) == jnp.where(tc < 0, tc + V, tc)[..., None]
         dlog = ((jnp.exp(logits - lse[..., None]) - onehot) * mc[..., None]).astype(hs.dtype)
         dh = jnp.einsum("bcv,dv->bcd", dlog, wc, preferred_element_type=jnp.float32)
         dw = dw + jnp.einsum("bcd,bcv->dv", hc, dlog, preferred_element_type=jnp.float32)

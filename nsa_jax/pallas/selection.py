@@ -331,7 +331,8 @@ def _count_below(rows, nv: int):
     """int32 [R, nv + 1]: entry k counts the values of each row below k, i.e. entry k + 1 those
     <= k (``jnp.searchsorted`` side "left" for the bounds 0..nv, or "right" for 0..nv-1), as a
     histogram (one scatter-add; values >= nv dropped) and a prefix sum: two kernels where the
-    searchsorted scan runs ~20 small ones per call."""
+    searchsorted scan runs ~20 small ones per call. Values must be >= 0 (a negative one would
+    wrap); ``inverted_index``'s keys and item ends are."""
     R = rows.shape[0]
     hist = jnp.zeros((R, nv), jnp.int32).at[jnp.arange(R)[:, None], rows].add(1, mode="drop")
     below = jnp.cumsum(hist, axis=-1, dtype=jnp.int32)
