@@ -9,9 +9,9 @@ Differentiated, it is a fused linear cross-entropy (a custom VJP). The loss is l
 cotangent g, so the forward pass of each chunk forms the logits once (``h.dtype`` x ``h.dtype`` ->
 float32), their log-sum-exp and CE, and the gradient for g = 1:
 
-    dlogits = (softmax(logits) - onehot(target)) * mask         (float32, then cast to h.dtype)
-    dh      = dlogits @ w_out^T                                  (h.dtype operands, f32 accumulation)
-    dW     += h^T @ dlogits                                      (summed over chunks in float32)
+    dlogits = (softmax(logits) - onehot(target)) * mask   (float32, then cast to h.dtype)
+    dh      = dlogits @ w_out^T                            (h.dtype operands, f32 accumulation)
+    dW     += h^T @ dlogits                                (summed over chunks in float32)
 
 and the backward only scales dh and dW by g. That is three GEMMs per chunk where autodiff of a
 rematerialised scan takes four, and the gradient GEMMs take operands in the compute dtype: with

@@ -7,7 +7,8 @@ def _gpu_plugin_installed() -> bool:
         import jax_plugins
     except ImportError:
         return False
-    return any("cuda" in m.name or "rocm" in m.name for m in pkgutil.iter_modules(jax_plugins.__path__))
+    names = [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
+    return any("cuda" in n or "rocm" in n for n in names)
 
 
 # Test speed only, CPU machines only: XLA's CPU backend compiles at LLVM -O0. The suite is bound
