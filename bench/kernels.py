@@ -40,7 +40,11 @@ import jax.numpy as jnp
 from nsa_jax.nsa import KernelChoices, NSAConfig, nsa_attention
 from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import BlockSizes, selection_kernels
-from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
+from nsa_jax.pallas.compressed import cmp_backward, cmp_forward
+try:  # an older tree (PYTHONPATH=.old/...) kept the scoring kernel in compressed.py
+    from nsa_jax.pallas.scoring import cmp_block_scores
+except ImportError:
+    from nsa_jax.pallas.compressed import cmp_block_scores
 from nsa_jax.pallas.selection import inverted_index, sel_backward, sel_forward
 from nsa_jax.pallas.selection_tiled import (sel_tiled_backward, sel_tiled_bwd_dkv,
                                              sel_tiled_bwd_dq, sel_tiled_forward, tile_index)

@@ -190,7 +190,8 @@ def bench_point(shape, T, reps, xunhao, log):
     from kernels import CFG, make_inputs
     from nsa_jax.nsa import KernelChoices, nsa_attention
     from nsa_jax.pallas import BlockSizes, selection_kernels
-    from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
+    from nsa_jax.pallas.compressed import cmp_backward, cmp_forward
+    from nsa_jax.pallas.scoring import cmp_block_scores
     from nsa_jax.pallas.topn import topn_pallas
 
     Hq, G, D = SHAPES[shape]

@@ -4,8 +4,8 @@ apart, per ``BlockSizes`` variant, with the result checked against the product's
     PYTHONPATH=. python bench/score_topn.py [--shape 125m] [--T 8192 65536] [--reps 20] \
         [--variants "topn_warps=1 topn_elems=1024" "score_warps=8" ...] [--out F]
 
-Each variant is a space-separated list of ``BlockSizes`` field overrides ("" = the defaults,
-always run first). Scores must equal the default's to 1e-6 relative and the ids exactly (the
+Each variant is a space-separated list of ``BlockSizes`` or ``KernelChoices`` field overrides
+("" = the defaults, always run first; e.g. "score_heads=loop score_q=64"). Scores must equal the default's to 1e-6 relative and the ids exactly (the
 variants change tiles, not arithmetic). Inputs: ``bench/kernels.make_inputs`` (bf16, random),
 lse from the Pallas compressed forward. Runs against an older tree too
 (``PYTHONPATH=old/tree``: a ``topn_pallas`` without ``bs`` takes its fixed tile) for a
@@ -28,8 +28,13 @@ import jax.numpy as jnp  # noqa: E402
 from kernels import CFG, INTERP, SHAPES, make_inputs, timed  # noqa: E402
 from kernels import fields  # noqa: E402
 
+from nsa_jax.nsa.options import KernelChoices  # noqa: E402
 from nsa_jax.pallas.common import BlockSizes  # noqa: E402
-from nsa_jax.pallas.compressed import cmp_block_scores, cmp_forward  # noqa: E402
+from nsa_jax.pallas.compressed import cmp_forward  # noqa: E402
+try:  # an older tree (PYTHONPATH=.old/...) kept the scoring kernel in compressed.py
+    from nsa_jax.pallas.scoring import cmp_block_scores  # noqa: E402
+except ImportError:
+    from nsa_jax.pallas.compressed import cmp_block_scores  # noqa: E402
 from nsa_jax.pallas.topn import topn_pallas  # noqa: E402
 
 
@@ -51,9 +56,14 @@ def main(argv=None):
         lse = jax.jit(lambda q, kc: cmp_forward(q, kc, None, CFG, base, scale, INTERP)[1])(q, kc)
         ref_s = ref_i = None
         for var in [""] + [v for v in a.variants if v]:
-            bs = dataclasses.replace(base, **fields(var.split(), BlockSizes))
-            score = jax.jit(lambda q, kc, lse, bs=bs: cmp_block_scores(q, kc, lse, CFG, bs, scale,
-                                                                       INTERP))
+            kc_names = {f.name for f in dataclasses.fields(KernelChoices)}
+            specs = var.split()
+            ch = KernelChoices(**fields([x for x in specs if x.split("=")[0] in kc_names],
+                                        KernelChoices))
+            bs = dataclasses.replace(base, **fields(
+                [x for x in specs if x.split("=")[0] not in kc_names], BlockSizes))
+            score = jax.jit(lambda q, kc, lse, bs=bs, ch=ch: cmp_block_scores(
+                q, kc, lse, CFG, bs, scale, INTERP, choices=ch))
             kw = {"bs": bs} if "bs" in inspect.signature(topn_pallas).parameters else {}
             topn = jax.jit(lambda s, kw=kw: topn_pallas(s, CFG, INTERP, **kw))
             r = {"T": T, "variant": var or "default"}

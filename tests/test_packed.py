@@ -217,20 +217,26 @@ def test_pallas_packed_grouped_cmp_matches_reference():
     assert "nsa_cmp_scores" in jaxpr and "nsa_cmp_fwd" not in jaxpr   # the grouped path ran
 
 
-def test_pallas_packed_scores_long_documents():
+@pytest.mark.parametrize("layout", ["rows", "loop"])
+def test_pallas_packed_scores_long_documents(layout):
     """Packed scoring + top-n over documents long enough that whole scoring steps (64 slots at
     d = 4) precede a tile's first query (the steps that skip the causal mask), one starting
-    mid-tile: scores and ids equal the reference's; h = 3 pads to 4 head slots."""
+    mid-tile: scores and ids equal the reference's; h = 3 pads to 4 head slots in the rows
+    layout, and runs as 3 looped heads of 16-query tiles in the loop layout."""
+    from nsa_jax.nsa import KernelChoices
     from nsa_jax.nsa import reference as ref
-    from nsa_jax.pallas import block_scores_pallas, select_blocks_pallas
+    from nsa_jax.pallas import BlockSizes, block_scores_pallas, select_blocks_pallas
     args, seg = packed_inputs(9, [[301, 5, 330]], 6, 2, 8, 8, CFG)
     q, kc = args[0], args[1]
     lay = semantics.segment_layout(seg, CFG)
     T = q.shape[1]
+    kw = dict(choices=KernelChoices(score_heads=layout), block_sizes=BlockSizes(score_q=16))
     want = ref.block_scores(ref.cmp_probs(q, kc, CFG, lay), T, CFG, lay)
-    got = jax.jit(lambda a, b, s: block_scores_pallas(a, b, CFG, segment_ids=s))(q, kc, seg)
+    got = jax.jit(lambda a, b, s: block_scores_pallas(a, b, CFG, segment_ids=s, **kw))(q, kc,
+                                                                                       seg)
     assert rel_err(got, want) <= 1e-6
-    ids = jax.jit(lambda a, b, s: select_blocks_pallas(a, b, CFG, segment_ids=s))(q, kc, seg)
+    ids = jax.jit(lambda a, b, s: select_blocks_pallas(a, b, CFG, segment_ids=s, **kw))(q, kc,
+                                                                                       seg)
     np.testing.assert_array_equal(np.asarray(ids),
                                   np.asarray(ref.select_blocks(q, kc, CFG, lay)))
 

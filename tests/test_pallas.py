@@ -85,19 +85,55 @@ def test_parity_default_config():
     (dataclasses.replace(TINY, n_sel=6, n_init=2, n_local=3), 40, 1, 1),  # Ts=3 < n_sel
     (dataclasses.replace(TINY, sel_block=12), 400, 3, 1),  # l'/d = 3: general (dot) scoring path
 ])
-def test_block_scores_and_selection_exact(cfg, T, h, G):
+@pytest.mark.parametrize("layout", ["rows", "loop"])
+def test_block_scores_and_selection_exact(cfg, T, h, G, layout):
+    """Both scoring tile layouts (``KernelChoices.score_heads``): (query, head) rows with h
+    padded to a power of two, or 16-query tiles of one head with the heads looped per step
+    (several tiles, a last partial one)."""
     args, _ = _inputs(T + h, 1, T, h * G, G, cfg)
     q, kc = args[0], args[1]
+    ch = KernelChoices(score_heads=layout)
+    bs = BlockSizes(score_q=16)
     s_ref = ref.block_scores(ref.cmp_probs(q, kc, cfg), T, cfg)
-    s_pal = jax.jit(lambda a, b: block_scores_pallas(a, b, cfg))(q, kc)
+    s_pal = jax.jit(lambda a, b: block_scores_pallas(a, b, cfg, bs, choices=ch))(q, kc)
     assert s_pal.shape == s_ref.shape
     assert _rel(s_pal, s_ref) <= 1e-6
     i_ref = ref.select_blocks(q, kc, cfg)
-    i_pal = jax.jit(lambda a, b: select_blocks_pallas(a, b, cfg))(q, kc)
+    i_pal = jax.jit(lambda a, b: select_blocks_pallas(a, b, cfg, bs, choices=ch))(q, kc)
     assert i_pal.dtype == jnp.int32
     np.testing.assert_array_equal(np.asarray(i_pal), np.asarray(i_ref))
     np.testing.assert_array_equal(np.asarray(select_blocks(q, kc, cfg, impl="pallas")),
                                   np.asarray(i_ref))
+
+
+def test_score_layout_auto_rule():
+    """"auto" takes the loop layout where h is not a power of two and the h query tiles of the
+    tile in use (score_q queries x Dk) fit 48 KB; explicit choices are kept."""
+    from nsa_jax.pallas.scoring import score_layout
+    auto = KernelChoices()
+    assert score_layout(6, 64, 2, auto, 64) == "loop"            # 48 KB: fits
+    assert score_layout(6, 64, 4, auto, 64) == "rows"            # float32: 96 KB
+    assert score_layout(6, 64, 4, auto, 32) == "loop"            # float32, half the queries
+    assert score_layout(3, 64, 2, auto, 256) == "rows"           # 96 KB at score_q 256
+    assert score_layout(7, 64, 2, auto, 32) == "loop"
+    assert score_layout(16, 64, 2, auto, 16) == "rows"           # a power of two: no padding
+    assert score_layout(16, 64, 2, KernelChoices(score_heads="loop"), 64) == "loop"
+    assert score_layout(6, 64, 2, KernelChoices(score_heads="rows"), 64) == "rows"
+
+
+def test_block_scores_loop_default_tile_shorter_than_t():
+    """The loop layout at the default 64-query tile with T = 40 < 64 (one partial tile) and
+    h = 3, bf16 inputs against the rows layout and float32 against the reference."""
+    cfg = dataclasses.replace(TINY, n_sel=6, n_init=2, n_local=3)
+    args, _ = _inputs(43, 1, 40, 6, 2, cfg)
+    q, kc = args[0], args[1]
+    loop, rows = KernelChoices(score_heads="loop"), KernelChoices(score_heads="rows")
+    got = jax.jit(lambda a, b: block_scores_pallas(a, b, cfg, choices=loop))(q, kc)
+    assert _rel(got, ref.block_scores(ref.cmp_probs(q, kc, cfg), 40, cfg)) <= 1e-6
+    qb, kb = q.astype(jnp.bfloat16), kc.astype(jnp.bfloat16)
+    lb = jax.jit(lambda a, b: block_scores_pallas(a, b, cfg, choices=loop))(qb, kb)
+    rb = jax.jit(lambda a, b: block_scores_pallas(a, b, cfg, choices=rows))(qb, kb)
+    assert _rel(lb, rb) <= 1e-6
 
 
 @pytest.mark.parametrize("branches", [("slc",), ("cmp", "win")])
@@ -265,7 +301,8 @@ def test_packed_inverted_index_lists_each_pair_once_under_a_range_holding_its_ke
             assert len({r for r in ranges if r[:2] == (b, g)}) <= 2 * Ts - 1
 
 
-@pytest.mark.parametrize("field,value", [("cmp_rows", 48), ("sel_keys", 8), ("num_warps", 3)])
+@pytest.mark.parametrize("field,value", [("cmp_rows", 48), ("sel_keys", 8), ("num_warps", 3),
+                                         ("score_q", 8), ("score_q", 48)])
 def test_block_sizes_reject_bad_values(field, value):
     with pytest.raises(ValueError, match=f"BlockSizes.{field}"):
         BlockSizes(**{field: value})
@@ -275,7 +312,8 @@ def test_block_sizes_reject_bad_values(field, value):
                                          ("sel_impl", "dense"), ("sel_tiled_max_t", -1),
                                          ("cmp_bwd_split", 0), ("sel_fwd", "x"),
                                          ("sel_dq", "x"), ("sel_partial_mib", 0),
-                                         ("sel_partial_mib", "512"), ("sel_partial_mib", True)])
+                                         ("sel_partial_mib", "512"), ("sel_partial_mib", True),
+                                         ("score_heads", "heads")])
 def test_kernel_choices_reject_bad_values(field, value):
     with pytest.raises(ValueError, match=f"kernel.{field}"):
         KernelChoices(**{field: value})

@@ -117,20 +117,21 @@ def test_sel_block_passes_bf16_matches_f32_reference():
         sel_partial_mib=16))
 
 
-@pytest.mark.parametrize("shape", ["125m", "bench"])
-def test_scores_and_selection_f32(shape):
+@pytest.mark.parametrize("shape,layout", [("125m", "rows"), ("125m", "loop"), ("bench", "auto")])
+def test_scores_and_selection_f32(shape, layout):
     """float32 on the GPU: fused scores match the reference's Eq. 9-10 and the selection agrees
-    except at near-ties."""
+    except at near-ties; both scoring tile layouts at h = 6."""
     Hq, G, D = SHAPES[shape]
     T = 2048
     args, _ = _inputs(7, T, Hq, G, D, jnp.float32)
     q, kc = args[0], args[1]
-    sp = jax.jit(lambda a, b: block_scores_pallas(a, b, CFG))(q, kc)
+    ch = KernelChoices(score_heads=layout)
+    sp = jax.jit(lambda a, b: block_scores_pallas(a, b, CFG, choices=ch))(q, kc)
     with jax.default_matmul_precision("highest"):
         sr = jax.jit(lambda a, b: ref.block_scores(ref.cmp_probs(a, b, CFG), T, CFG))(q, kc)
         ir = jax.jit(lambda a, b: ref.select_blocks(a, b, CFG))(q, kc)
     assert _rel(sp, sr) <= 1e-5
-    ip = jax.jit(lambda a, b: select_blocks_pallas(a, b, CFG))(q, kc)
+    ip = jax.jit(lambda a, b: select_blocks_pallas(a, b, CFG, choices=ch))(q, kc)
     agree = float(jnp.mean(jnp.all(ip == ir, axis=-1)))
     assert agree >= 0.999, f"selection rows agreeing: {agree:.4f}"
 

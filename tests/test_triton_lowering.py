@@ -92,6 +92,20 @@ def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl, sel_f
         assert not {"nsa_sel_fwd", "nsa_sel_bwd_dq", "nsa_sel_bwd_dkv"} & names, names
 
 
+@pytest.mark.parametrize("layout,sel_block", [("rows", 64), ("loop", 64), ("loop", 48)])
+def test_scoring_layouts_lower_to_triton(monkeypatch, layout, sel_block):
+    """Both scoring tile layouts (``KernelChoices.score_heads``), the loop one on the fast path
+    (l'/d = 4) and the general path (l'/d = 3: float32 dots)."""
+    cfg = NSAConfig(sel_block=sel_block)
+    Tc = cfg.num_cmp_blocks(T)
+    compiled_kernels(monkeypatch)
+    names = triton_kernels(
+        lambda q, kc: pnsa.block_scores_pallas(q, kc, cfg,
+                                               choices=KernelChoices(score_heads=layout)),
+        S(B, T, G * h, D), S(B, Tc, G, D))
+    assert "nsa_cmp_scores" in names, names
+
+
 @pytest.mark.parametrize("window", [512, None])
 def test_local_kernels_lower_to_triton(window):
     def f(q, k, v, start):

@@ -14,6 +14,7 @@ SEL_FWDS = ("auto", "query", "block")
 SEL_DQS = ("auto", "query", "block")
 SEL_FWD_BLOCK_MAX_H = 8   # sel_fwd "auto": block-major forward for groups of at most 8 heads
 SCORE_DOTS = ("ieee", "tf32x3")
+SCORE_HEADS = ("auto", "rows", "loop")
 F32_DOTS = ("ieee", "tf32")
 CMP_ATTNS = ("auto", "pallas", "cudnn", "xla")
 
@@ -61,6 +62,15 @@ class KernelChoices:
     score_dot:          GPU precision of the general scoring path's float32 dots (used when
                         l'/d is not a power of two): "ieee" or "tf32x3" (three tf32 passes;
                         measured 1.9x slower than ieee on an H200).
+    score_heads:        tile layout of the selection-scoring kernel (``nsa_jax/pallas/scoring.py``):
+                        "rows" ((query, head) rows, h padded to a power of two, heads summed by
+                        reshape), "loop" (rows of one head, the group's h heads looped inside
+                        each key step and summed in place: no padded head slots) or "auto"
+                        (loop where h is not a power of two and its h query tiles fit 48 KB,
+                        else rows). On an H100 at the 125M shape (h = 6), bf16: the scoring
+                        kernel 2.80 -> 1.49 ms at 64k, 0.19 -> 0.13 ms at 8k; the NSA 64k train
+                        step 347.4 -> 329.5 ms. At h = 16 rows is faster (bench/NOTES.md, tenth
+                        session).
     f32_dot:            GPU precision of every other matmul of the op on float32 inputs: "ieee"
                         (exact float32 products, whatever ``jax_default_matmul_precision`` says:
                         the Pallas dots and the window branch's XLA einsums) or "tf32" (tensor-
@@ -85,6 +95,7 @@ class KernelChoices:
     sel_partial_mib: float = 1024.0
     cmp_bwd_split: int = 16
     score_dot: str = "ieee"
+    score_heads: str = "auto"
     f32_dot: str = "ieee"
     cmp_attn: str = "auto"
 
@@ -105,6 +116,8 @@ class KernelChoices:
                  "kernel.sel_bwd: inverted, got 'atomic'")
         if self.score_dot not in SCORE_DOTS:
             fail("score_dot", f"one of {list(SCORE_DOTS)}, got {self.score_dot!r}")
+        if self.score_heads not in SCORE_HEADS:
+            fail("score_heads", f"one of {list(SCORE_HEADS)}, got {self.score_heads!r}")
         if self.cmp_attn not in CMP_ATTNS:
             fail("cmp_attn", f"one of {list(CMP_ATTNS)}, got {self.cmp_attn!r}")
         if self.f32_dot not in F32_DOTS:

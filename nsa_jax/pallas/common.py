@@ -196,6 +196,8 @@ class BlockSizes:
     cmp_keys:     compressed keys per tile in the compressed-attention forward.
     score_sel:    selection blocks per scoring tile (S); the scoring kernel walks compressed
                   keys in steps of S * l'/d so each step finishes S block scores.
+    score_q:      queries per scoring tile in the "loop" layout (``KernelChoices.score_heads``):
+                  rows of one head, the group's h heads looped per key step.
     sel_keys:     keys per sub-tile of a selected block (l' is split or masked to this).
     sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
@@ -217,6 +219,7 @@ class BlockSizes:
     cmp_rows: int = 128
     cmp_keys: int = 128
     score_sel: int = 16
+    score_q: int = 64
     sel_keys: int = 64
     sel_rows: int = 128
     sel_chunk: int = 1024
@@ -234,7 +237,7 @@ class BlockSizes:
     topn_warps: int = 1
 
     def __post_init__(self):
-        for f in ("cmp_rows", "cmp_keys", "score_sel", "sel_keys", "sel_rows", "cmp_bwd_keys",
+        for f in ("cmp_rows", "cmp_keys", "score_sel", "score_q", "sel_keys", "sel_rows", "cmp_bwd_keys",
                   "sel_tile_q", "win_q", "win_keys", "sel_dq_rows", "topn_elems"):
             v = getattr(self, f)
             if v < MIN_DOT or v & (v - 1):

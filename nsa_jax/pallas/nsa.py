@@ -1,7 +1,7 @@
 """``nsa_attention_pallas``: NSA attention (Eq. 5) from the Pallas kernels.
 
 Branches: compressed attention (``compressed``), block selection from the fused scores
-(``compressed.cmp_block_scores`` + ``topn.topn_pallas``), selected-block attention
+(``scoring.cmp_block_scores`` + ``topn.topn_pallas``), selected-block attention
 (``selection``) and the sliding window (``window``), gated and summed like the reference
 (``semantics.combine``). Kernels run compiled on a GPU and through
 the Pallas interpreter elsewhere (``jax.default_backend()``).
@@ -35,7 +35,8 @@ from nsa_jax.nsa.options import SEL_FWD_BLOCK_MAX_H, KernelChoices
 from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped
 from nsa_jax.pallas.common import (BlockSizes, choices_or_default, cudnn_applies, pad_dim,
                                    padded_dims, stored_dtype, use_interpret)
-from nsa_jax.pallas.compressed import cmp_backward, cmp_block_scores, cmp_forward
+from nsa_jax.pallas.compressed import cmp_backward, cmp_forward
+from nsa_jax.pallas.scoring import cmp_block_scores
 from nsa_jax.pallas.selection import atomic_mode, sel_backward, sel_forward
 from nsa_jax.pallas.selection_block import sel_backward_block, sel_forward_block
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward

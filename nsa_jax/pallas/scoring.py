@@ -1,0 +1,228 @@
+"""Fused selection-block scoring (NSA Eq. 8-10): a Pallas kernel.
+
+A second pass over the compressed keys after the compressed forward (``compressed.py``), which
+returns the base-2 log-sum-exp it needs: it recomputes p_cmp = exp2(s - lse) tile by tile,
+weights it by the overlap W[i, j] = |[i*d, i*d+l) ∩ [j*l', (j+1)*l')| / d (Eq. 9, from iotas)
+and sums the h heads of each query of a KV group (Eq. 10). It walks the compressed keys in steps
+of S*l'/d, which finishes S selection blocks per step; the block a step's last compressed keys
+spill into is carried to the next step. Output: scores [B,T,G,Ts] float32 -- no [B,T,Hq,Tc]
+probability tensor ever reaches memory.
+
+Two tile layouts (``KernelChoices.score_heads``):
+
+* "rows": a tile's rows are (query, head) pairs, h padded to a power of two hs, so the group's
+  heads share one K load and one dot per step. When l'/d is a power of two (the fast path) p is
+  summed over the hs row slots and over each selection block's r = l'/d compressed blocks by
+  reshape + sum on the CUDA cores, and the part of a compressed block that spills into the next
+  selection block is moved one column by a [bq, S, S] 0/1 contraction; otherwise (general path)
+  two float32 dots, p @ W and a 0/1 head-sum matrix.
+* "loop": a tile's rows are ``BlockSizes.score_q`` queries of one head, and the h heads are a
+  loop inside each key step (one K load, h dots): p of every head lands in the same [queries,
+  keys] layout and is summed there. No padded head slots (h = 6 runs 6 of 8 in "rows") and no
+  head reshape; the block sums are the same as the rows layout's, on one row per query.
+
+Packed documents (``seg``): one pass per document of a query tile, each the unpacked
+computation in that document's coordinates (slot lo + i is its block i, the query's position is
+r(t), selection block (i - lo)*d // l') over the rows of that document only.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from nsa_jax.nsa.config import NSAConfig
+from nsa_jax.nsa.options import KernelChoices
+from nsa_jax.pallas.common import (LOG2E, MIN_DOT, POS_INF, BlockSizes, cdiv,
+                                   choices_or_default, compiler_params, dot, dot_precision, idiv,
+                                   load, next_pow2, probs, score_precision, store)
+from nsa_jax.pallas.compressed import _load_rows, _num_visible, _rows, _tile_rows
+
+
+def _overlap(i, j, d: int, l: int, l_sel: int):
+    """|[i*d, i*d+l) ∩ [j*l', (j+1)*l')| / d, broadcasting int arrays i and j (Eq. 9)."""
+    lo = jnp.maximum(i * d, j * l_sel)
+    hi = jnp.minimum(i * d + l, (j + 1) * l_sel)
+    return jnp.maximum(hi - lo, 0).astype(jnp.float32) / d
+
+
+def score_layout(h: int, Dk: int, itemsize: int, choices: KernelChoices | None,
+                 score_q: int) -> str:
+    """``KernelChoices.score_heads`` resolved: "auto" -> "loop" when h is not a power of two
+    (the rows layout pads it) and the h query tiles a program keeps (``score_q`` queries x Dk
+    each) fit 48 KB, else "rows"."""
+    c = choices_or_default(choices).score_heads
+    if c != "auto":
+        return c
+    fits = h * score_q * Dk * itemsize <= 48 * 1024
+    return "loop" if h & (h - 1) and fits else "rows"
+
+
+def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d, l, l_sel,
+                  scale, prec, sprec, fast, loop, packed=False):
+    """Eq. 8-10 for one tile of queries x the h heads of group g (module docstring).
+
+    Rows layout: query qi = row // hs, head = row % hs. Loop layout (``loop``): row = query,
+    hs = 1, and the h heads are loaded as h query tiles. A step's spill into the next step's
+    first block is carried as a vector.
+
+    Packed (refs start with cmp_lo, rel, start [B,T]): one pass per document of the tile, each
+    the unpacked computation in that document's coordinates over the rows of that document
+    only; each pass writes every score column of its rows.
+    """
+    if packed:
+        lo_ref, rel_ref, st_ref, sc_ref = refs
+    else:
+        (sc_ref,) = refs
+    qt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    T, Tc, Dk = q_ref.shape[1], k_ref.shape[1], q_ref.shape[-1]
+    Ts = sc_ref.shape[-1]
+    bq = rows // hs
+    nq = bq if fast or loop else max(MIN_DOT, next_pow2(bq))  # query rows of a score tile
+    qi, head, t, ok = _rows(qt, g, h, rows, T, hs)   # loop: hs = 1, one row per query
+    if loop:   # h tiles of one head each (head = g*h here): the group's heads g*h + e
+        heads = [(_load_rows(q_ref, b, t, head + e, ok, Dk),
+                  load(lse_ref.at[b, t, head + e], ok, POS_INF)) for e in range(h)]
+    else:
+        q = _load_rows(q_ref, b, t, head, ok, Dk)
+        lse = load(lse_ref.at[b, t, head], ok, POS_INF)
+    u = jnp.arange(nq)
+    tq = qt * bq + u
+    q_ok = (u < bq) & (tq < T)
+    tq_st = jnp.where(q_ok, tq, T)
+    col = jnp.arange(S)
+    if not packed:
+        n_vis = _num_visible(jnp.minimum(qt * bq + bq - 1, T - 1), d, l, Tc)
+    c = scale * LOG2E
+    if not (fast or loop):
+        # A[u, row] = 1 iff the row belongs to query u of the tile: the head sum (Eq. 10).
+        A = ((u[:, None] == qi[None, :]) & ok[None, :]).astype(jnp.float32)
+    if fast:
+        shift = (col[:, None] + 1 == col[None, :]).astype(jnp.float32)  # [S, S]: column c -> c+1
+
+    def scores(rmask, qmask, tv, lo, n_vis, n_full):
+        """Every score column of the rows ``rmask`` (queries ``qmask``) at positions ``tv``,
+        over slots lo + i, i < n_vis (lo = None: slot i). The first ``n_full`` steps are
+        visible to every row of ``rmask`` (their slots end before the first row's position):
+        they skip the causal mask (Eq. 8), and unpacked they skip the row mask too, since a
+        masked row's lse is +inf and its p is 0 anyway."""
+        kbase = (lambda kt: kt * step) if lo is None else (lambda kt: lo + kt * step)
+
+        def put(kt, sc):
+            jj = kt * S + col
+            jj_ok = jj < Ts
+            store(sc_ref.at[b, tq_st[:, None], g, jnp.where(jj_ok, jj, Ts)[None, :]], sc,
+                  qmask[:, None] & jj_ok[None, :])
+
+        def score_step(kt, carry, causal=True):
+            ii = kt * step + jnp.arange(bks)
+            imask = (jnp.arange(bks) < step) & (ii < n_vis)
+            k = load(k_ref.at[b, pl.ds(kbase(kt), bks), g, :], imask[:, None])
+            if causal:
+                vis = rmask[:, None] & imask[None, :] & (ii[None, :] * d + (l - 1) <= tv[:, None])
+            elif packed:
+                vis = rmask[:, None] & imask[None, :] if bks != step else rmask[:, None]
+            else:
+                vis = imask[None, :] if bks != step else True
+            if loop:   # p_cmp (Eq. 8) of each head, summed over the group in place (Eq. 10)
+                p = sum(probs(dot(qh, k, trans_b=True, precision=prec) * c, vis, lh)
+                        for qh, lh in heads)
+            else:
+                p = probs(dot(q, k, trans_b=True, precision=prec) * c, vis, lse)  # Eq. 8
+            first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
+            if fast:
+                pg = p if loop else jnp.sum(p.reshape(bq, hs, bks), axis=1)  # [bq, step]
+                js = kt * S + idiv(jnp.arange(bks), r)  # block each compressed block starts in
+                w_main = _overlap(ii, js, d, l, l_sel)
+                w_next = _overlap(ii, js + 1, d, l, l_sel)
+                main = jnp.sum((pg * w_main[None, :]).reshape(bq, S, r), axis=2)
+                nxt = jnp.sum((pg * w_next[None, :]).reshape(bq, S, r), axis=2)  # owed to col + 1
+                moved = jnp.sum(nxt[:, :, None] * shift[None, :, :], axis=1)
+                put(kt, main + moved + first)
+                return jnp.sum(jnp.where(col[None, :] == S - 1, nxt, 0.0), axis=1)
+            W = _overlap(ii[:, None], (kt * S + col)[None, :], d, l, l_sel)  # [bks, S], Eq. 9
+            pw = dot(p, W, precision=sprec) + first
+            put(kt, pw if loop else dot(A, pw, precision=sprec))
+            w_spill = _overlap(ii, (kt + 1) * S, d, l, l_sel)  # into the next step's first block
+            return jnp.sum(p * w_spill[None, :], axis=1)
+
+        n_steps = idiv(n_vis + (step - 1), step)
+        n_full = jnp.minimum(n_full, n_steps)
+        carry = lax.fori_loop(0, n_full, functools.partial(score_step, causal=False),
+                              jnp.zeros((nq if fast or loop else rows,), jnp.float32))
+        carry = lax.fori_loop(n_full, n_steps, score_step, carry)
+        n_tiles = cdiv(Ts, S)
+
+        @pl.when(n_steps < n_tiles)  # the block the last visible step spills into
+        def _():
+            first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
+            put(n_steps, first if fast or loop else dot(A, first, precision=sprec))
+
+        def zeros(kt, _):  # blocks no query of the tile can see yet
+            put(kt, jnp.zeros((nq, S), jnp.float32))
+
+        lax.fori_loop(n_steps + 1, n_tiles, zeros, None)
+
+    if not packed:
+        n_full = idiv(_num_visible(jnp.minimum(qt * bq, T - 1), d, l, Tc), step)
+        scores(ok, q_ok, t, None, n_vis, n_full)
+        return
+    rel = load(rel_ref.at[b, t], ok)
+    st_r = load(st_ref.at[b, t], ok, -1)
+    tq_ld = jnp.where(q_ok, tq, 0)
+    st_q = load(st_ref.at[b, tq_ld], q_ok, T)
+    rel_q = load(rel_ref.at[b, tq_ld], q_ok, -1)
+    lo_q = load(lo_ref.at[b, tq_ld], q_ok, Tc)
+    n_docs = 1 + jnp.sum((q_ok & (rel_q == 0) & (u > 0)).astype(jnp.int32))
+
+    def doc(_, cur):  # cur: first token of this pass's document
+        qmask = q_ok & (st_q == cur)
+        lo = jnp.min(jnp.where(qmask, lo_q, Tc))
+        n_vis = _num_visible(jnp.max(jnp.where(qmask, rel_q, -1)), d, l, Tc)
+        n_full = idiv(_num_visible(jnp.min(jnp.where(qmask, rel_q, T)), d, l, Tc), step)
+        scores(ok & (st_r == cur), qmask, rel, lo, n_vis, n_full)
+        return jnp.min(jnp.where(q_ok & (st_q > cur), st_q, T))
+
+    lax.fori_loop(0, n_docs, doc, st_ref[b, qt * bq])
+
+
+def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool,
+                     *, choices: KernelChoices | None = None, seg=None):
+    """Group-shared selection-block importance [B,T,G,Ts] (Eq. 9-10) from the compressed
+    attention's lse; equals ``reference.block_scores(reference.cmp_probs(q, kc))``. The tile
+    layout follows ``choices.score_heads`` (``score_layout``); the general path's float32 dots
+    use ``choices.score_dot``. ``seg``: packed rows (``compressed.cmp_forward``); the scores
+    are then over each query's document-relative blocks."""
+    B, T, Hq, Dk = q.shape
+    Tc, G = kc.shape[1], kc.shape[2]
+    Ts = cfg.num_sel_blocks(T)
+    h = Hq // G
+    if Tc == 0:
+        return jnp.zeros((B, T, G, Ts), jnp.float32)
+    S = bs.score_sel
+    r = cfg.sel_block // cfg.stride_d
+    step = S * r
+    fast = r & (r - 1) == 0
+    loop = score_layout(h, Dk, jnp.dtype(q.dtype).itemsize, choices, bs.score_q) == "loop"
+    if loop:
+        hs, rows = 1, bs.score_q
+    elif fast:
+        hs = next_pow2(h)
+        rows = max(min(_tile_rows(h, bs), MIN_DOT * hs), MIN_DOT)  # <= 16 queries per tile
+    else:
+        hs, rows = h, _tile_rows(h, bs)
+    kern = functools.partial(
+        _score_kernel, h=h, hs=hs, rows=rows, S=S, r=r, step=step,
+        bks=max(MIN_DOT, next_pow2(step)), d=cfg.stride_d, l=cfg.block_l, l_sel=cfg.sel_block,
+        scale=scale, prec=dot_precision(q.dtype, interpret, choices),
+        sprec=score_precision(choices_or_default(choices).score_dot, interpret), fast=fast,
+        loop=loop, packed=seg is not None)
+    return pl.pallas_call(
+        kern, grid=(cdiv(T, rows // hs), G, B),
+        out_shape=jax.ShapeDtypeStruct((B, T, G, Ts), jnp.float32),
+        compiler_params=compiler_params(bs.score_warps, bs.num_stages),
+        interpret=interpret, name="nsa_cmp_scores",
+    )(q, kc, lse, *(() if seg is None else (seg.cmp_lo, seg.rel, seg.start)))
