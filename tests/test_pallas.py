@@ -78,14 +78,20 @@ def test_parity_default_config():
     _assert_parity(args, cot, cfg)
 
 
-@pytest.mark.parametrize("cfg,T,h,G", [
-    (TINY, 600, 2, 2),  # > score_sel selection blocks: several scoring steps and zero tiles
-    (NSAConfig(), 1100, 6, 1),
-    (NSAConfig(block_l=16, stride_d=8, sel_block=32, n_sel=5, n_init=0, n_local=0), 300, 3, 1),
-    (dataclasses.replace(TINY, n_sel=6, n_init=2, n_local=3), 40, 1, 1),  # Ts=3 < n_sel
-    (dataclasses.replace(TINY, sel_block=12), 400, 3, 1),  # l'/d = 3: general (dot) scoring path
+_GEN = dataclasses.replace(TINY, sel_block=12)  # l'/d = 3: the general (dot) scoring path
+
+
+@pytest.mark.parametrize("cfg,T,h,G,layout", [
+    (TINY, 600, 2, 2, "rows"),  # > score_sel selection blocks: several scoring steps, zero tiles
+    (TINY, 600, 2, 2, "loop"),
+    (NSAConfig(), 1100, 6, 1, "loop"),
+    (NSAConfig(), 1100, 6, 1, "rows"),
+    (NSAConfig(block_l=16, stride_d=8, sel_block=32, n_sel=5, n_init=0, n_local=0), 300, 3, 1,
+     "loop"),
+    (dataclasses.replace(TINY, n_sel=6, n_init=2, n_local=3), 40, 1, 1, "rows"),  # Ts=3 < n_sel
+    (_GEN, 400, 3, 1, "loop"),
+    (_GEN, 400, 3, 1, "rows"),
 ])
-@pytest.mark.parametrize("layout", ["rows", "loop"])
 def test_block_scores_and_selection_exact(cfg, T, h, G, layout):
     """Both scoring tile layouts (``KernelChoices.score_heads``): (query, head) rows with h
     padded to a power of two, or 16-query tiles of one head with the heads looped per step
