@@ -5,8 +5,9 @@ apart, per ``BlockSizes`` variant, with the result checked against the product's
         [--variants "topn_warps=1 topn_elems=1024" "score_warps=8" ...] [--out F]
 
 Each variant is a space-separated list of ``BlockSizes`` or ``KernelChoices`` field overrides
-("" = the defaults, always run first; e.g. "score_heads=loop score_q=64"). Scores must equal the default's to 1e-6 relative and the ids exactly (the
-variants change tiles, not arithmetic). Inputs: ``bench/kernels.make_inputs`` (bf16, random),
+("" = the defaults, always run first; e.g. "score_heads=loop score_q=64"). Scores must equal
+the default's to 1e-6 relative and the ids exactly (the variants change tiles and the order of
+the head sum, not the arithmetic). Inputs: ``bench/kernels.make_inputs`` (bf16, random),
 lse from the Pallas compressed forward. Runs against an older tree too
 (``PYTHONPATH=old/tree``: a ``topn_pallas`` without ``bs`` takes its fixed tile) for a
 before/after in one call.
@@ -25,16 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from kernels import CFG, INTERP, SHAPES, make_inputs, timed  # noqa: E402
+from kernels import CFG, INTERP, SHAPES, cmp_block_scores, make_inputs, timed  # noqa: E402
 from kernels import fields  # noqa: E402
 
 from nsa_jax.nsa.options import KernelChoices  # noqa: E402
 from nsa_jax.pallas.common import BlockSizes  # noqa: E402
 from nsa_jax.pallas.compressed import cmp_forward  # noqa: E402
-try:  # an older tree (PYTHONPATH=.old/...) kept the scoring kernel in compressed.py
-    from nsa_jax.pallas.scoring import cmp_block_scores  # noqa: E402
-except ImportError:
-    from nsa_jax.pallas.compressed import cmp_block_scores  # noqa: E402
 from nsa_jax.pallas.topn import topn_pallas  # noqa: E402
 
 
@@ -50,13 +47,13 @@ def main(argv=None):
     base = BlockSizes.for_shape(Hq // G, D, 2)
     scale = 1.0 / math.sqrt(D)
     rows = []
+    kc_names = {f.name for f in dataclasses.fields(KernelChoices)}
     for T in a.T:
         x = make_inputs(0, T, Hq, G, D)
         q, kc = x[0], x[1]
         lse = jax.jit(lambda q, kc: cmp_forward(q, kc, None, CFG, base, scale, INTERP)[1])(q, kc)
         ref_s = ref_i = None
         for var in [""] + [v for v in a.variants if v]:
-            kc_names = {f.name for f in dataclasses.fields(KernelChoices)}
             specs = var.split()
             ch = KernelChoices(**fields([x for x in specs if x.split("=")[0] in kc_names],
                                         KernelChoices))

@@ -237,8 +237,8 @@ class BlockSizes:
     topn_warps: int = 1
 
     def __post_init__(self):
-        for f in ("cmp_rows", "cmp_keys", "score_sel", "score_q", "sel_keys", "sel_rows", "cmp_bwd_keys",
-                  "sel_tile_q", "win_q", "win_keys", "sel_dq_rows", "topn_elems"):
+        for f in ("cmp_rows", "cmp_keys", "score_sel", "score_q", "sel_keys", "sel_rows",
+                  "cmp_bwd_keys", "sel_tile_q", "win_q", "win_keys", "sel_dq_rows", "topn_elems"):
             v = getattr(self, f)
             if v < MIN_DOT or v & (v - 1):
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
