@@ -27,6 +27,7 @@ from nsa_jax.nsa.decoding import dense_decode_attention
 from nsa_jax.nsa.compression import compress, compress_block
 from nsa_jax.nsa.rope import apply_rope, cmp_positions
 from nsa_jax.parallel import batch_parallel
+from nsa_jax.swiglu import swiglu
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -320,8 +321,7 @@ class SwiGLU(nnx.Module):
                                 kernel_init=_normal(std / math.sqrt(2 * mcfg.n_layers)), rngs=rngs)
 
     def __call__(self, x):
-        a, b = jnp.split(self.w_in(x), 2, axis=-1)
-        return self.w_out(jax.nn.silu(a) * b)
+        return self.w_out(swiglu(self.w_in(x)))
 
 
 class Block(nnx.Module):
