@@ -329,14 +329,24 @@ def slot_keys(idx, T: int, Ts: int, doc_start=None, l_sel: int = 0):
 
 def _count_below(rows, nv: int):
     """int32 [R, nv + 1]: entry k counts the values of each row below k, i.e. entry k + 1 those
-    <= k (``jnp.searchsorted`` side "left" for the bounds 0..nv, or "right" for 0..nv-1), as a
-    histogram (one scatter-add; values >= nv dropped) and a prefix sum: two kernels where the
-    searchsorted scan runs ~20 small ones per call. Values must be >= 0 (a negative one would
-    wrap); ``inverted_index``'s keys and item ends are."""
-    R = rows.shape[0]
-    hist = jnp.zeros((R, nv), jnp.int32).at[jnp.arange(R)[:, None], rows].add(1, mode="drop")
-    below = jnp.cumsum(hist, axis=-1, dtype=jnp.int32)
-    return jnp.concatenate([jnp.zeros((R, 1), jnp.int32), below], axis=-1)
+    <= k (``jnp.searchsorted`` side "left" for the bounds 0..nv, or "right" for 0..nv-1).
+    Each row must be sorted ascending with values >= 0; values >= nv count as nv (none of the
+    bounds counts them). ``inverted_index``'s sorted keys and cumulative item ends are.
+
+    On sorted rows, the count below k is the position of the first value >= k. So each run's
+    first entry writes its position to its value's bin (one scatter of unique targets; the
+    other entries are dropped), and a reverse running minimum fills the bins no value hits
+    with the next bin's position. A histogram (a scatter-add) counted the same with one atomic
+    add per value, and on sorted rows all the adds of one run hit one address: 0.26 ms per
+    call at 125M 64k on an H200, 6.3 ms per train step (bench/NOTES.md, eleventh session)."""
+    R, N = rows.shape
+    c = jnp.minimum(rows, nv).astype(jnp.int32)                  # still sorted
+    prev = jnp.concatenate([jnp.full((R, 1), -1, jnp.int32), c[:, :-1]], axis=1)
+    tgt = jnp.where(c != prev, c, nv + 1)                        # run starts; nv + 1 dropped
+    pos = jnp.broadcast_to(jnp.arange(N, dtype=jnp.int32), (R, N))
+    first = jnp.full((R, nv + 1), N, jnp.int32).at[jnp.arange(R)[:, None], tgt].set(
+        pos, mode="drop")
+    return lax.cummin(first, axis=1, reverse=True)
 
 
 def inverted_index(idx, T: int, Ts: int, chunk: int, l_sel: int, doc_start=None,
