@@ -45,6 +45,7 @@ CMP_KEYS = 64          # compressed keys per tile
 WIN_KEYS = 64          # window slots per program
 TARGET_PROGRAMS = 264  # ~2 programs per SM of an H100/H200 (132 SMs): block scoring
 CMP_PROGRAMS = 2048    # compressed-attention programs to aim for (bandwidth-bound at large B)
+CMP_STAGES = 2         # pipeline stages of the compressed kernel's key loop
 
 
 def _rows(h: int) -> int:
@@ -110,7 +111,7 @@ def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, o_ref, *, h, l_
     _store_state(m_ref, l_ref, o_ref, b, g, sp, state, h)
 
 
-def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret):
+def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret, stages=2):
     B, G, h, _ = q.shape
     Tc, Dv = k_cmp.shape[2], v_cmp.shape[-1]
     hp = _rows(h)
@@ -124,7 +125,7 @@ def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret):
                    jax.ShapeDtypeStruct((B, G, splits, h), f32),
                    jax.ShapeDtypeStruct((B, G, splits, h), f32),
                    jax.ShapeDtypeStruct((B, G, splits, h, Dv), f32)],
-        compiler_params=compiler_params(4 if hp * Dv > 4096 else 2, 2),
+        compiler_params=compiler_params(4 if hp * Dv > 4096 else 2, stages),
         interpret=interpret, name="nsa_decode_cmp",
     )(t, q, k_cmp, v_cmp)
 
@@ -390,7 +391,7 @@ def _pad_last(x, D):
 def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = CMP_KEYS,
                       win_keys: int = WIN_KEYS, splits: int | None = None,
                       sel_chunk: int | None = None, merge_tile: int = MERGE_TILE,
-                      return_ids: bool = False):
+                      cmp_stages: int = CMP_STAGES, return_ids: bool = False):
     """q [B,Hq,Dk] at positions t [B] over the caches ``kv`` (layout in
     :mod:`nsa_jax.nsa.decoding`, tokens 0..t[b] written); gates [B,Hq,3] -> [B,Hq,Dv] in q.dtype.
 
@@ -398,7 +399,8 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
     >= 16); ``splits`` programs per (row, group) over the compressed keys (default: enough to fill
     the GPU); ``sel_chunk`` selection blocks per scoring program (default: ``_sel_chunk``) and
     ``merge_tile`` candidates
-    per top-n merge program (powers of two). ``return_ids``: also the selected block ids
+    per top-n merge program (powers of two); ``cmp_stages`` software-pipeline stages of the
+    compressed kernel's key loop (Triton ``num_stages``). ``return_ids``: also the selected block ids
     [B,G,n_sel] (score order, -1 in unused slots; None without the selection branch). Head dims
     that are not a power of two >= 16 are zero-padded (a copy of the caches: fine for tests,
     slow for real models, which use 64 or 128)."""
@@ -419,7 +421,7 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
         Tc = kv["k_cmp"].shape[2]
         ns = splits or _splits(B, G, Tc, cmp_keys)
         s, m, l, o = _cmp_call(t, qg, kv["k_cmp"], kv["v_cmp"], cfg, ns, cmp_keys, scale,
-                               interpret)
+                               interpret, cmp_stages)
         cmp_parts = (m, l, o)
         if "slc" in br:
             Ts = kv["k_slc"].shape[2] // cfg.sel_block
