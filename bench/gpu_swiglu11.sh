@@ -7,6 +7,7 @@
 # Usage: bash bench/gpu_swiglu11.sh OLD_TREE [T:B] [per-run train timeout s] [OLD_TAG, default before]
 #   call 1: .old/pre11 65536:1 200 (the tree before the custom VJP)
 #   call 2: .old/flip 65536:1 200 flip (the select/reverse formulation of the backward)
+#   call 8: .old/pre11c 65536:1 200 two_sigmoid (e7fd9ec vs one sigmoid per element)
 set -u
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1
 OLD=${1:?old tree}; POINT=${2:-65536:1}; LIMIT=${3:-170}; OTAG=${4:-before}; LOG="$OUT/call.log"; rc=0

@@ -51,7 +51,35 @@ def _concat_bwd(u, dh):
 
 
 concat_vjp.defvjp(_concat_fwd, _concat_bwd)
-VARIANTS = {"autodiff": plain, "custom_vjp": swiglu, "concat_vjp": concat_vjp}
+
+
+@jax.custom_vjp
+def two_sigmoid_vjp(u):
+    """A candidate formulation (bench only; the product's first version, a460684): the same
+    select over [T, 2, H] with both candidate expressions evaluated on every element (two
+    sigmoids per element)."""
+    return plain(u)
+
+
+def _two_fwd(u):
+    return plain(u), u
+
+
+def _two_bwd(u, dh):
+    H = u.shape[-1] // 2
+    own = u.reshape(*u.shape[:-1], 2, H).astype(jnp.float32)
+    partner = jnp.flip(own, axis=-2)
+    first = jax.lax.broadcasted_iota(jnp.int32, own.shape, own.ndim - 2) == 0
+    d = dh.astype(jnp.float32)[..., None, :]
+    s_own, s_partner = jax.nn.sigmoid(own), jax.nn.sigmoid(partner)
+    du = jnp.where(first, d * partner * s_own * (1.0 + own * (1.0 - s_own)),
+                   d * partner * s_partner)
+    return (du.reshape(u.shape).astype(u.dtype),)
+
+
+two_sigmoid_vjp.defvjp(_two_fwd, _two_bwd)
+VARIANTS = {"autodiff": plain, "custom_vjp": swiglu, "concat_vjp": concat_vjp,
+            "two_sigmoid_vjp": two_sigmoid_vjp}
 
 
 def mlp_grads(act, x, w1, w2, dy):

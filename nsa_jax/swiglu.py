@@ -10,9 +10,10 @@ step XLA ran the two halves' gradients as separate passes (the silu product rule
 summed in one, b's term in another) and a concatenate copying both into du: ~16 ms of
 backward passes per 64k 125M train step on an H100 (bench/NOTES.md, eleventh session). Here du
 is one elementwise select over u viewed as [..., 2, H], the partner half read through a
-reverse: no concatenate. The same float32 math ending in a concatenate compiled to the autodiff
-program again (same step time and peak memory); this form cut the MLP's forward + backward at
-64k from 3.89 to 3.49 ms per layer on an H200 (``bench/swiglu.py``).
+reverse, with one sigmoid per element: no concatenate. On an H200 at 64k (``bench/swiglu.py``)
+it cut the MLP's forward + backward from 3.82-3.89 to 3.29 ms per layer. Two other forms were
+slower: the same math ending in a concatenate compiled to the autodiff program again, and
+evaluating both halves' expressions on every element (two sigmoids) took 3.49-3.50 ms.
 """
 from __future__ import annotations
 
@@ -48,11 +49,12 @@ def _bwd(u, dh):
     own = u.reshape(*u.shape[:-1], 2, H).astype(jnp.float32)   # [..., (a, b), H]
     partner = jnp.flip(own, axis=-2)                          # [..., (b, a), H]
     first = jax.lax.broadcasted_iota(jnp.int32, own.shape, own.ndim - 2) == 0
+    a = jnp.where(first, own, partner)                        # a, on both halves
+    b = jnp.where(first, partner, own)                        # b, on both halves
+    s = jax.nn.sigmoid(a)                                     # one sigmoid per element
     d = dh.astype(jnp.float32)[..., None, :]
-    s_own, s_partner = jax.nn.sigmoid(own), jax.nn.sigmoid(partner)
-    # first half: dh * b * silu'(a) (own = a, partner = b); second: dh * silu(a) (partner = a)
-    du = jnp.where(first, d * partner * s_own * (1.0 + own * (1.0 - s_own)),
-                   d * partner * s_partner)
+    # first half: dh * b * silu'(a) = dh * s * b (1 + a (1 - s)); second: dh * silu(a) = dh * s * a
+    du = d * s * jnp.where(first, b * (1.0 + a * (1.0 - s)), a)
     return (du.reshape(u.shape).astype(u.dtype),)
 
 
