@@ -20,12 +20,5 @@ run before "$HERE/$OLD" nsa_125m 65536:1
 run after "$HERE" "nsa_125m dense_125m" 65536:1
 run after "$HERE" "nsa_125m dense_125m" 8192:4
 grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/tests.log"
-for f in "$OUT"/train_*.json; do python3 - "$f" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for r in d["points"]:
-    print("%-28s %10s T=%6d B=%2d %8.1f ms %10.0f tok/s peak %.3f GB" % (sys.argv[1].split("/")[-1][:28],
-          r["model"], r["seq_len"], r["batch"], r["step_ms"], r["tokens_per_s"], r.get("compiled_peak_gb") or 0))
-PY
-done
+python3 bench/train_rows.py "$OUT"/train_*.json
 exit $rc

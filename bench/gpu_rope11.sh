@@ -14,12 +14,5 @@ run() {  # tag dir models points...
 run before "$HERE/$OLD" nsa_125m 65536:1 8192:4
 run after "$HERE" nsa_125m 65536:1 8192:4
 run after_dense "$HERE" dense_125m 65536:1
-for f in "$OUT"/train_*.json; do python3 - "$f" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for r in d["points"]:
-    print("%-34s %10s T=%6d B=%2d %8.1f ms %10.0f tok/s peak %.3f GB" % (sys.argv[1].split("/")[-1][:34],
-          r["model"], r["seq_len"], r["batch"], r["step_ms"], r["tokens_per_s"], r.get("compiled_peak_gb") or 0))
-PY
-done
+python3 bench/train_rows.py "$OUT"/train_*.json
 exit $rc
