@@ -93,11 +93,22 @@ def _train_tiny(run_dir: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """The tiny training run (2 steps, checkpoint at step 2), trained once for this module."""
-    run = tmp_path_factory.mktemp("gen") / "run"
-    _train_tiny(run)
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, worker_id):
+    """The tiny training run (2 steps, checkpoint at step 2), trained once per test session
+    (pytest-xdist workers share it through a file lock; the tests only read it)."""
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":          # the session's directory, shared by the workers
+        root = root.parent
+    run = root / "gen_tiny_run"
+    with open(root / "gen_tiny_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "gen_tiny_run.done").exists():
+            shutil.rmtree(run, ignore_errors=True)
+            _train_tiny(run)
+            (root / "gen_tiny_run.done").write_text("")
     return run
 
 

@@ -112,9 +112,9 @@ def test_causality_of_each_branch(branch):
     gates = jnp.zeros_like(args[-1]).at[..., BRANCH_CASES[branch]].set(1.0)
     args = args[:-1] + (gates,)
     cmp_pos = np.arange(cfg.num_cmp_blocks(T)) * 4 + 8 - 1
+    _, vjp = jax.vjp(lambda *a: nsa_attention(*a, cfg), *args)   # one forward, 4 cotangents
     for t in (5, 17, 31, 40):
         ct = jnp.zeros((1, T, 4, 8)).at[:, t].set(1.0)
-        _, vjp = jax.vjp(lambda *a: nsa_attention(*a, cfg), *args)
         grads = vjp(ct)
         names = ["q", "k_cmp", "v_cmp", "k_slc", "v_slc", "k_win", "v_win", "gates"]
         for name, g in zip(names, grads):
@@ -171,9 +171,9 @@ def test_bf16_inputs_softmax_in_f32():
     args32 = random_inputs(4, 1, 40, 4, 2, 16, 16, cfg)
     idx = select_blocks(args32[0], args32[1], cfg)
     args16 = [a.astype(jnp.bfloat16) for a in args32]
-    out16 = _nsa_attention(*args16, cfg, block_idx=idx)
+    out16 = nsa_attention(*args16, cfg, block_idx=idx)
     assert out16.dtype == jnp.bfloat16
-    out32 = _nsa_attention(*args32, cfg, block_idx=idx)
+    out32 = nsa_attention(*args32, cfg, block_idx=idx)
     assert rel_err(out16.astype(jnp.float32), out32) < 2e-2
     g = jax.grad(lambda q: nsa_attention(q, *args16[1:], cfg).astype(jnp.float32).sum())(args16[0])
     assert g.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(g.astype(jnp.float32))))

@@ -39,8 +39,10 @@ def _random_idx(seed, B, T, G, cfg):
 
 
 def _check(q, k, v, idx, cfg, bs, ch=None):
-    o, lse = sel_forward_block(q, k, v, idx, cfg, bs, 0.3, True, choices=ch)
-    o_w, lse_w = sel_forward(q, k, v, idx, cfg, bs, 0.3, True)
+    # jitted (as inside the op): one compile per kernel pair, not op-by-op glue (test speed)
+    o, lse = jax.jit(lambda *a: sel_forward_block(*a, cfg, bs, 0.3, True, choices=ch))(
+        q, k, v, idx)
+    o_w, lse_w = jax.jit(lambda *a: sel_forward(*a, cfg, bs, 0.3, True))(q, k, v, idx)
     assert _rel(o, o_w) <= 2e-5
     lse, lse_w = np.asarray(lse), np.asarray(lse_w)
     np.testing.assert_array_equal(lse == POS_INF, lse_w == POS_INF)
@@ -73,16 +75,19 @@ def test_fused_backward_equals_query_backward(h, G, cfg, bs, ch):
     args, _ = _inputs(50 + h, 2, T, h * G, G, cfg)
     idx = _random_idx(7 + h, 2, T, G, cfg)
     q, k, v = args[0], args[3], args[4]
-    o, lse = sel_forward(q, k, v, idx, cfg, bs, 0.3, True)
+    # jitted (as inside the op): one compile per kernel set, not op-by-op glue (test speed)
+    o, lse = jax.jit(lambda *a: sel_forward(*a, cfg, bs, 0.3, True))(q, k, v, idx)
     do = jax.random.normal(jax.random.PRNGKey(h), o.shape)
     gs = jax.random.uniform(jax.random.PRNGKey(h + 1), o.shape[:3], minval=0.2)
-    want = sel_backward(q, k, v, idx, o, lse, do, gs, cfg, bs, 0.3, True)
-    index = sel_forward_block(q, k, v, idx, cfg, bs, 0.3, True, return_index=True,
-                              choices=ch)[2]
+    want = jax.jit(lambda *a: sel_backward(*a, cfg, bs, 0.3, True))(q, k, v, idx, o, lse, do,
+                                                                     gs)
+    index = jax.jit(lambda *a: sel_forward_block(*a, cfg, bs, 0.3, True, return_index=True,
+                                                 choices=ch)[2])(q, k, v, idx)
     assert (len(index) > 1) == (ch is not None)
     for ix in (None, index):
-        got = sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg, bs, 0.3, True, index=ix,
-                                 choices=ch)
+        got = jax.jit(lambda *a, ix: sel_backward_block(*a, cfg, bs, 0.3, True, index=ix,
+                                                        choices=ch))(q, k, v, idx, o, lse, do,
+                                                                     gs, ix=ix)
         assert float(jnp.abs(got[0]).max()) > 0
         for a, b in zip(got, want):
             assert a.dtype == b.dtype
@@ -135,9 +140,9 @@ def test_block_forward_bf16_partials():
     args, _ = _inputs(41, 2, 53, 6, 1, TINY)
     idx = _random_idx(5, 2, 53, 1, TINY)
     q, k, v = (a.astype(jnp.bfloat16) for a in (args[0], args[3], args[4]))
-    o, lse = sel_forward_block(q, k, v, idx, TINY, SMALL, 0.3, True)
-    o_w, lse_w = sel_forward(*(a.astype(jnp.float32) for a in (q, k, v)), idx, TINY, SMALL, 0.3,
-                             True)
+    o, lse = jax.jit(lambda *a: sel_forward_block(*a, TINY, SMALL, 0.3, True))(q, k, v, idx)
+    o_w, lse_w = jax.jit(lambda *a: sel_forward(*a, TINY, SMALL, 0.3, True))(
+        *(a.astype(jnp.float32) for a in (q, k, v)), idx)
     assert o.dtype == jnp.float32
     assert _rel(o, o_w) <= 5e-3
     np.testing.assert_allclose(np.asarray(lse), np.asarray(lse_w), rtol=0, atol=1e-4)

@@ -416,9 +416,10 @@ def test_metrics_truncate_after(tmp_path):
 
 # ---- kill -9 and resume: the loss sequence is bit-identical ------------------------------------
 def test_kill9_resume_bit_identical(tmp_path, compile_cache):
-    common = ["--config", TINY, *SMALL, "train.batch_size=8", "data.seq_len=128",
-              "train.steps=30", "train.log_every=1", "train.ckpt_every=5", "train.eval_every=10",
-              "train.eval_batches=1"]
+    """20 steps, a checkpoint every 5: killed right after checkpoint 10 is written (the run
+    goes on until the kill), resumed from its newest checkpoint to the end."""
+    common = ["--config", TINY, *SMALL, "train.steps=20", "train.log_every=1",
+              "train.ckpt_every=5", "train.eval_every=10", "train.eval_batches=1"]
     full = cli(common + [f"run.dir={tmp_path / 'full'}"], compile_cache)
     assert full.returncode == 0, full.stderr
 
@@ -428,10 +429,10 @@ def test_kill9_resume_bit_identical(tmp_path, compile_cache):
                             cwd=ROOT, env=cli_env(compile_cache), stdout=log, stderr=log)
     deadline = time.monotonic() + 240
     try:
-        while not (run / "checkpoints" / "15").is_dir():
-            assert proc.poll() is None, "run ended before step 15: " + (
+        while not (run / "checkpoints" / "10").is_dir():
+            assert proc.poll() is None, "run ended before step 10: " + (
                 tmp_path / "killed.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "no checkpoint for step 15 in time"
+            assert time.monotonic() < deadline, "no checkpoint for step 10 in time"
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
     finally:
@@ -440,7 +441,7 @@ def test_kill9_resume_bit_identical(tmp_path, compile_cache):
         log.close()
     assert proc.returncode == -signal.SIGKILL
     steps = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
-    assert 15 in steps and steps[-1] < 30, steps
+    assert 10 in steps and steps[-1] < 20, steps
 
     resumed = cli(common + [f"run.dir={run}", "run.resume=true"], compile_cache)
     assert resumed.returncode == 0, resumed.stderr
@@ -453,7 +454,7 @@ def test_kill9_resume_bit_identical(tmp_path, compile_cache):
                 [(x["step"], x["tokens_seen"]) for x in e if "loss" in x])
 
     a, b = seq(tmp_path / "full"), seq(run)
-    assert [s for s, _, _ in a[0]] == list(range(1, 31))
+    assert [s for s, _, _ in a[0]] == list(range(1, 21))
     assert a == b          # exact float equality, no duplicated or missing steps
 
     # TensorBoard drops the killed run's orphaned events: the same curve as the full run
@@ -465,7 +466,7 @@ def test_kill9_resume_bit_identical(tmp_path, compile_cache):
         return [(e.step, e.value) for e in acc.Scalars("train/loss")]
 
     assert len(list((run / "tensorboard").iterdir())) == 2
-    assert tb(run) == tb(tmp_path / "full") and len(tb(run)) == 30
+    assert tb(run) == tb(tmp_path / "full") and len(tb(run)) == 20
 
 
 # ---- two devices (data parallel) and the bundled text sample --------------------------------
