@@ -1,4 +1,6 @@
+import fcntl
 import os
+import shutil
 from pathlib import Path
 
 import jax
@@ -36,3 +38,18 @@ def cli_env(cache_dir) -> dict:
     env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)       # test speed only
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     return env
+
+
+def shared(tmp_path_factory, worker_id, name: str, make):
+    """``make(dir)`` once per test session (xdist workers share it through a file lock)."""
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent
+    target = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / f"{name}.done").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            make(target)
+            (root / f"{name}.done").write_text("")
+    return target

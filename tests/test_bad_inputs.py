@@ -9,7 +9,6 @@ is called in-process.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import shutil
@@ -20,6 +19,7 @@ import pytest
 from nsa_jax.data.prepare import main as prepare_main
 from nsa_jax.generate import main as generate_main
 from nsa_jax.train.cli import main as train_main
+from nsa_testutil import shared
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -37,17 +37,9 @@ SHORT_LINE = json.dumps({"text": "tiny"}) + "\n"
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, worker_id):
     """A finished 2-step run (checkpoint at step 2), shared by the xdist workers."""
-    root = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
-        root = root.parent
-    run = root / "bad_inputs_run"
-    with open(root / "bad_inputs_run.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "bad_inputs_run.done").exists():
-            shutil.rmtree(run, ignore_errors=True)
-            assert train_main(["--config", TINY, *SMALL, f"run.dir={run}"]) == 0
-            (root / "bad_inputs_run.done").write_text("")
-    return run
+    def make(run):
+        assert train_main(["--config", TINY, *SMALL, f"run.dir={run}"]) == 0
+    return shared(tmp_path_factory, worker_id, "bad_inputs_run", make)
 
 
 def digest(path: Path) -> dict:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ import pytest
 from nsa_jax.config import load_config
 from nsa_jax.train.cli import main
 from nsa_jax.train.metrics import read_metrics
-from nsa_testutil import cli_env
+from nsa_testutil import cli_env, shared
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -167,21 +166,6 @@ def curves(run: Path):
     return ([(x["step"], x["loss"], x["grad_norm"]) for x in e if "loss" in x],
             [(x["step"], x["eval_loss"]) for x in e if "eval_loss" in x],
             [(x["step"], x["tokens_seen"]) for x in e if "loss" in x])
-
-
-def shared(tmp_path_factory, worker_id, name: str, make):
-    """``make(dir)`` once per test session (xdist workers share it through a file lock)."""
-    root = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
-        root = root.parent
-    target = root / name
-    with open(root / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / f"{name}.done").exists():
-            shutil.rmtree(target, ignore_errors=True)
-            make(target)
-            (root / f"{name}.done").write_text("")
-    return target
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ from flax import nnx
 
 from nsa_jax.data import get_tokenizer
 from nsa_jax.generate import RequestError, TextStream, generate_batch, generate_ids, main, sample
+from nsa_testutil import shared
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -97,19 +98,7 @@ def _train_tiny(run_dir: Path) -> None:
 def tiny_run(tmp_path_factory, worker_id):
     """The tiny training run (2 steps, checkpoint at step 2), trained once per test session
     (pytest-xdist workers share it through a file lock; the tests only read it)."""
-    import fcntl
-
-    root = tmp_path_factory.getbasetemp()
-    if worker_id != "master":          # the session's directory, shared by the workers
-        root = root.parent
-    run = root / "gen_tiny_run"
-    with open(root / "gen_tiny_run.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "gen_tiny_run.done").exists():
-            shutil.rmtree(run, ignore_errors=True)
-            _train_tiny(run)
-            (root / "gen_tiny_run.done").write_text("")
-    return run
+    return shared(tmp_path_factory, worker_id, "gen_tiny_run", _train_tiny)
 
 
 def test_cli_generates_from_trained_run(tiny_run, tmp_path, capsys):
