@@ -10,8 +10,8 @@ parameters), batch B and context N: caches with room for every timed step (``max
 warm-up + reps + 60 + 16 * 6`` tokens) are filled with random keys/values as after a prompt of
 N-1 tokens (prefill is not timed), then the jitted decode step (:func:`nsa_jax.decode.step_jit`:
 one call for all layers, caches donated, bf16 inference weights from
-:func:`nsa_jax.decode.inference_state`) is called repeatedly, one token per row; positions
-advance from N-1. Recorded per point:
+:func:`nsa_jax.decode.inference_state` and :func:`nsa_jax.decode.step_state`) is called
+repeatedly, one token per row; positions advance from N-1. Recorded per point:
 
 * ``step_ms``: median of ``--reps`` steps, each synchronised (block_until_ready on the logits),
   i.e. the latency a sampling loop sees; ``stream_ms``: per-step time of 10 steps issued back to
@@ -54,7 +54,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from nsa_jax.config import load_config  # noqa: E402
 from nsa_jax.decode import (cache_bytes, decode_loop_jit, decode_reads, dense_reads,  # noqa: E402
-                            inference_state, init_cache, step_jit)
+                            inference_state, init_cache, step_jit, step_state)
 from nsa_jax.model import build_model, count_params  # noqa: E402
 
 MODELS = ("nsa_125m", "dense_125m")
@@ -212,6 +212,7 @@ def main(argv=None) -> int:
     for name in a.models:
         cfg, model = load_model(name, a.smoke, a.set)
         graphdef, state = inference_state(model)
+        state = step_state(model, state)     # what Decoder.step / Decoder.decode run with
         model_bytes = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(state))
         result["models"][name] = {"model": dataclasses.asdict(cfg.model),
                                   "nsa": cfg.to_dict()["nsa"], "exec": cfg.to_dict()["exec"],

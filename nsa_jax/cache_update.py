@@ -77,42 +77,44 @@ def fill_nsa(kv: dict, lengths, k_c, v_c, k_cmp, v_cmp, k_s, v_s, k_w, v_w) -> d
     return kv
 
 
-def append_nsa(kv: dict, t, cfg: NSAConfig, compress, k_c, v_c, k_s, v_s, k_w, v_w,
-               interpret: bool | None = None) -> dict:
-    """Token t[b] ([B,1,G,D] tensors) into an NSA layer's caches; emits compressed block
-    i = (t - l + 1) / d when a block ends at t. ``compress(kb, vb, offset)`` is the layer's φ + RoPE
-    over un-rotated blocks [B,l,G,D] starting at positions offset [B]. ``interpret`` not None:
-    the token writes and the ring readout in one Pallas kernel and the emission in a second
-    (``pallas.cache_write``; the Pallas decode path), else XLA scatters/gathers; same values."""
+ROWS = ("kc_raw", "vc_raw", "k_slc", "v_slc", "k_win", "v_win")   # the K/V projection's order
+
+
+def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, interpret: bool | None = None) -> dict:
+    """Token t[b] into an NSA layer's caches; emits compressed block i = (t - l + 1) / d when a
+    block ends at t. ``rows`` [B,6,G,D]: the token's un-rotated cmp-branch K/V, the rotated
+    selection K and its V, the rotated window K and its V, in :data:`ROWS` order (the layer's
+    K/V projection, one array). ``compress(kb, vb, offset)`` is the layer's φ + RoPE over
+    un-rotated blocks [B,G,l,D] starting at positions offset [B]. ``interpret`` not None: the
+    token writes and the ring readout in one Pallas kernel that reads ``rows`` whole, and the
+    emission in a second (``pallas.cache_write``; the Pallas decode path), else XLA
+    scatters/gathers; same values."""
     kv = dict(kv)
     l, d = cfg.block_l, cfg.stride_d
-    writes = []                               # (cache, row [B,G,D], index [B]) of token t
-    if "k_slc" in kv:
-        writes += [("k_slc", k_s, t), ("v_slc", v_s, t)]
-    if "k_win" in kv:
-        W = kv["k_win"].shape[2]
-        writes += [("k_win", k_w, t % W), ("v_win", v_w, t % W)]
     cmp = "k_cmp" in kv
-    if cmp:
-        writes += [("kc_raw", k_c, t % l), ("vc_raw", v_c, t % l)]
-    names = [n for n, _, _ in writes]
-    rows = [x[:, 0] for _, x, _ in writes]
-    idx = [i for _, _, i in writes]
+    at = {"k_slc": t, "v_slc": t, "kc_raw": t % l, "vc_raw": t % l}
+    if "k_win" in kv:
+        at["k_win"] = at["v_win"] = t % kv["k_win"].shape[2]
+    # write order: selection, window, then the ring pair (the ring readout's indices below)
+    names = [n for n in ("k_slc", "v_slc", "k_win", "v_win", "kc_raw", "vc_raw") if n in kv]
+    picks = tuple(ROWS.index(n) for n in names)
+    idx = [at[n] for n in names]
     start = t - (l - 1)                       # first token of the block ending at t
     if interpret is None:
-        kv.update(zip(names, _write([kv[n] for n in names], rows, idx, None)))
+        kv.update(zip(names, _write([kv[n] for n in names], [rows[:, p] for p in picks], idx,
+                                    None)))
         if cmp:
             slots = jnp.mod(start[:, None] + jnp.arange(l), l)   # ring slots in token order
-            kb = _gsd(gather_rows(kv["kc_raw"], slots))          # [B,l,G,D], un-rotated
-            vb = _gsd(gather_rows(kv["vc_raw"], slots))
+            kb = gather_rows(kv["kc_raw"], slots)                # [B,G,l,D], un-rotated
+            vb = gather_rows(kv["vc_raw"], slots)
     else:
         from nsa_jax.pallas.cache_write import write_rows_pallas
-        out = write_rows_pallas(tuple(kv[n] for n in names), tuple(rows), tuple(idx),
+        out = write_rows_pallas(tuple(kv[n] for n in names), (rows, picks), tuple(idx),
                                 ring=(len(names) - 2, len(names) - 1) if cmp else None,
                                 ring_start=start if cmp else None, interpret=interpret)
         kv.update(zip(names, out[:len(names)]))
         if cmp:
-            kb, vb = out[len(names):]                            # [B,l,G,D], token order
+            kb, vb = out[len(names):]                            # [B,G,l,D], token order
     if cmp:
         emit = (start >= 0) & (jnp.mod(start, d) == 0)
         kc, vc = compress(kb, vb, jnp.maximum(start, 0))          # [B,1,G,D]

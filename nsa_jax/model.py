@@ -16,6 +16,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from nsa_jax import cache_update
@@ -124,7 +125,7 @@ class Compressor(nnx.Module):
         return compress(x.astype(self.dtype), self.pos_emb[...], self.w1[...], self.b1[...],
                         self.w2[...], self.b2[...], self.cfg, src=src)
 
-    def block(self, x):  # one block per row: [B,l,G,D] -> [B,1,G,Dout] (decoding)
+    def block(self, x):  # one block per row: [B,G,l,D] -> [B,1,G,Dout] (decoding)
         return compress_block(x.astype(self.dtype), self.pos_emb[...], self.w1[...],
                               self.b1[...], self.w2[...], self.b2[...])
 
@@ -166,9 +167,28 @@ class NSAAttention(nnx.Module):
         k_c, v_c, k_s, v_s, k_w, v_w = (kv[:, :, i] for i in range(6))
         k_s = apply_rope(k_s, positions, m.rope_theta)
         k_w = apply_rope(k_w, positions, m.rope_theta)
-        gates = jax.nn.sigmoid(self.wg(x).astype(jnp.float32)).reshape(B, T, H, 3)
-        gates = (gates * jnp.asarray(self.ncfg.branch_mask())).astype(self.dtype)
-        return q, k_c, v_c, k_s, v_s, k_w, v_w, gates
+        return q, k_c, v_c, k_s, v_s, k_w, v_w, self._gates(x)
+
+    def _gates(self, x):
+        """Gate values g_c [B,T,H,3] (Eq. 5: sigmoid), ablated branches zeroed."""
+        B, T, _ = x.shape
+        gates = jax.nn.sigmoid(self.wg(x).astype(jnp.float32)).reshape(B, T, self.mcfg.n_heads, 3)
+        return (gates * jnp.asarray(self.ncfg.branch_mask())).astype(self.dtype)
+
+    def project_step(self, x, t):
+        """The decode step's projections (x [B,1,dim] at positions t [B]): q [B,1,H,D] rotated
+        at t; the K/V projection as one [B,6,G,D] array in ``cache_update.ROWS`` order with the
+        selection and window keys rotated at t (one elementwise pass over the six rows, so the
+        cache-write kernel reads it whole: no per-cache slice copies); gates [B,1,H,3]."""
+        B = x.shape[0]
+        m = self.mcfg
+        H, G, D = m.n_heads, m.n_kv_groups, m.head_dim
+        pos = t[:, None]
+        q = apply_rope(self.wq(x).reshape(B, 1, H, D), pos, m.rope_theta)
+        kv = self.wkv(x).reshape(B, 1, 6 * G, D)
+        rot = np.repeat([n in ("k_slc", "k_win") for n in cache_update.ROWS], G)
+        rows = jnp.where(rot[None, None, :, None], apply_rope(kv, pos, m.rope_theta), kv)
+        return q, rows.reshape(B, 6, G, D), self._gates(x)
 
     def compress_kv(self, k_c, v_c, offset=0):
         """φ_K, φ_V (Eq. 7) over un-rotated tokens starting at position ``offset`` (a multiple of
@@ -199,7 +219,7 @@ class NSAAttention(nnx.Module):
         return k_cmp, v_cmp
 
     def compress_block(self, kb, vb, offset):
-        """φ of one block per row (un-rotated [B,l,G,D] starting at offset [B]) + RoPE at its
+        """φ of one block per row (un-rotated [B,G,l,D] starting at offset [B]) + RoPE at its
         last position: the decoder's emission. -> (k_cmp, v_cmp) [B,1,G,D]."""
         pos = (jnp.asarray(offset) + self.ncfg.block_l - 1)[:, None]
         return apply_rope(self.phi_k.block(kb), pos, self.mcfg.rope_theta), self.phi_v.block(vb)
@@ -245,9 +265,9 @@ class NSAAttention(nnx.Module):
     def _decode(self, x, cache: kvcache.LayerCache, impl: str):
         B = x.shape[0]
         t = cache.pos
-        q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, t[:, None])
-        kv = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, k_c, v_c, k_s,
-                                     v_s, k_w, v_w, fused_writes(impl))
+        q, rows, gates = self.project_step(x, t)
+        kv = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, rows,
+                                     fused_writes(impl))
         o = nsa_decode(q[:, 0], kv, t, gates[:, 0], self.ncfg, impl)
         out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
         return out, dataclasses.replace(cache, kv=kv)

@@ -343,6 +343,27 @@ def test_bf16_inference_weights_change_nothing():
     np.testing.assert_array_equal(got, want)
 
 
+def test_step_state_casts_phi_and_changes_no_step():
+    """The decode steps run with φ's matrices and biases in bf16 (cast once, not per step; its
+    position embedding stays float32): the step's logits are bit-identical to a step with the
+    float32 φ of the prefill state, over an emission (t = 39 ends a compressed block)."""
+    from nsa_jax.decode import step_jit
+    mcfg = ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_groups=2, head_dim=8,
+                       mlp_hidden=64, init_std=0.3, compute_dtype="bfloat16")
+    model = build_model(mcfg, NSAConfig(**SMALL), 0)
+    toks = jax.random.randint(jax.random.PRNGKey(2), (2, 44), 0, 97)
+    dec = Decoder(model, 2, 44)
+    for path, x in jax.tree_util.tree_leaves_with_path(dec.step_state):
+        name = jax.tree_util.keystr(path)
+        want_dt = jnp.float32 if "phi_" in name and "pos_emb" in name else jnp.bfloat16
+        assert x.dtype == want_dt, name
+    dec.prefill(toks[:, :36])
+    for t in range(36, 44):
+        cache = jax.tree.map(jnp.copy, dec.cache)
+        want = np.asarray(step_jit(dec.graphdef, dec.state, cache, toks[:, t])[0])
+        np.testing.assert_array_equal(np.asarray(dec.step(toks[:, t])), want, err_msg=f"t={t}")
+
+
 PALLAS_CASES = ATTN_CASES + [   # window over 3 programs of 16 slots; 3 key splits, one empty
     (8, 4, 16, 4, 40, 1, 2, 1, 80, 2, 3, ("cmp", "slc", "win")),
 ]
@@ -362,10 +383,12 @@ def test_pallas_decode_kernel_matches_jnp_decode(case):
     q, gates = np.asarray(args[0]), np.asarray(args[7])
     want_f = jax.jit(lambda q, lc, t, g: nsa_decode_attention(q, lc, t, g, cfg))
     # small tiles so the compressed keys span several tiles and key splits and the selection
-    # blocks several scoring chunks (the default tiles cover these short contexts in one)
+    # blocks several scoring chunks (the default tiles cover these short contexts in one); 1, 2
+    # or 3 selected blocks / window tiles per program over the cases
+    per = 1 + PALLAS_CASES.index(case) % 3
     got_f = jax.jit(lambda q, lc, t, g: nsa_decode_pallas(q, lc, t, g, cfg, cmp_keys=16,
                                                           win_keys=16, splits=3,
-                                                          sel_chunk=4))
+                                                          sel_chunk=4, slc_per=per))
     for t in range(1, T, 3):
         ts = np.array([t, t - 1])
         lcs = [_caches_at(int(tt), T, args, cfg) for tt in ts]
@@ -414,7 +437,8 @@ def test_compress_block_equals_compress():
     p = (jax.random.normal(ks[1], (8, 16)) * 0.3, jax.random.normal(ks[2], (128, 32)) * 0.1,
          jax.random.normal(ks[3], (32,)), jax.random.normal(ks[4], (32, 16)) * 0.2,
          jax.random.normal(ks[5], (16,)))
-    np.testing.assert_allclose(compress_block(x, *p), compress(x, *p, cfg), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(compress_block(jnp.swapaxes(x, 1, 2), *p), compress(x, *p, cfg),
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("attention", ["nsa", "dense"])
@@ -462,4 +486,11 @@ def test_cache_write_kernel_is_the_xla_scatters_bitwise():
         np.testing.assert_array_equal(a, w)
     slots = jnp.mod(start[:, None] + jnp.arange(L), L)
     for a, w in zip(got[6:], want[4:]):
-        np.testing.assert_array_equal(a, jnp.swapaxes(gather_rows(w, slots), 1, 2))
+        np.testing.assert_array_equal(a, gather_rows(w, slots))
+    # the rows as one [B,R,G,D] stack with a pick per cache (the decode step's form)
+    stack = jnp.stack([rows[i] for i in (4, 5, 0, 1, 2, 3)], axis=1)       # ROWS order
+    picks = (2, 3, 4, 5, 0, 1)
+    got2 = jax.jit(lambda b, r: write_rows_pallas(b, (r, picks), idx, ring=(4, 5),
+                                                  ring_start=start, interpret=True))(bufs, stack)
+    for a, w in zip(got2, got):
+        np.testing.assert_array_equal(a, w)

@@ -55,15 +55,16 @@ def compress(x: jax.Array, pos_emb: jax.Array, w1: jax.Array, b1: jax.Array, w2:
 
 def compress_block(x: jax.Array, pos_emb: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Array,
                    b2: jax.Array, act=jax.nn.silu) -> jax.Array:
-    """φ of one block per batch row (Eq. 7 as written): x [B,l,G,D] -> [B,1,G,Dout].
+    """φ of one block per batch row (Eq. 7 as written): x [B,G,l,D] (group-major, the caches'
+    layout) -> [B,1,G,Dout].
 
     The decoder's form: one [B*G, l*D] @ [l*D, H] matmul, nothing precomputed per step. The
     position embedding is added in float32, then the block is rounded to x.dtype; equal to
-    :func:`compress` on the same block up to float rounding."""
-    B, l, G, D = x.shape
+    :func:`compress` on the same block (token-major there) up to float rounding."""
+    B, G, l, D = x.shape
     dt = x.dtype
-    blk = (x.astype(jnp.float32) + pos_emb.astype(jnp.float32)[None, :, None, :]).astype(dt)
-    flat = jnp.moveaxis(blk, 2, 1).reshape(B, G, l * D)
+    blk = (x.astype(jnp.float32) + pos_emb.astype(jnp.float32)[None, None]).astype(dt)
+    flat = blk.reshape(B, G, l * D)
     h = act(jnp.einsum("bgk,kh->bgh", flat, w1.astype(dt)) + b1.astype(dt))
     out = jnp.einsum("bgh,ho->bgo", h, w2.astype(dt)) + b2.astype(dt)
     return out[:, None]

@@ -24,24 +24,30 @@ from jax.experimental import pallas as pl
 from nsa_jax.pallas.common import compiler_params, load, next_pow2, store
 
 
-def _row_kernel(*refs, n, ring):
-    """refs: idx_0..n-1 [B], rows_0..n-1 [B,G,D], bufs_0..n-1 (aliased, unread), then outputs
-    bufs_0..n-1 and, with ``ring = (i_k, i_v, start_ref_pos)``, the two token-order blocks.
-    One program per (batch row, KV group)."""
-    idx_refs, row_refs = refs[:n], refs[n:2 * n]
-    k = 2 * n + (1 if ring else 0)
-    start_ref = refs[2 * n] if ring else None
+def _row_kernel(*refs, n, n_ops, src, ring):
+    """refs: idx_0..n-1 [B], the row operands (``n_ops``: [B,G,D] rows, or [B,R,G,D] stacks),
+    bufs_0..n-1 (aliased, unread), then outputs bufs_0..n-1 and, with ``ring = (i_k, i_v)``
+    (after a ring-start operand), the two token-order blocks. ``src[i] = (operand, stack row or
+    None)`` is where cache i's row comes from. One program per (batch row, KV group)."""
+    idx_refs, op_refs = refs[:n], refs[n:n + n_ops]
+    k = n + n_ops + (1 if ring else 0)
+    start_ref = refs[n + n_ops] if ring else None
     bufs_in = refs[k:k + n]
     outs = refs[k + n:k + 2 * n]
     blocks = refs[k + 2 * n:]
     b, g = pl.program_id(0), pl.program_id(1)
+
+    def row(i, D):
+        """Cache i's new row [next_pow2(D)] for (b, g), zero past D."""
+        j, r = src[i]
+        dd = jnp.arange(next_pow2(D))
+        at = (b, g) if r is None else (b, jnp.int32(r), g)
+        return load(op_refs[j].at[(*at, pl.ds(0, dd.shape[0]))], dd < D)
+
     for i in range(n):
-        D = row_refs[i].shape[-1]
-        Dp = next_pow2(D)
-        dd = jnp.arange(Dp)
-        j = idx_refs[i][b]
-        x = load(row_refs[i].at[b, g, pl.ds(0, Dp)], dd < D)
-        store(outs[i].at[b, g, j, pl.ds(0, Dp)], x, dd < D)
+        D = bufs_in[i].shape[-1]
+        dd = jnp.arange(next_pow2(D))
+        store(outs[i].at[b, g, idx_refs[i][b], pl.ds(0, dd.shape[0])], row(i, D), dd < D)
     if ring:
         start = start_ref[b]                       # first token of the block ending at t
         for blk, i in zip(blocks, ring):
@@ -52,34 +58,49 @@ def _row_kernel(*refs, n, ring):
             ok = (jj < L)[:, None] & (dd < D)[None, :]
             new = slot == idx_refs[i][b]           # the slot this call writes
             old = load(bufs_in[i].at[b, g, slot[:, None], dd[None, :]], ok)
-            x = load(row_refs[i].at[b, g, pl.ds(0, Dp)], dd < D)
-            val = jnp.where(new[:, None], x[None, :].astype(old.dtype), old)
-            store(blk.at[b, jnp.where(jj < L, jj, L)[:, None], g, dd[None, :]], val, ok)
+            val = jnp.where(new[:, None], row(i, D)[None, :].astype(old.dtype), old)
+            store(blk.at[b, g, jnp.where(jj < L, jj, L)[:, None], dd[None, :]], val, ok)
 
 
 def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, interpret: bool):
-    """Caches ``bufs`` (tuple of [B,G,S_i,D_i]) with ``rows[i]`` [B,G,D_i] written at sequence
-    index ``idx[i]`` [B] (int32, < S_i) of each batch row -> tuple of updated caches (in place).
+    """Caches ``bufs`` (tuple of [B,G,S_i,D_i]) with row i written at sequence index ``idx[i]``
+    [B] (int32, < S_i) of each batch row -> tuple of updated caches (in place).
 
-    ``ring=(i_k, i_v)`` with ``ring_start`` [B]: also return the blocks [B,L,G,D] of caches i_k
+    ``rows``: a tuple of [B,G,D_i] rows, one per cache, or ``(stack, picks)``: one [B,R,G,D]
+    array and the stack row of each cache (the decode step passes its K/V projection this way,
+    so no slice of it is copied into an operand of its own).
+
+    ``ring=(i_k, i_v)`` with ``ring_start`` [B]: also return the blocks [B,G,L,D] of caches i_k
     and i_v (ring buffers of L slots) in token order from position ring_start[b] (slot
-    ``(ring_start + j) % L`` for j < L), as they are after this write.
+    ``(ring_start + j) % L`` for j < L), as they are after this write (the caches' layout, so φ
+    reads them without a transpose).
     """
     n = len(bufs)
     B, G = bufs[0].shape[:2]
+    if isinstance(rows, tuple) and len(rows) == 2 and isinstance(rows[1], tuple):
+        stack, picks = rows
+        if len(picks) != n or stack.ndim != 4:
+            raise ValueError(f"a [B,R,G,D] stack with one pick per cache ({n}), got "
+                             f"{stack.shape} and {picks}")
+        dt = {x.dtype for x in bufs}
+        if len(dt) != 1:
+            raise ValueError(f"a row stack needs caches of one dtype, got {sorted(map(str, dt))}")
+        ops, src = (stack.astype(bufs[0].dtype),), tuple((0, int(p)) for p in picks)
+    else:
+        ops = tuple(r.astype(bf.dtype) for r, bf in zip(rows, bufs))
+        src = tuple((i, None) for i in range(n))
     out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in bufs]
     extra = ()
     if ring is not None:
-        out_shape += [jax.ShapeDtypeStruct((B, bufs[i].shape[2], G, bufs[i].shape[3]),
-                                           bufs[i].dtype) for i in ring]
+        out_shape += [jax.ShapeDtypeStruct(bufs[i].shape, bufs[i].dtype) for i in ring]
         extra = (jnp.asarray(ring_start, jnp.int32),)
     idx = tuple(jnp.asarray(i, jnp.int32) for i in idx)
-    rows = tuple(r.astype(bf.dtype) for r, bf in zip(rows, bufs))
-    first = 2 * n + len(extra)
+    first = n + len(ops) + len(extra)
     res = pl.pallas_call(
-        functools.partial(_row_kernel, n=n, ring=tuple(ring) if ring else None),
+        functools.partial(_row_kernel, n=n, n_ops=len(ops), src=src,
+                          ring=tuple(ring) if ring else None),
         grid=(B, G), out_shape=out_shape,
         input_output_aliases={first + i: i for i in range(n)},
         compiler_params=compiler_params(1, 1), interpret=interpret, name="nsa_cache_write",
-    )(*idx, *rows, *extra, *bufs)
+    )(*idx, *ops, *extra, *bufs)
     return tuple(res)

@@ -46,6 +46,7 @@ WIN_KEYS = 64          # window slots per program
 TARGET_PROGRAMS = 264  # ~2 programs per SM of an H100/H200 (132 SMs): block scoring
 CMP_PROGRAMS = 2048    # compressed-attention programs to aim for (bandwidth-bound at large B)
 CMP_STAGES = 2         # pipeline stages of the compressed kernel's key loop
+SLC_UNITS = 1024       # selected + window programs above which each program takes two units
 
 
 def _rows(h: int) -> int:
@@ -147,7 +148,7 @@ def _sel_chunk(B: int, G: int, Ts: int) -> int:
 def _merge_head(m_ref, l_ref, b, g, hh, lo, hi, pp):
     """Partial softmax states lo..hi-1 (axis 2) of (b, g) for head hh: -> (indices [pp], valid
     [pp], merge weights w = 2^(m - M) [pp], L = sum l w, M); M is 0 when no key is visible.
-    Used by the scoring kernel (the lse) and the finishing kernel (the merged output)."""
+    Used by the finishing kernel (the merged output)."""
     p = lo + jnp.arange(pp)
     ok = p < hi
     pi = jnp.where(ok, p, lo)
@@ -159,9 +160,12 @@ def _merge_head(m_ref, l_ref, b, g, hh, lo, hi, pp):
     return pi, ok, w, jnp.sum(l * w), M
 
 
-def _lse_head(m_ref, l_ref, b, g, hh, nsp):
-    """The compressed kernel's partial states of (b, g) merged into head hh's base-2 lse."""
-    _, _, _, L, M = _merge_head(m_ref, l_ref, b, g, hh, 0, m_ref.shape[2], nsp)
+def split_lse(m, l):
+    """The compressed kernel's partial states m, l [B,G,splits,h] merged into each head's base-2
+    lse [B,G,h] (0 where no key is visible), in XLA: one small fusion per layer."""
+    M = jnp.max(m, axis=2)
+    M = jnp.where(M == NEG_INF, 0.0, M)
+    L = jnp.sum(l * jnp.exp2(m - M[:, :, None]), axis=2)
     return M + jnp.log2(jnp.where(L > 0, L, 1.0))
 
 
@@ -171,14 +175,23 @@ def _ahead(v, i, vj, ij):
     return (vj[None, :] > v[:, None]) | ((vj[None, :] == v[:, None]) & (ij[None, :] < i[:, None]))
 
 
-def _score_kernel(t_ref, s_ref, m_ref, l_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp, nsp, n_sel,
+def _score_kernel(t_ref, s_ref, lse_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp, n_sel,
                   n_init, n_local, l_cmp, d_cmp, l_sel, ts):
     """Group-summed block scores (Eq. 9-10) of one chunk of selection blocks of one (row, group),
     forced / non-candidate blocks at +-inf (Eq. 11), and the chunk's top-n (value, id) pairs.
 
+    Eq. 9 as :mod:`nsa_jax.nsa.semantics` writes it, score_j = sum_{u<r} sum_{k<mm}
+    p[j*mm + k - u], reads each logit once: block j's own row p[j*mm + o] (o < mm) with weight
+    min(r, mm - o), and the previous row's last r - 1 logits p[j*mm - e] (0 < e < r) with weight
+    min(r - e, mm): one contiguous [cs, mm] load and r - 1 strided [cs] loads per head instead
+    of r overlapping [cs, mm] loads, and one exp2 per logit read.
+
+    ``lse_ref`` [B,G,h]: each head's base-2 lse of the compressed logits (the splits merged
+    once in XLA, not by every chunk's program).
+
     The chunk's top-n is a rank count, not n rounds of argmax: block i's rank is the number of
-    blocks of the chunk ahead of it (``_ahead``), one [cs, cs] comparison and one reduction;
-    the blocks ranked < n go to slot rank, the slots past the chunk's candidates get (-inf, Ts).
+    blocks of the chunk ahead of it (``_ahead``), one [cs, cs] comparison and one reduction; the
+    blocks ranked < n go to slot rank, the slots past the chunk's candidates get (-inf, Ts).
     """
     b, g, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     Tc, Ts = s_ref.shape[-1], ts
@@ -186,14 +199,29 @@ def _score_kernel(t_ref, s_ref, m_ref, l_ref, val_ref, idx_ref, *, h, r, mm, cs,
     nvis = jnp.minimum(jnp.where(t + 1 >= l_cmp, (t + 1 - l_cmp) // d_cmp + 1, 0), Tc)
     j = c * cs + jnp.arange(cs)
     k = jnp.arange(mmp)
+    own = j[:, None] * mm + k[None, :]                              # [cs, mmp] logit indices
+    ok_own = (k < mm)[None, :] & (own < nvis)
+    w_own = jnp.minimum(r, mm - k).astype(jnp.float32)[None, :]
+    own = jnp.minimum(own, Tc - 1)
+    # the tail as a [cs, rp] tile reduced over axis 1 like the own row (not a 1-D vector: every
+    # term then shares the row sum's layout, no conversion between two vector layouts per head)
+    e = 1 + jnp.arange(max(1, next_pow2(r - 1)))
+    tail = j[:, None] * mm - e[None, :]
+    ok_tail = (e < r)[None, :] & (tail >= 0) & (tail < nvis)
+    w_tail = jnp.minimum(r - e, mm).astype(jnp.float32)[None, :]
+    tail = jnp.clip(tail, 0, Tc - 1)
     score = jnp.zeros((cs,), jnp.float32)
     for hh in range(h):
-        lse_h = _lse_head(m_ref, l_ref, b, g, hh, nsp)
-        for u in range(r):                       # chunk c collects p_{c-u}; block j sums chunks
-            i = j[:, None] * mm + k[None, :] - u
-            okp = (k < mm)[None, :] & (i >= 0) & (i < nvis)
-            sv = load(s_ref.at[b, g, hh, jnp.clip(i, 0, Tc - 1)], okp, NEG_INF)
-            score = score + jnp.sum(jnp.where(okp, jnp.exp2(sv - lse_h), 0.0), axis=1)
+        lse_h = lse_ref[b, g, hh]
+        sv = load(s_ref.at[b, g, hh, own], ok_own, NEG_INF)
+        part = jnp.where(ok_own, jnp.exp2(sv - lse_h) * w_own, 0.0)
+        if r > 1:
+            sv = load(s_ref.at[b, g, hh, tail], ok_tail, NEG_INF)
+            part = jnp.sum(part, axis=1) + jnp.sum(
+                jnp.where(ok_tail, jnp.exp2(sv - lse_h) * w_tail, 0.0), axis=1)
+        else:
+            part = jnp.sum(part, axis=1)
+        score = score + part
     cur = t // l_sel
     cand = j <= cur
     forced = cand & ((j < n_init) | (j > cur - n_local))
@@ -252,7 +280,7 @@ def _select_call(t, s, m, l, cfg, Ts, sel_chunk, merge_tile, interpret):
     C = cdiv(Ts, cs)
     K = C * cfg.n_sel
     kern = functools.partial(_score_kernel, h=h, r=r, mm=mm, cs=cs, mmp=next_pow2(mm),
-                             nsp=next_pow2(m.shape[2]), n_sel=cfg.n_sel, n_init=cfg.n_init,
+                             n_sel=cfg.n_sel, n_init=cfg.n_init,
                              n_local=cfg.n_local, l_cmp=cfg.block_l, d_cmp=cfg.stride_d,
                              l_sel=cfg.sel_block, ts=Ts)
     vals, idx = pl.pallas_call(
@@ -260,7 +288,7 @@ def _select_call(t, s, m, l, cfg, Ts, sel_chunk, merge_tile, interpret):
         out_shape=[jax.ShapeDtypeStruct((B, G, K), jnp.float32),
                    jax.ShapeDtypeStruct((B, G, K), jnp.int32)],
         compiler_params=compiler_params(4, 1), interpret=interpret, name="nsa_decode_score",
-    )(t, s, m, l)
+    )(t, s, split_lse(m, l))
     kt = min(merge_tile, next_pow2(K))
     merge = functools.partial(_topn_merge_kernel, n_sel=cfg.n_sel, kt=kt)
     return pl.pallas_call(
@@ -272,7 +300,10 @@ def _select_call(t, s, m, l, cfg, Ts, sel_chunk, merge_tile, interpret):
 
 # ---- 2. selected blocks and window tiles ----------------------------------------------------
 def _slc_win_kernel(t_ref, ids_ref, q_ref, ks_ref, vs_ref, kw_ref, vw_ref, m_ref, l_ref, o_ref,
-                    *, h, n_slc, has_win, l_sel, window, bw, scale, prec):
+                    *, h, n_slc, n_sp, has_win, l_sel, window, bw, per, scale, prec):
+    """Program u < n_sp: selected blocks u*per .. u*per+per-1 (loaded by index; keys past t
+    masked); program u >= n_sp: window tiles (u-n_sp)*per .. of the ring buffer. Each writes one
+    partial softmax state; a program never mixes the two branches (they have their own gates)."""
     b, g, u = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     t = t_ref[b]
     q = _load_q(q_ref, b, g, h)
@@ -280,42 +311,52 @@ def _slc_win_kernel(t_ref, ids_ref, q_ref, ks_ref, vs_ref, kw_ref, vw_ref, m_ref
     hp = q.shape[0]
     Dv = o_ref.shape[-1]
 
-    def attend(k_ref, v_ref, start, ok, nk):
+    def attend(carry, k_ref, v_ref, start, ok, nk):
         k = load(k_ref.at[b, g, pl.ds(start, nk), :], ok[:, None])
         v = load(v_ref.at[b, g, pl.ds(start, nk), :], ok[:, None])
         s = jnp.where(ok[None, :], dot(q, k, trans_b=True, precision=prec) * c, NEG_INF)
-        return _online(softmax_init(hp, Dv), s, v, prec)
+        return _online(carry, s, v, prec)
 
     if n_slc:
-        @pl.when(u < n_slc)
+        @pl.when(u < n_sp)
         def _():
-            j = ids_ref[b, g, jnp.minimum(u, n_slc - 1)]
-            base = jnp.maximum(j, 0) * l_sel
             nk = max(MIN_DOT, next_pow2(l_sel))
             off = jnp.arange(nk)
-            ok = (j >= 0) & (off < l_sel) & (base + off <= t)
-            _store_state(m_ref, l_ref, o_ref, b, g, u, attend(ks_ref, vs_ref, base, ok, nk), h)
+            st = softmax_init(hp, Dv)
+            for i in range(per):
+                e = u * per + i
+                j = ids_ref[b, g, jnp.minimum(e, n_slc - 1)]
+                base = jnp.maximum(j, 0) * l_sel
+                ok = (e < n_slc) & (j >= 0) & (off < l_sel) & (base + off <= t)
+                st = attend(st, ks_ref, vs_ref, base, ok, nk)
+            _store_state(m_ref, l_ref, o_ref, b, g, u, st, h)
 
     if has_win:
-        @pl.when(u >= n_slc)
+        @pl.when(u >= n_sp)
         def _():
             W = kw_ref.shape[2]
-            slot = (u - n_slc) * bw + jnp.arange(bw)
-            pos = t - lax.rem(t - slot + W, W)     # position held by each ring slot
-            ok = (slot < W) & (pos >= 0) & (pos > t - window)
-            st = attend(kw_ref, vw_ref, (u - n_slc) * bw, ok, bw)
+            st = softmax_init(hp, Dv)
+            for i in range(per):
+                start = ((u - n_sp) * per + i) * bw
+                slot = start + jnp.arange(bw)
+                pos = t - lax.rem(t - slot + W, W)     # position held by each ring slot
+                ok = (slot < W) & (pos >= 0) & (pos > t - window)
+                st = attend(st, kw_ref, vw_ref, start, ok, bw)
             _store_state(m_ref, l_ref, o_ref, b, g, u, st, h)
 
 
-def _slc_win_call(t, ids, q, kv, cfg, bw, scale, interpret):
+def _slc_win_call(t, ids, q, kv, cfg, bw, per, scale, interpret):
+    """Partial states [B,G,U,h] (m, l) and [B,G,U,h,Dv] (acc) of the selected blocks (the first
+    cdiv(n_sel, per) slots) and the window tiles (the rest), ``per`` blocks or tiles per program."""
     B, G, h, _ = q.shape
     has_slc, has_win = "k_slc" in kv and ids is not None, "k_win" in kv
     n_slc = ids.shape[-1] if has_slc else 0
-    n_win = cdiv(kv["k_win"].shape[2], bw) if has_win else 0
+    n_sp = cdiv(n_slc, per)
+    n_wp = cdiv(cdiv(kv["k_win"].shape[2], bw), per) if has_win else 0
     Dv = (kv["v_slc"] if has_slc else kv["v_win"]).shape[-1]
-    units = n_slc + n_win
-    kern = functools.partial(_slc_win_kernel, h=h, n_slc=n_slc, has_win=has_win,
-                             l_sel=cfg.sel_block, window=cfg.window, bw=bw, scale=scale,
+    units = n_sp + n_wp
+    kern = functools.partial(_slc_win_kernel, h=h, n_slc=n_slc, n_sp=n_sp, has_win=has_win,
+                             l_sel=cfg.sel_block, window=cfg.window, bw=bw, per=per, scale=scale,
                              prec=dot_precision(q.dtype, interpret))
     dummy = jnp.zeros((B, G, 1, q.shape[-1]), q.dtype)     # stands in for an ablated branch
     args = [t, ids if has_slc else jnp.zeros((B, G, 1), jnp.int32), q]
@@ -329,7 +370,7 @@ def _slc_win_call(t, ids, q, kv, cfg, bw, scale, interpret):
                    jax.ShapeDtypeStruct((B, G, units, h, Dv), f32)],
         compiler_params=compiler_params(4 if _rows(h) * Dv > 4096 else 2, 2),
         interpret=interpret, name="nsa_decode_slc_win",
-    )(*args)
+    )(*args), n_sp
 
 
 # ---- 3. epilogue ----------------------------------------------------------------------------
@@ -384,6 +425,14 @@ def _splits(B: int, G: int, Tc: int, bk: int) -> int:
     return int(max(1, min(cdiv(Tc, bk), cdiv(CMP_PROGRAMS, B * G), MAX_SPLITS)))
 
 
+def _slc_per(B: int, G: int, n_sel: int, n_win: int) -> int:
+    """Units (selected blocks or window tiles) per program of the selected + window kernel: two
+    where one each would give over SLC_UNITS programs (fewer partial states to write and merge),
+    else one (H200, 125M shape: 2 took the kernel + finish from 24.3 to 22.4 us per layer at
+    128k/B=64 and from 6.5 to 7.4 us at 64k/B=8; bench/NOTES.md, twelfth session)."""
+    return 2 if B * G * (n_sel + n_win) > SLC_UNITS else 1
+
+
 def _pad_last(x, D):
     return x if x.shape[-1] == D else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, D - x.shape[-1])])
 
@@ -391,7 +440,8 @@ def _pad_last(x, D):
 def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = CMP_KEYS,
                       win_keys: int = WIN_KEYS, splits: int | None = None,
                       sel_chunk: int | None = None, merge_tile: int = MERGE_TILE,
-                      cmp_stages: int = CMP_STAGES, return_ids: bool = False):
+                      cmp_stages: int = CMP_STAGES, slc_per: int | None = None,
+                      return_ids: bool = False):
     """q [B,Hq,Dk] at positions t [B] over the caches ``kv`` (layout in
     :mod:`nsa_jax.nsa.decoding`, tokens 0..t[b] written); gates [B,Hq,3] -> [B,Hq,Dv] in q.dtype.
 
@@ -400,7 +450,8 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
     the GPU); ``sel_chunk`` selection blocks per scoring program (default: ``_sel_chunk``) and
     ``merge_tile`` candidates
     per top-n merge program (powers of two); ``cmp_stages`` software-pipeline stages of the
-    compressed kernel's key loop (Triton ``num_stages``). ``return_ids``: also the selected block ids
+    compressed kernel's key loop (Triton ``num_stages``); ``slc_per`` selected blocks (or window
+    tiles) per program of the selected + window kernel (default: ``_slc_per``). ``return_ids``: also the selected block ids
     [B,G,n_sel] (score order, -1 in unused slots; None without the selection branch). Head dims
     that are not a power of two >= 16 are zero-padded (a copy of the caches: fine for tests,
     slow for real models, which use 64 or 128)."""
@@ -427,10 +478,12 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
             Ts = kv["k_slc"].shape[2] // cfg.sel_block
             ids = _select_call(t, s, m, l, cfg, Ts, sel_chunk or _sel_chunk(B, G, Ts),
                                merge_tile, interpret)
+    n_sp = 0
     if "slc" in br or "win" in br:
-        sw_parts = _slc_win_call(t, ids, qg, kv, cfg, win_keys, scale, interpret)
-    n_slc = ids.shape[-1] if ids is not None else 0
+        per = slc_per or _slc_per(B, G, cfg.n_sel if "slc" in br else 0,
+                                  cdiv(kv["k_win"].shape[2], win_keys) if "win" in br else 0)
+        sw_parts, n_sp = _slc_win_call(t, ids, qg, kv, cfg, win_keys, per, scale, interpret)
     o = _finish_call(gates.reshape(B, G, h, 3), cmp_parts if "cmp" in br else None, sw_parts,
-                     n_slc, br, q.dtype, interpret)
+                     n_sp, br, q.dtype, interpret)
     o = o[..., :Dv].reshape(B, Hq, Dv)
     return (o, ids) if return_ids else o
