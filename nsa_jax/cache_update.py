@@ -80,15 +80,18 @@ def fill_nsa(kv: dict, lengths, k_c, v_c, k_cmp, v_cmp, k_s, v_s, k_w, v_w) -> d
 ROWS = ("kc_raw", "vc_raw", "k_slc", "v_slc", "k_win", "v_win")   # the K/V projection's order
 
 
-def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, interpret: bool | None = None) -> dict:
+def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, interpret: bool | None = None,
+               emit=None) -> dict:
     """Token t[b] into an NSA layer's caches; emits compressed block i = (t - l + 1) / d when a
     block ends at t. ``rows`` [B,6,G,D]: the token's un-rotated cmp-branch K/V, the rotated
     selection K and its V, the rotated window K and its V, in :data:`ROWS` order (the layer's
     K/V projection, one array). ``compress(kb, vb, offset)`` is the layer's φ + RoPE over
     un-rotated blocks [B,G,l,D] starting at positions offset [B]. ``interpret`` not None: the
-    token writes and the ring readout in one Pallas kernel that reads ``rows`` whole, and the
-    emission in a second (``pallas.cache_write``; the Pallas decode path), else XLA
-    scatters/gathers; same values."""
+    token writes and the ring readout in one Pallas kernel that reads ``rows`` whole
+    (``pallas.cache_write``; the Pallas decode path), and the emission either by
+    ``emit(k_cmp, v_cmp, kb, vb, offset, idx, interpret)`` -> (k_cmp, v_cmp) (φ, RoPE and the write
+    in one kernel: ``pallas.phi_decode``) or by ``compress`` and a second write kernel; else XLA
+    scatters/gathers. Same values up to the emission's float rounding."""
     kv = dict(kv)
     l, d = cfg.block_l, cfg.stride_d
     cmp = "k_cmp" in kv
@@ -116,10 +119,14 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, interpret: bool | No
         if cmp:
             kb, vb = out[len(names):]                            # [B,G,l,D], token order
     if cmp:
-        emit = (start >= 0) & (jnp.mod(start, d) == 0)
-        kc, vc = compress(kb, vb, jnp.maximum(start, 0))          # [B,1,G,D]
+        ends = (start >= 0) & (jnp.mod(start, d) == 0)              # a block ends at t
         scratch = kv["k_cmp"].shape[2] - 1        # never visible: see cache_sizes
-        i = jnp.where(emit, jnp.maximum(start, 0) // d, scratch)
-        kv["k_cmp"], kv["v_cmp"] = _write((kv["k_cmp"], kv["v_cmp"]), (kc[:, 0], vc[:, 0]),
-                                          (i, i), interpret)
+        i = jnp.where(ends, jnp.maximum(start, 0) // d, scratch)
+        if emit is not None and interpret is not None:
+            kv["k_cmp"], kv["v_cmp"] = emit(kv["k_cmp"], kv["v_cmp"], kb, vb,
+                                            jnp.maximum(start, 0), i, interpret)
+        else:
+            kc, vc = compress(kb, vb, jnp.maximum(start, 0))      # [B,1,G,D]
+            kv["k_cmp"], kv["v_cmp"] = _write((kv["k_cmp"], kv["v_cmp"]), (kc[:, 0], vc[:, 0]),
+                                              (i, i), interpret)
     return kv

@@ -26,7 +26,7 @@ from nsa_jax.loss import chunked_cross_entropy
 from nsa_jax.nsa import NSAConfig, nsa_attention, semantics
 from nsa_jax.nsa.decoding import dense_decode_attention
 from nsa_jax.nsa.compression import compress, compress_block
-from nsa_jax.nsa.rope import apply_rope, cmp_positions
+from nsa_jax.nsa.rope import apply_rope, cmp_positions, rope_freqs
 from nsa_jax.parallel import batch_parallel
 from nsa_jax.swiglu import swiglu
 
@@ -224,6 +224,25 @@ class NSAAttention(nnx.Module):
         pos = (jnp.asarray(offset) + self.ncfg.block_l - 1)[:, None]
         return apply_rope(self.phi_k.block(kb), pos, self.mcfg.rope_theta), self.phi_v.block(vb)
 
+    def emit_block(self, k_cmp, v_cmp, kb, vb, offset, idx, interpret: bool):
+        """:meth:`compress_block` and the write of its output at block index ``idx`` [B] into the
+        compressed caches as one Pallas kernel (``pallas.phi_decode``; the Pallas decode path)."""
+        from nsa_jax.pallas import phi_decode
+        pos = (jnp.asarray(offset) + self.ncfg.block_l - 1).astype(jnp.float32)
+        ang = pos[:, None] * rope_freqs(self.mcfg.head_dim, self.mcfg.rope_theta)
+        prm = lambda c: (c.pos_emb[...], c.w1[...], c.b1[...], c.w2[...], c.b2[...])
+        return phi_decode.emit_pallas(k_cmp, v_cmp, kb.astype(self.dtype), vb.astype(self.dtype),
+                                      idx, jnp.cos(ang), jnp.sin(ang), prm(self.phi_k),
+                                      prm(self.phi_v), interpret=interpret)
+
+    def _emitter(self, interpret: bool | None):
+        """:meth:`emit_block` where the fused kernel takes this shape, else None (φ in XLA)."""
+        from nsa_jax.pallas import phi_decode
+        H = self.phi_k.w1.shape[-1]
+        if interpret is None or not phi_decode.applies(self.mcfg.head_dim, H, interpret):
+            return None
+        return self.emit_block
+
     def project(self, x, positions):
         """Projections, φ and RoPE. Returns the 8 inputs of ``nsa_attention``."""
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
@@ -266,8 +285,9 @@ class NSAAttention(nnx.Module):
         B = x.shape[0]
         t = cache.pos
         q, rows, gates = self.project_step(x, t)
-        kv = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, rows,
-                                     fused_writes(impl))
+        fused = fused_writes(impl)
+        kv = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, rows, fused,
+                                     self._emitter(fused))
         o = nsa_decode(q[:, 0], kv, t, gates[:, 0], self.ncfg, impl)
         out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
         return out, dataclasses.replace(cache, kv=kv)

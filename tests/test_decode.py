@@ -464,6 +464,44 @@ def test_pallas_decode_path_with_fused_cache_writes_matches_reference(attention)
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_phi_emission_kernel_matches_compress_block(dtype):
+    """``pallas.phi_decode`` (interpret mode): φ_K + RoPE and φ_V of each row's block written at
+    its index == the layer's ``compress_block`` + the XLA write, for rows at different offsets
+    (block index or scratch slot), 13 rows (a partial row tile); nothing else in the caches
+    changes. float32: within float rounding. bf16: the kernel and XLA round at different points,
+    so both are held to the float32 computation: the kernel's relative RMSE <= 1e-2 and no more
+    than 1.5x XLA's own bf16 error."""
+    from nsa_jax.nsa.decoding import write_rows
+    kw = dict(vocab_size=97, dim=32, n_layers=1, n_heads=4, n_kv_groups=1, head_dim=8,
+              mlp_hidden=64, init_std=0.3)
+    attn = build_model(ModelConfig(**kw, compute_dtype=dtype), NSAConfig(**SMALL), 0).blocks[0].attn
+    attn32 = build_model(ModelConfig(**kw), NSAConfig(**SMALL), 0).blocks[0].attn
+    dt = jnp.dtype(dtype)
+    B, G, l, D, Tc = 13, 1, 8, 8, 12
+    ks = jax.random.split(jax.random.PRNGKey(5), 4)
+    kb, vb = (jax.random.normal(k, (B, G, l, D)).astype(dt) for k in ks[:2])
+    kc, vc = (jax.random.normal(k, (B, G, Tc, D)).astype(dt) for k in ks[2:])
+    off = 4 * jnp.arange(B)
+    idx = jnp.where(jnp.arange(B) % 3 == 0, Tc - 1, jnp.arange(B) % (Tc - 1))
+    got = jax.jit(lambda *a: attn.emit_block(*a, interpret=True))(kc, vc, kb, vb, off, idx)
+    xla = jax.jit(attn.compress_block)(kb, vb, off)
+    f32 = jax.jit(attn32.compress_block)(kb.astype(jnp.float32), vb.astype(jnp.float32), off)
+    rows = (jnp.arange(B), slice(None), idx)
+    for cache, g_, x_, r_ in zip((kc, vc), got, xla, f32):
+        assert g_.dtype == dt
+        untouched = np.ones(g_.shape, bool)
+        untouched[np.arange(B), :, np.asarray(idx)] = False
+        np.testing.assert_array_equal(np.asarray(g_)[untouched], np.asarray(cache)[untouched])
+        e_got = rel_err(np.asarray(g_[rows], np.float32), r_[:, 0])
+        if dtype == "float32":
+            np.testing.assert_allclose(g_, write_rows(cache, x_[:, 0], idx), rtol=1e-5,
+                                       atol=1e-5)
+        else:
+            e_xla = rel_err(np.asarray(x_[:, 0], np.float32), r_[:, 0])
+            assert e_got <= 1e-2 and e_got <= 1.5 * e_xla, (e_got, e_xla)
+
+
 def test_cache_write_kernel_is_the_xla_scatters_bitwise():
     """``write_rows_pallas`` (interpret mode) == ``write_rows`` per cache, and its ring readout ==
     the ring gathered in token order after the write; rows at different positions, a ring that

@@ -127,6 +127,20 @@ def test_decode_kernels_lower_to_triton(monkeypatch):
     assert len(names) >= 4, names
 
 
+def test_phi_emission_kernel_lowers_to_triton():
+    """The decode step's φ + RoPE + compressed-cache write (``pallas.phi_decode``), 125M shape,
+    B*G = 130 rows (a partial row tile)."""
+    from nsa_jax.pallas.phi_decode import emit_pallas
+    Bq, L, H, Tc = 65, CFG.block_l, 4 * D, 4096
+    phi = (S(L, D, dtype=jnp.float32), S(L * D, H), S(H), S(H, D), S(D))
+
+    def f(kc, vc, kb, vb, idx, cs, pk, pv):
+        return emit_pallas(kc, vc, kb, vb, idx, cs, cs, pk, pv, interpret=False)
+    names = triton_kernels(f, S(Bq, G, Tc, D), S(Bq, G, Tc, D), S(Bq, G, L, D), S(Bq, G, L, D),
+                           S(Bq, dtype=jnp.int32), S(Bq, D // 2, dtype=jnp.float32), phi, phi)
+    assert names == {"nsa_decode_phi_h", "nsa_decode_phi_out"}, names
+
+
 def test_cache_write_kernel_lowers_to_triton():
     from nsa_jax.pallas.cache_write import write_rows_pallas
     Bq, N, W, L = 8, 4096, CFG.window, CFG.block_l

@@ -1,0 +1,164 @@
+"""The decode step's compressed-block emission as one Pallas kernel (issue 14).
+
+At every decode step each row's newest compressed block, the l tokens ending at its position t, is
+compressed by φ_K and φ_V (Eq. 7), the key is rotated at t (RoPE at the block's last position,
+:mod:`nsa_jax.nsa.rope`), and both are written to the compressed caches: at block index
+i = (t - l + 1) / d when a block ends at t, else to the caches' never-visible scratch slot
+(:mod:`nsa_jax.cache_update`). XLA ran that as ~10 small kernels per layer (the position
+embedding add, two GEMMs per φ, SiLU, bias adds, RoPE and a cache-write kernel); here it is two
+launches per layer: φ's hidden layer over (K or V) x (row tiles) x (hidden-unit tiles) programs,
+then its output layer, the key's RoPE and the write over (K or V) x (row tiles).
+
+The arithmetic is :func:`nsa_jax.nsa.compression.compress_block`'s: the block plus the position
+embedding in float32, rounded to the compute dtype; each GEMM accumulates in float32 and is
+rounded, as is each bias add and each step of SiLU (sigmoid, product); the key's rotation is
+computed in float32 from the rounded φ output and rounded (:func:`nsa_jax.nsa.rope.apply_rope`).
+Float32 results equal XLA's within float rounding; in bf16, XLA keeps some of those
+intermediates in float32 inside its fusions, so the two differ by about a bf16 rounding and are
+equally far from the float32 computation (tests/test_decode.py).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from nsa_jax.pallas.common import MIN_DOT, cdiv, compiler_params, dot, load, next_pow2, store
+
+ROWS = 32       # (row, group) pairs per program
+H_TILE = 32     # φ hidden units per program of the first kernel
+K_TILE = 256    # block features (of l*D) per step of φ's first GEMM
+STAGES = 3      # Triton pipeline stages of that GEMM's loop (3 x 32 KB of shared memory)
+# H200, 125M shape: 8.8 + 3.8 us per emission at B=64 and 7.5 + 2.8 at B=8 against 14.0 + 3.7 and
+# 11.3 + 2.7 with 64 hidden units, 128-feature steps and 2 stages (bench/phi_decode.py,
+# bench/NOTES.md, twelfth session); 16-row tiles with 512-feature steps were as fast at B=64 but
+# need 160 KB of shared memory, at the edge of an A100's.
+
+
+def applies(D: int, H: int, interpret: bool) -> bool:
+    """Whether the kernels take this shape: Triton's dots need power-of-two dims >= 16 (the key's
+    two rotation halves are D/2 wide); the CPU interpreter takes any."""
+    ok = lambda n: n >= MIN_DOT and n == next_pow2(n)
+    return interpret or (D % 2 == 0 and ok(D // 2) and ok(H))
+
+
+def _hidden_kernel(kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1v_ref, h_ref, *,
+                   R, Ht, bk):
+    """h[c, rows, hidden tile] = SiLU(round(block + pos_emb) @ w1 + b1) for branch c (K, V) of the
+    program (c, p, q): rows p*R.., hidden units q*Ht... Each program streams only its [l*D, Ht]
+    slice of w1, so the GEMM is spread over (rows x hidden tiles) programs."""
+    c, p, q = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    BG, F = kb_ref.shape
+    dt = kb_ref.dtype
+    f32 = jnp.float32
+    okr = p * R + jnp.arange(R) < BG
+    ht = pl.ds(q * Ht, Ht)
+
+    def branch(x_ref, pe_ref, w1_ref, b1_ref):
+        def step(i, acc):
+            okf = i * bk + jnp.arange(bk) < F
+            x = load(x_ref.at[pl.ds(p * R, R), pl.ds(i * bk, bk)], okr[:, None] & okf[None, :])
+            pe = load(pe_ref.at[pl.ds(i * bk, bk)], okf)
+            blk = (x.astype(f32) + pe[None, :]).astype(dt)                # Eq. 7: + pos emb
+            w = load(w1_ref.at[pl.ds(i * bk, bk), ht], okf[:, None]).astype(dt)
+            return acc + dot(blk, w)
+
+        acc = jax.lax.fori_loop(0, cdiv(F, bk), step, jnp.zeros((R, Ht), f32))
+        h = (acc.astype(dt).astype(f32) + b1_ref[ht].astype(dt).astype(f32)[None, :]).astype(dt)
+        sig = jax.nn.sigmoid(h.astype(f32)).astype(dt)                     # SiLU: x sigmoid(x)
+        h = (h.astype(f32) * sig.astype(f32)).astype(dt)
+        store(h_ref.at[c, pl.ds(p * R, R), ht], h, okr[:, None])
+
+    @pl.when(c == 0)
+    def _():
+        branch(kb_ref, pk_ref, w1k_ref, b1k_ref)
+
+    @pl.when(c == 1)
+    def _():
+        branch(vb_ref, pv_ref, w1v_ref, b1v_ref)
+
+
+def _out_kernel(idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v_ref, kc_in, vc_in,
+                kc_ref, vc_ref, *, G, R):
+    """Branch c's output h @ w2 + b2 for rows p*R.. in its two rotation halves, the key rotated,
+    stored at each row's block index (``idx``) of the aliased cache."""
+    del kc_in, vc_in
+    c, p = pl.program_id(0), pl.program_id(1)
+    BG, H = h_ref.shape[1:]
+    D = kc_ref.shape[-1]
+    half = D // 2
+    f32 = jnp.float32
+    dt = h_ref.dtype
+    r = p * R + jnp.arange(R)
+    okr = r < BG
+    b, g = jnp.where(okr, r, 0) // G, jnp.where(okr, r, 0) % G
+    dh = jnp.arange(half)
+    bo = jnp.where(okr, b, kc_ref.shape[0])          # masked rows: out of bounds, dropped
+    i = load(idx_ref.at[b], okr)
+    h = load(h_ref.at[c, pl.ds(p * R, R), :], okr[:, None])
+
+    def branch(w2_ref, b2_ref, out_ref, rotate):
+        def half_out(j):                                                   # φ's output columns
+            o = dot(h, w2_ref[:, pl.ds(j * half, half)].astype(dt)).astype(dt).astype(f32)
+            return (o + b2_ref[pl.ds(j * half, half)].astype(dt).astype(f32)[None, :]
+                    ).astype(dt).astype(f32)
+
+        lo, hi = half_out(0), half_out(1)
+        if rotate:                                                         # RoPE at t (Eq. 7)
+            cs = load(cos_ref.at[b[:, None], dh[None, :]], okr[:, None])
+            sn = load(sin_ref.at[b[:, None], dh[None, :]], okr[:, None])
+            lo, hi = lo * cs - hi * sn, hi * cs + lo * sn
+        for j, val in enumerate((lo, hi)):
+            store(out_ref.at[bo[:, None], g[:, None], i[:, None], (j * half + dh)[None, :]],
+                  val.astype(out_ref.dtype), okr[:, None])
+
+    @pl.when(c == 0)
+    def _():
+        branch(w2k_ref, b2k_ref, kc_ref, True)
+
+    @pl.when(c == 1)
+    def _():
+        branch(w2v_ref, b2v_ref, vc_ref, False)
+
+
+def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret: bool,
+                rows: int = ROWS, h_tile: int = H_TILE, k_tile: int = K_TILE, stages: int = STAGES,
+                warps: int = 4):
+    """Compressed caches ``k_cmp``, ``v_cmp`` [B,G,Tc,D] (updated in place) with φ_K(kb) rotated
+    by (cos, sin) and φ_V(vb) written at block index ``idx`` [B] of each row.
+
+    kb, vb [B,G,l,D]: each row's un-rotated block (token order, the cache-write kernel's ring
+    readout); cos, sin [B, D/2] float32: the rotation at the block's last position; ``phi_k``,
+    ``phi_v``: (pos_emb [l,D], w1 [l*D,H], b1 [H], w2 [H,D], b2 [D]), cast to kb's dtype in the
+    kernels (pos_emb stays float32). Two launches: the hidden layer over (K/V, row tiles,
+    hidden tiles) programs, then the output layer, RoPE and the cache write. ``rows``,
+    ``h_tile``, ``k_tile``, ``stages``, ``warps``: the first kernel's tiles (powers of two) and its
+    Triton pipeline depth and warps (bench/phi_decode.py sweeps them)."""
+    B, G, l, D = kb.shape
+    F, BG = l * D, B * G
+    H = phi_k[1].shape[-1]
+    R = min(rows, max(MIN_DOT, next_pow2(BG)))
+    Ht = min(h_tile, H)
+    bk = min(k_tile, next_pow2(F))
+    f32 = jnp.float32
+    first = [kb.reshape(BG, F), vb.reshape(BG, F)]
+    for pe, w1, b1, _, _ in (phi_k, phi_v):
+        first += [pe.astype(f32).reshape(F), w1, b1]
+    h = pl.pallas_call(
+        functools.partial(_hidden_kernel, R=R, Ht=Ht, bk=bk), grid=(2, cdiv(BG, R), cdiv(H, Ht)),
+        out_shape=jax.ShapeDtypeStruct((2, BG, H), kb.dtype),
+        compiler_params=compiler_params(warps, stages), interpret=interpret,
+        name="nsa_decode_phi_h",
+    )(*first)
+    second = [jnp.asarray(idx, jnp.int32), cos.astype(f32), sin.astype(f32), h,
+              phi_k[3], phi_k[4], phi_v[3], phi_v[4], k_cmp, v_cmp]
+    out = pl.pallas_call(
+        functools.partial(_out_kernel, G=G, R=R), grid=(2, cdiv(BG, R)),
+        out_shape=[jax.ShapeDtypeStruct(k_cmp.shape, k_cmp.dtype),
+                   jax.ShapeDtypeStruct(v_cmp.shape, v_cmp.dtype)],
+        input_output_aliases={8: 0, 9: 1},
+        compiler_params=compiler_params(4, 1), interpret=interpret, name="nsa_decode_phi_out",
+    )(*second)
+    return tuple(out)
