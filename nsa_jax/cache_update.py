@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from nsa_jax.nsa import NSAConfig
 from nsa_jax.nsa.decoding import gather_rows, ring_positions, write_rows
+from nsa_jax.nsa.rope import rotate
 
 
 # ---- how tokens enter the cache -------------------------------------------------------------
@@ -78,20 +79,24 @@ def fill_nsa(kv: dict, lengths, k_c, v_c, k_cmp, v_cmp, k_s, v_s, k_w, v_w) -> d
 
 
 ROWS = ("kc_raw", "vc_raw", "k_slc", "v_slc", "k_win", "v_win")   # the K/V projection's order
+ROTATED = ("k_slc", "k_win")      # the caches of rotated keys (RoPE placement: nsa/rope.py)
 
 
-def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, interpret: bool | None = None,
-               emit=None) -> dict:
+def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, q, rope,
+               interpret: bool | None = None, emit=None):
     """Token t[b] into an NSA layer's caches; emits compressed block i = (t - l + 1) / d when a
-    block ends at t. ``rows`` [B,6,G,D]: the token's un-rotated cmp-branch K/V, the rotated
-    selection K and its V, the rotated window K and its V, in :data:`ROWS` order (the layer's
-    K/V projection, one array). ``compress(kb, vb, offset)`` is the layer's φ + RoPE over
-    un-rotated blocks [B,G,l,D] starting at positions offset [B]. ``interpret`` not None: the
-    token writes and the ring readout in one Pallas kernel that reads ``rows`` whole
-    (``pallas.cache_write``; the Pallas decode path), and the emission either by
-    ``emit(k_cmp, v_cmp, kb, vb, offset, idx, interpret)`` -> (k_cmp, v_cmp) (φ, RoPE and the write
-    in one kernel: ``pallas.phi_decode``) or by ``compress`` and a second write kernel; else XLA
-    scatters/gathers. Same values up to the emission's float rounding."""
+    block ends at t. -> (caches, q rotated at t).
+
+    ``rows`` [B,6,G,D]: the token's K/V projection in :data:`ROWS` order (one array), un-rotated;
+    ``q`` [B,H,D] its un-rotated queries; ``rope`` = (cos, sin) [B, D/2] at t, with which q and
+    the :data:`ROTATED` rows are rotated before use. ``compress(kb, vb, offset)`` is the layer's
+    φ + RoPE over un-rotated blocks [B,G,l,D] starting at positions offset [B].
+
+    ``interpret`` not None (the Pallas decode path): the rotations, the token writes and the ring
+    readout in one Pallas kernel that reads ``rows`` whole (``pallas.cache_write``), and the
+    emission either by ``emit(k_cmp, v_cmp, kb, vb, offset, idx, interpret)`` -> (k_cmp, v_cmp)
+    (φ, RoPE and the write: ``pallas.phi_decode``) or by ``compress`` and a second write kernel;
+    else XLA. Same values up to float rounding."""
     kv = dict(kv)
     l, d = cfg.block_l, cfg.stride_d
     cmp = "k_cmp" in kv
@@ -103,9 +108,12 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, interpret: bool | No
     picks = tuple(ROWS.index(n) for n in names)
     idx = [at[n] for n in names]
     start = t - (l - 1)                       # first token of the block ending at t
+    cos, sin = rope
     if interpret is None:
-        kv.update(zip(names, _write([kv[n] for n in names], [rows[:, p] for p in picks], idx,
-                                    None)))
+        q = rotate(q, cos[:, None], sin[:, None])
+        new = [rotate(rows[:, p], cos[:, None], sin[:, None]) if n in ROTATED else rows[:, p]
+               for n, p in zip(names, picks)]
+        kv.update(zip(names, _write([kv[n] for n in names], new, idx, None)))
         if cmp:
             slots = jnp.mod(start[:, None] + jnp.arange(l), l)   # ring slots in token order
             kb = gather_rows(kv["kc_raw"], slots)                # [B,G,l,D], un-rotated
@@ -114,10 +122,13 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, interpret: bool | No
         from nsa_jax.pallas.cache_write import write_rows_pallas
         out = write_rows_pallas(tuple(kv[n] for n in names), (rows, picks), tuple(idx),
                                 ring=(len(names) - 2, len(names) - 1) if cmp else None,
-                                ring_start=start if cmp else None, interpret=interpret)
+                                ring_start=start if cmp else None, interpret=interpret,
+                                rope=(cos, sin, tuple(i for i, n in enumerate(names)
+                                                      if n in ROTATED)), q=q)
         kv.update(zip(names, out[:len(names)]))
+        q = out[-1]
         if cmp:
-            kb, vb = out[len(names):]                            # [B,G,l,D], token order
+            kb, vb = out[len(names):len(names) + 2]              # [B,G,l,D], token order
     if cmp:
         ends = (start >= 0) & (jnp.mod(start, d) == 0)              # a block ends at t
         scratch = kv["k_cmp"].shape[2] - 1        # never visible: see cache_sizes
@@ -129,4 +140,4 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, interpret: bool | No
             kc, vc = compress(kb, vb, jnp.maximum(start, 0))      # [B,1,G,D]
             kv["k_cmp"], kv["v_cmp"] = _write((kv["k_cmp"], kv["v_cmp"]), (kc[:, 0], vc[:, 0]),
                                               (i, i), interpret)
-    return kv
+    return kv, q

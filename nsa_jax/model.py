@@ -16,7 +16,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from nsa_jax import cache_update
@@ -176,19 +175,17 @@ class NSAAttention(nnx.Module):
         return (gates * jnp.asarray(self.ncfg.branch_mask())).astype(self.dtype)
 
     def project_step(self, x, t):
-        """The decode step's projections (x [B,1,dim] at positions t [B]): q [B,1,H,D] rotated
-        at t; the K/V projection as one [B,6,G,D] array in ``cache_update.ROWS`` order with the
-        selection and window keys rotated at t (one elementwise pass over the six rows, so the
-        cache-write kernel reads it whole: no per-cache slice copies); gates [B,1,H,3]."""
+        """The decode step's projections (x [B,1,dim] at positions t [B]), un-rotated: q
+        [B,1,H,D]; the K/V projection as one [B,6,G,D] array in ``cache_update.ROWS`` order (the
+        cache-write kernel reads it whole: no per-cache slice copies); gates [B,1,H,3]; and RoPE's
+        (cos, sin) [B, D/2] at t, with which ``cache_update.append_nsa`` rotates q and the keys."""
         B = x.shape[0]
         m = self.mcfg
         H, G, D = m.n_heads, m.n_kv_groups, m.head_dim
-        pos = t[:, None]
-        q = apply_rope(self.wq(x).reshape(B, 1, H, D), pos, m.rope_theta)
-        kv = self.wkv(x).reshape(B, 1, 6 * G, D)
-        rot = np.repeat([n in ("k_slc", "k_win") for n in cache_update.ROWS], G)
-        rows = jnp.where(rot[None, None, :, None], apply_rope(kv, pos, m.rope_theta), kv)
-        return q, rows.reshape(B, 6, G, D), self._gates(x)
+        ang = t.astype(jnp.float32)[:, None] * rope_freqs(D, m.rope_theta)
+        q = self.wq(x).reshape(B, 1, H, D)
+        kv = self.wkv(x).reshape(B, 6, G, D)
+        return q, kv, self._gates(x), (jnp.cos(ang), jnp.sin(ang))
 
     def compress_kv(self, k_c, v_c, offset=0):
         """φ_K, φ_V (Eq. 7) over un-rotated tokens starting at position ``offset`` (a multiple of
@@ -284,11 +281,11 @@ class NSAAttention(nnx.Module):
     def _decode(self, x, cache: kvcache.LayerCache, impl: str):
         B = x.shape[0]
         t = cache.pos
-        q, rows, gates = self.project_step(x, t)
         fused = fused_writes(impl)
-        kv = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, rows, fused,
-                                     self._emitter(fused))
-        o = nsa_decode(q[:, 0], kv, t, gates[:, 0], self.ncfg, impl)
+        q, rows, gates, rope = self.project_step(x, t)
+        kv, q = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, rows,
+                                        q[:, 0], rope, fused, self._emitter(fused))
+        o = nsa_decode(q, kv, t, gates[:, 0], self.ncfg, impl)
         out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
         return out, dataclasses.replace(cache, kv=kv)
 

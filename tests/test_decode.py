@@ -505,7 +505,8 @@ def test_phi_emission_kernel_matches_compress_block(dtype):
 def test_cache_write_kernel_is_the_xla_scatters_bitwise():
     """``write_rows_pallas`` (interpret mode) == ``write_rows`` per cache, and its ring readout ==
     the ring gathered in token order after the write; rows at different positions, a ring that
-    wraps, a block start before 0, head dim not a power of two."""
+    wraps, a block start before 0, head dim not a power of two; rows given as one stack; keys and
+    queries rotated in the kernel == ``apply_rope`` then the writes."""
     from nsa_jax.nsa.decoding import gather_rows, write_rows
     from nsa_jax.pallas.cache_write import write_rows_pallas
     rng = np.random.default_rng(0)
@@ -532,3 +533,18 @@ def test_cache_write_kernel_is_the_xla_scatters_bitwise():
                                                   ring_start=start, interpret=True))(bufs, stack)
     for a, w in zip(got2, got):
         np.testing.assert_array_equal(a, w)
+    # RoPE in the kernel: rows of caches 0 and 2 (the keys) and the queries rotated at t
+    from nsa_jax.nsa.rope import apply_rope, rope_freqs
+    ang = t.astype(jnp.float32)[:, None] * rope_freqs(D, 10000.0)
+    q = f(B, 3 * G, D)
+    got3 = jax.jit(lambda b, r, q: write_rows_pallas(
+        b, (r, picks), idx, ring=(4, 5), ring_start=start, interpret=True,
+        rope=(jnp.cos(ang), jnp.sin(ang), (0, 2)), q=q))(bufs, stack, q)
+    rot = lambda x: apply_rope(x[:, None], t[:, None])[:, 0]      # [B,H,D] at t
+    want3 = [write_rows(b, rot(r) if i in (0, 2) else r, j)
+             for i, (b, r, j) in enumerate(zip(bufs, rows, idx))]
+    for a, w in zip(got3[:6], want3):
+        np.testing.assert_allclose(a, w, rtol=1e-6, atol=1e-6)
+    for a, w in zip(got3[6:8], got[6:]):                           # ring readout: un-rotated
+        np.testing.assert_array_equal(a, w)
+    np.testing.assert_allclose(got3[8], rot(q), rtol=1e-6, atol=1e-6)

@@ -152,7 +152,13 @@ def test_cache_write_kernel_lowers_to_triton():
                                  ring_start=t - (L - 1), interpret=False)
     names = triton_kernels(f, bufs, tuple(S(Bq, G, D) for _ in range(6)), S(Bq, dtype=jnp.int32))
     assert names == {"nsa_cache_write"}, names
-    # the decode step's form: one [B,6,G,D] stack in cache_update.ROWS order
-    names = triton_kernels(lambda b, r, t: f(b, (r, (2, 3, 4, 5, 0, 1)), t), bufs,
-                           S(Bq, 6, G, D), S(Bq, dtype=jnp.int32))
+    # the decode step's form: one [B,6,G,D] stack in cache_update.ROWS order, keys and the
+    # group's queries rotated in the kernel
+    def g(bufs, rows, t, cs, q):
+        return write_rows_pallas(bufs, (rows, (2, 3, 4, 5, 0, 1)),
+                                 (t, t, t % W, t % W, t % L, t % L), ring=(4, 5),
+                                 ring_start=t - (L - 1), rope=(cs, cs, (0, 2)), q=q,
+                                 interpret=False)
+    names = triton_kernels(g, bufs, S(Bq, 6, G, D), S(Bq, dtype=jnp.int32),
+                           S(Bq, D // 2, dtype=jnp.float32), S(Bq, G * h, D))
     assert names == {"nsa_cache_write"}, names

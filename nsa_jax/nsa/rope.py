@@ -32,6 +32,12 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float = 10000.0) -> ja
     return _rotate(x, cos, sin)
 
 
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [..., D] rotated by angles given as (cos, sin) [..., D/2] (broadcast against x's leading
+    dims): the rotate-half of :func:`apply_rope` for callers that compute the angles once."""
+    return _rotate(x, cos, sin)
+
+
 @jax.custom_vjp
 def _rotate(x, cos, sin):
     """The rotation [x1 cos - x2 sin | x2 cos + x1 sin] in float32, rounded to x's dtype."""

@@ -24,18 +24,43 @@ from jax.experimental import pallas as pl
 from nsa_jax.pallas.common import compiler_params, load, next_pow2, store
 
 
-def _row_kernel(*refs, n, n_ops, src, ring):
+def _rotate(x1, x2, c, s, dtype):
+    """RoPE's rotate-half in float32 (:func:`nsa_jax.nsa.rope.apply_rope`), rounded to dtype."""
+    x1, x2 = x1.astype(jnp.float32), x2.astype(jnp.float32)
+    return (x1 * c - x2 * s).astype(dtype), (x2 * c + x1 * s).astype(dtype)
+
+
+def _row_kernel(*refs, n, n_ops, src, ring, rot, has_q):
     """refs: idx_0..n-1 [B], the row operands (``n_ops``: [B,G,D] rows, or [B,R,G,D] stacks),
-    bufs_0..n-1 (aliased, unread), then outputs bufs_0..n-1 and, with ``ring = (i_k, i_v)``
-    (after a ring-start operand), the two token-order blocks. ``src[i] = (operand, stack row or
-    None)`` is where cache i's row comes from. One program per (batch row, KV group)."""
+    [ring start [B]], [cos, sin [B, D/2] when rows are rotated], [queries [B,H,D]], bufs_0..n-1
+    (aliased, unread), then outputs bufs_0..n-1, with ``ring = (i_k, i_v)`` the two token-order
+    blocks, and with queries their rotation [B,H,D]. ``src[i] = (operand, stack row or None)`` is
+    where cache i's row comes from; the rows of the caches in ``rot`` are rotated at the row's
+    position before they are written. One program per (batch row, KV group)."""
     idx_refs, op_refs = refs[:n], refs[n:n + n_ops]
-    k = n + n_ops + (1 if ring else 0)
-    start_ref = refs[n + n_ops] if ring else None
+    k = n + n_ops
+    start_ref = refs[k] if ring else None
+    k += 1 if ring else 0
+    cos_ref, sin_ref = (refs[k], refs[k + 1]) if rot or has_q else (None, None)
+    k += 2 if rot or has_q else 0
+    q_ref = refs[k] if has_q else None
+    k += 1 if has_q else 0
     bufs_in = refs[k:k + n]
     outs = refs[k + n:k + 2 * n]
-    blocks = refs[k + 2 * n:]
+    blocks = refs[k + 2 * n:k + 2 * n + (2 if ring else 0)]
+    q_out = refs[-1] if has_q else None
     b, g = pl.program_id(0), pl.program_id(1)
+
+    def halves(ref_at, D):
+        """Rotate-half operands: ``ref_at(cols, ok)`` at the first and the second D/2 columns
+        (padded to a power of two, masked), and cos, sin; -> (x1, x2, cos, sin, cols, ok)."""
+        half = D // 2
+        dh = jnp.arange(next_pow2(half))
+        ok = dh < half
+        dc = jnp.where(ok, dh, 0)
+        c = load(cos_ref.at[b, dc], ok)
+        sn = load(sin_ref.at[b, dc], ok)
+        return ref_at(dc, ok), ref_at(dc + half, ok), c, sn, dh, ok
 
     def row(i, D):
         """Cache i's new row [next_pow2(D)] for (b, g), zero past D."""
@@ -47,7 +72,30 @@ def _row_kernel(*refs, n, n_ops, src, ring):
     for i in range(n):
         D = bufs_in[i].shape[-1]
         dd = jnp.arange(next_pow2(D))
-        store(outs[i].at[b, g, idx_refs[i][b], pl.ds(0, dd.shape[0])], row(i, D), dd < D)
+        if i in rot:                                 # a key: rotated at the row's position
+            j, r = src[i]
+            at = (b, g) if r is None else (b, jnp.int32(r), g)
+            x1, x2, c, sn, dh, ok = halves(lambda cols, ok: load(op_refs[j].at[(*at, cols)], ok),
+                                           D)
+            y1, y2 = _rotate(x1, x2, c, sn, outs[i].dtype)
+            for lo, y in ((0, y1), (D // 2, y2)):    # masked columns: out of bounds, dropped
+                store(outs[i].at[b, g, idx_refs[i][b], jnp.where(ok, lo + dh, D)], y, ok)
+        else:
+            store(outs[i].at[b, g, idx_refs[i][b], pl.ds(0, dd.shape[0])], row(i, D), dd < D)
+    if has_q:                                        # the group's h query heads, rotated
+        H, D = q_ref.shape[1:]
+        h = H // bufs_in[0].shape[1]
+        hr = jnp.arange(next_pow2(h))
+        okh = hr < h
+        heads = g * h + jnp.where(okh, hr, 0)
+        x1, x2, c, sn, dh, ok = halves(
+            lambda cols, ok: load(q_ref.at[b, heads[:, None], cols[None, :]],
+                                  okh[:, None] & ok[None, :]), D)
+        y1, y2 = _rotate(x1, x2, c[None, :], sn[None, :], q_out.dtype)
+        ho = jnp.where(okh, heads, H)                # masked heads: out of bounds, dropped
+        for lo, y in ((0, y1), (D // 2, y2)):
+            store(q_out.at[b, ho[:, None], jnp.where(ok, lo + dh, D)[None, :]], y,
+                  okh[:, None] & ok[None, :])
     if ring:
         start = start_ref[b]                       # first token of the block ending at t
         for blk, i in zip(blocks, ring):
@@ -62,13 +110,19 @@ def _row_kernel(*refs, n, n_ops, src, ring):
             store(blk.at[b, g, jnp.where(jj < L, jj, L)[:, None], dd[None, :]], val, ok)
 
 
-def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, interpret: bool):
+def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, rope=None, q=None,
+                      interpret: bool):
     """Caches ``bufs`` (tuple of [B,G,S_i,D_i]) with row i written at sequence index ``idx[i]``
     [B] (int32, < S_i) of each batch row -> tuple of updated caches (in place).
 
     ``rows``: a tuple of [B,G,D_i] rows, one per cache, or ``(stack, picks)``: one [B,R,G,D]
     array and the stack row of each cache (the decode step passes its K/V projection this way,
     so no slice of it is copied into an operand of its own).
+
+    ``rope=(cos, sin, rotated)``: cos, sin [B, D/2] float32 (RoPE at each row's position) and the
+    indices of the caches whose rows are keys to rotate before the write; ``q`` [B,H,D] (needs
+    ``rope``): also return the queries rotated the same way, [B,H,D] in q's dtype (the decode
+    step's RoPE in this kernel instead of two XLA fusions per layer).
 
     ``ring=(i_k, i_v)`` with ``ring_start`` [B]: also return the blocks [B,G,L,D] of caches i_k
     and i_v (ring buffers of L slots) in token order from position ring_start[b] (slot
@@ -94,11 +148,21 @@ def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, interpret:
     if ring is not None:
         out_shape += [jax.ShapeDtypeStruct(bufs[i].shape, bufs[i].dtype) for i in ring]
         extra = (jnp.asarray(ring_start, jnp.int32),)
+    rot = ()
+    if q is not None and rope is None:
+        raise ValueError("rotating the queries needs rope=(cos, sin, rotated)")
+    if rope is not None:
+        cos, sin, rot = rope
+        extra += (cos.astype(jnp.float32), sin.astype(jnp.float32))
+    if q is not None:
+        extra += (q,)
+        out_shape.append(jax.ShapeDtypeStruct(q.shape, q.dtype))
     idx = tuple(jnp.asarray(i, jnp.int32) for i in idx)
     first = n + len(ops) + len(extra)
     res = pl.pallas_call(
         functools.partial(_row_kernel, n=n, n_ops=len(ops), src=src,
-                          ring=tuple(ring) if ring else None),
+                          ring=tuple(ring) if ring else None, rot=tuple(rot),
+                          has_q=q is not None),
         grid=(B, G), out_shape=out_shape,
         input_output_aliases={first + i: i for i in range(n)},
         compiler_params=compiler_params(1, 1), interpret=interpret, name="nsa_cache_write",
