@@ -12,15 +12,16 @@ write partial softmax states (m, l, acc) that the finishing kernel merges:
 1. ``_cmp_kernel`` (grid B x G x splits): compressed attention (Eq. 8) over the *visible*
    compressed blocks only — the loop stops at the last visible tile, nothing past t is read. It
    also writes the scaled logits of the visible blocks.
-   ``_score_kernel`` (grid B x G x chunks of selection blocks) merges the splits' log-sum-exp,
-   forms the group-summed block scores (Eq. 9-10) from those logits and keeps each chunk's
+   ``split_lse`` merges the splits' log-sum-exp per head (XLA); ``_score_kernel`` (grid B x G x
+   chunks of selection blocks) forms the group-summed block scores (Eq. 9-10) from the logits,
+   reading each logit once, and keeps each chunk's
    top-n with the forced blocks (Eq. 11); ``_topn_merge_kernel`` (grid B x G x candidate
    slices) picks the top-n of the chunks' candidates. Both rank by counting (a candidate's
    rank is the number of candidates ahead of it: higher score, or equal score and lower
    index, the rules of :mod:`nsa_jax.nsa.semantics`), one comparison matrix and one reduction
    instead of n serial rounds of argmax. The ids come out in score order, forced blocks first.
-2. ``_slc_win_kernel`` (grid B x G x (n_sel + window tiles)): one program per selected block (loaded
-   by index; keys past t masked) or per tile of the window ring buffer.
+2. ``_slc_win_kernel`` (grid B x G x (n_sel + window tiles) / per): ``per`` selected blocks
+   (loaded by index; keys past t masked) or tiles of the window ring buffer per program.
 3. ``_finish_kernel`` (grid B x G x h) merges each branch's partial states and mixes them with
    the gates (Eq. 5), one program per head.
 
