@@ -346,7 +346,8 @@ def test_bf16_inference_weights_change_nothing():
 def test_step_state_casts_phi_and_changes_no_step():
     """The decode steps run with φ's matrices and biases in bf16 (cast once, not per step; its
     position embedding stays float32): the step's logits are bit-identical to a step with the
-    float32 φ of the prefill state, over an emission (t = 39 ends a compressed block)."""
+    float32 φ of the prefill state, over an emission (t = 39 ends a compressed block). This is
+    the XLA decode path (CPU); the Pallas path casts in its kernels the same way."""
     from nsa_jax.decode import step_jit
     mcfg = ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_groups=2, head_dim=8,
                        mlp_hidden=64, init_std=0.3, compute_dtype="bfloat16")
@@ -385,7 +386,7 @@ def test_pallas_decode_kernel_matches_jnp_decode(case):
     # small tiles so the compressed keys span several tiles and key splits and the selection
     # blocks several scoring chunks (the default tiles cover these short contexts in one); 1, 2
     # or 3 selected blocks / window tiles per program over the cases
-    per = 1 + PALLAS_CASES.index(case) % 3
+    per = (1, 2, 3, 2)[PALLAS_CASES.index(case)]    # case 3: 2 x 2 tiles of its 3-tile window
     got_f = jax.jit(lambda q, lc, t, g: nsa_decode_pallas(q, lc, t, g, cfg, cmp_keys=16,
                                                           win_keys=16, splits=3,
                                                           sel_chunk=4, slc_per=per))
@@ -443,8 +444,9 @@ def test_compress_block_equals_compress():
 
 @pytest.mark.parametrize("attention", ["nsa", "dense"])
 def test_pallas_decode_path_with_fused_cache_writes_matches_reference(attention):
-    """exec.decode_impl=pallas (interpret mode here): the decode kernels plus the cache writes in
-    one Pallas kernel per layer (``pallas.cache_write``) give the reference decoder's logits for
+    """exec.decode_impl=pallas (interpret mode here): the decode kernels, the cache writes and the
+    token's RoPE in one Pallas kernel per layer (``pallas.cache_write``) and φ's emission in
+    ``pallas.phi_decode`` give the reference decoder's logits for
     rows at different positions, steps across compressed-block emissions and the window wrap,
     and the same caches (up to the decode attention's float rounding feeding later layers)."""
     mcfg = ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_groups=2, head_dim=8,
@@ -468,17 +470,17 @@ def test_pallas_decode_path_with_fused_cache_writes_matches_reference(attention)
 def test_phi_emission_kernel_matches_compress_block(dtype):
     """``pallas.phi_decode`` (interpret mode): φ_K + RoPE and φ_V of each row's block written at
     its index == the layer's ``compress_block`` + the XLA write, for rows at different offsets
-    (block index or scratch slot), 13 rows (a partial row tile); nothing else in the caches
+    (block index or scratch slot), 7 rows x 2 groups (a partial row tile); nothing else in the caches
     changes. float32: within float rounding. bf16: the kernel and XLA round at different points,
     so both are held to the float32 computation: the kernel's relative RMSE <= 1e-2 and no more
     than 1.5x XLA's own bf16 error."""
     from nsa_jax.nsa.decoding import write_rows
-    kw = dict(vocab_size=97, dim=32, n_layers=1, n_heads=4, n_kv_groups=1, head_dim=8,
+    kw = dict(vocab_size=97, dim=32, n_layers=1, n_heads=4, n_kv_groups=2, head_dim=8,
               mlp_hidden=64, init_std=0.3)
     attn = build_model(ModelConfig(**kw, compute_dtype=dtype), NSAConfig(**SMALL), 0).blocks[0].attn
     attn32 = build_model(ModelConfig(**kw), NSAConfig(**SMALL), 0).blocks[0].attn
     dt = jnp.dtype(dtype)
-    B, G, l, D, Tc = 13, 1, 8, 8, 12
+    B, G, l, D, Tc = 7, 2, 8, 8, 12
     ks = jax.random.split(jax.random.PRNGKey(5), 4)
     kb, vb = (jax.random.normal(k, (B, G, l, D)).astype(dt) for k in ks[:2])
     kc, vc = (jax.random.normal(k, (B, G, Tc, D)).astype(dt) for k in ks[2:])
@@ -503,10 +505,11 @@ def test_phi_emission_kernel_matches_compress_block(dtype):
 
 
 def test_cache_write_kernel_is_the_xla_scatters_bitwise():
-    """``write_rows_pallas`` (interpret mode) == ``write_rows`` per cache, and its ring readout ==
-    the ring gathered in token order after the write; rows at different positions, a ring that
-    wraps, a block start before 0, head dim not a power of two; rows given as one stack; keys and
-    queries rotated in the kernel == ``apply_rope`` then the writes."""
+    """``write_rows_pallas`` (interpret mode) == ``write_rows`` per cache bitwise, and its ring
+    readout == the ring gathered in token order after the write; rows at different positions, a
+    ring that wraps, a block start before 0, head dim not a power of two; rows given as one
+    stack. Keys (with and without queries) and queries rotated in the kernel == ``apply_rope``
+    then the writes, within float rounding; a rotated ring cache is refused."""
     from nsa_jax.nsa.decoding import gather_rows, write_rows
     from nsa_jax.pallas.cache_write import write_rows_pallas
     rng = np.random.default_rng(0)
@@ -548,3 +551,12 @@ def test_cache_write_kernel_is_the_xla_scatters_bitwise():
     for a, w in zip(got3[6:8], got[6:]):                           # ring readout: un-rotated
         np.testing.assert_array_equal(a, w)
     np.testing.assert_allclose(got3[8], rot(q), rtol=1e-6, atol=1e-6)
+    got4 = jax.jit(lambda b, r: write_rows_pallas(                  # keys only, no queries
+        b, (r, picks), idx, ring=(4, 5), ring_start=start, interpret=True,
+        rope=(jnp.cos(ang), jnp.sin(ang), (0, 2))))(bufs, stack)
+    assert len(got4) == 8
+    for a, w in zip(got4, got3[:8]):
+        np.testing.assert_array_equal(a, w)
+    with pytest.raises(ValueError, match="ring"):
+        write_rows_pallas(bufs, (stack, picks), idx, ring=(4, 5), ring_start=start,
+                          rope=(jnp.cos(ang), jnp.sin(ang), (4,)), interpret=True)

@@ -9,9 +9,15 @@ order *after* the write (the block φ compresses when a compressed block ends at
 the ring is read before the write and the new row substituted in registers, so no program reads
 what it stores.
 
-Replaces per layer: NSA 6 scatters + 2 ring gathers (one kernel; φ's emission of the compressed
-key/value is a second call with 2 caches), dense 2 scatters (one kernel). Results are bitwise the
-same as :func:`nsa_jax.nsa.decoding.write_rows` / ``gather_rows`` (pure copies).
+The NSA decode step also hands it the new token's RoPE: the selection and window keys are
+rotated in registers before they are written, and the group's queries are rotated and returned
+(``rope=``, ``q=``), instead of two XLA fusions per layer.
+
+Replaces per layer: NSA 6 scatters + 2 ring gathers + the token's RoPE (one kernel; φ's emission
+of the compressed key/value is ``pallas.phi_decode``, or a second call of this kernel with 2
+caches where that does not apply), dense 2 scatters (one kernel). The copies are bitwise the same
+as :func:`nsa_jax.nsa.decoding.write_rows` / ``gather_rows``; the rotations equal
+:func:`nsa_jax.nsa.rope.apply_rope`'s within float rounding.
 """
 from __future__ import annotations
 
@@ -30,19 +36,19 @@ def _rotate(x1, x2, c, s, dtype):
     return (x1 * c - x2 * s).astype(dtype), (x2 * c + x1 * s).astype(dtype)
 
 
-def _row_kernel(*refs, n, n_ops, src, ring, rot, has_q):
+def _row_kernel(*refs, n, n_ops, src, ring, rot, has_rope, has_q):
     """refs: idx_0..n-1 [B], the row operands (``n_ops``: [B,G,D] rows, or [B,R,G,D] stacks),
-    [ring start [B]], [cos, sin [B, D/2] when rows are rotated], [queries [B,H,D]], bufs_0..n-1
-    (aliased, unread), then outputs bufs_0..n-1, with ``ring = (i_k, i_v)`` the two token-order
-    blocks, and with queries their rotation [B,H,D]. ``src[i] = (operand, stack row or None)`` is
+    [ring start [B]], [cos, sin [B, D/2] with ``has_rope``], [queries [B,H,D]], bufs_0..n-1
+    (aliased; read only by the ring readout), then outputs bufs_0..n-1, with ``ring = (i_k,
+    i_v)`` the two token-order blocks, and with queries their rotation [B,H,D]. ``src[i] = (operand, stack row or None)`` is
     where cache i's row comes from; the rows of the caches in ``rot`` are rotated at the row's
     position before they are written. One program per (batch row, KV group)."""
     idx_refs, op_refs = refs[:n], refs[n:n + n_ops]
     k = n + n_ops
     start_ref = refs[k] if ring else None
     k += 1 if ring else 0
-    cos_ref, sin_ref = (refs[k], refs[k + 1]) if rot or has_q else (None, None)
-    k += 2 if rot or has_q else 0
+    cos_ref, sin_ref = (refs[k], refs[k + 1]) if has_rope else (None, None)
+    k += 2 if has_rope else 0
     q_ref = refs[k] if has_q else None
     k += 1 if has_q else 0
     bufs_in = refs[k:k + n]
@@ -153,6 +159,9 @@ def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, rope=None,
         raise ValueError("rotating the queries needs rope=(cos, sin, rotated)")
     if rope is not None:
         cos, sin, rot = rope
+        if ring is not None and set(rot) & set(ring):
+            raise ValueError(f"a ring cache's rows are read back un-rotated: rotated {rot}, "
+                             f"ring {ring}")
         extra += (cos.astype(jnp.float32), sin.astype(jnp.float32))
     if q is not None:
         extra += (q,)
@@ -162,7 +171,7 @@ def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, rope=None,
     res = pl.pallas_call(
         functools.partial(_row_kernel, n=n, n_ops=len(ops), src=src,
                           ring=tuple(ring) if ring else None, rot=tuple(rot),
-                          has_q=q is not None),
+                          has_rope=rope is not None, has_q=q is not None),
         grid=(B, G), out_shape=out_shape,
         input_output_aliases={first + i: i for i in range(n)},
         compiler_params=compiler_params(1, 1), interpret=interpret, name="nsa_cache_write",

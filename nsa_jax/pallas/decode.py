@@ -13,8 +13,8 @@ write partial softmax states (m, l, acc) that the finishing kernel merges:
    compressed blocks only — the loop stops at the last visible tile, nothing past t is read. It
    also writes the scaled logits of the visible blocks.
    ``split_lse`` merges the splits' log-sum-exp per head (XLA); ``_score_kernel`` (grid B x G x
-   chunks of selection blocks) forms the group-summed block scores (Eq. 9-10) from the logits,
-   reading each logit once, and keeps each chunk's
+   chunks of selection blocks) forms the group-summed block scores (Eq. 9-10) from the logits
+   (one row load and one small tail gather per head) and keeps each chunk's
    top-n with the forced blocks (Eq. 11); ``_topn_merge_kernel`` (grid B x G x candidate
    slices) picks the top-n of the chunks' candidates. Both rank by counting (a candidate's
    rank is the number of candidates ahead of it: higher score, or equal score and lower
@@ -182,10 +182,11 @@ def _score_kernel(t_ref, s_ref, lse_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp,
     forced / non-candidate blocks at +-inf (Eq. 11), and the chunk's top-n (value, id) pairs.
 
     Eq. 9 as :mod:`nsa_jax.nsa.semantics` writes it, score_j = sum_{u<r} sum_{k<mm}
-    p[j*mm + k - u], reads each logit once: block j's own row p[j*mm + o] (o < mm) with weight
-    min(r, mm - o), and the previous row's last r - 1 logits p[j*mm - e] (0 < e < r) with weight
-    min(r - e, mm): one contiguous [cs, mm] load and r - 1 strided [cs] loads per head instead
-    of r overlapping [cs, mm] loads, and one exp2 per logit read.
+    p[j*mm + k - u], is read as block j's own row p[j*mm + o] (o < mm) with weight
+    min(r, mm - o) plus the previous row's last r - 1 logits p[j*mm - e] (0 < e < r) with weight
+    min(r - e, mm): one contiguous [cs, mm] load and one [cs, r - 1] tail gather per head, instead
+    of r overlapping [cs, mm] loads (each tail logit is also its own block's, so it is read twice,
+    the rest once).
 
     ``lse_ref`` [B,G,h]: each head's base-2 lse of the compressed logits (the splits merged
     once in XLA, not by every chunk's program).
@@ -375,7 +376,7 @@ def _slc_win_call(t, ids, q, kv, cfg, bw, per, scale, interpret):
 
 
 # ---- 3. epilogue ----------------------------------------------------------------------------
-def _finish_kernel(g_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_ref, *, n_slc,
+def _finish_kernel(g_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_ref, *, n_sp,
                    has_cmp, has_slc, has_win, pc, ps_):
     """Merge every branch's partial states and mix them with the gates (Eq. 5) for one head of
     one (row, group): out = sum_c g_c o_c, o_c = sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p.
@@ -387,9 +388,9 @@ def _finish_kernel(g_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_re
     if has_cmp:
         parts.append(((mc_ref, lc_ref, oc_ref), 0, 0, mc_ref.shape[2], pc))
     if has_slc:
-        parts.append(((ms_ref, ls_ref, os_ref), 1, 0, n_slc, ps_))
+        parts.append(((ms_ref, ls_ref, os_ref), 1, 0, n_sp, ps_))
     if has_win:
-        parts.append(((ms_ref, ls_ref, os_ref), 2, n_slc, U, ps_))
+        parts.append(((ms_ref, ls_ref, os_ref), 2, n_sp, U, ps_))
     out = jnp.zeros(dv.shape, jnp.float32)
     for (m_ref, l_ref, o_ref), col, lo, hi, pp in parts:
         pi, ok, w, L, _ = _merge_head(m_ref, l_ref, b, g, hh, lo, hi, pp)
@@ -399,13 +400,13 @@ def _finish_kernel(g_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_re
     store(out_ref.at[b, g, hh, dv], out, dv >= 0)
 
 
-def _finish_call(gates, cmp_parts, sw_parts, n_slc, br, dtype, interpret):
+def _finish_call(gates, cmp_parts, sw_parts, n_sp, br, dtype, interpret):
     B, G, h, _ = gates.shape
     dummy = [jnp.zeros((B, G, 1, h), jnp.float32), jnp.zeros((B, G, 1, h), jnp.float32)]
     mc, lc, oc = cmp_parts if cmp_parts is not None else dummy + [jnp.zeros((B, G, 1, h, 16))]
     ms, ls, os_ = sw_parts if sw_parts is not None else dummy + [jnp.zeros((B, G, 1, h, 16))]
     Dv = (oc if cmp_parts is not None else os_).shape[-1]
-    kern = functools.partial(_finish_kernel, n_slc=n_slc, has_cmp="cmp" in br,
+    kern = functools.partial(_finish_kernel, n_sp=n_sp, has_cmp="cmp" in br,
                              has_slc="slc" in br, has_win="win" in br,
                              pc=next_pow2(mc.shape[2]), ps_=next_pow2(ms.shape[2]))
     return pl.pallas_call(
@@ -449,11 +450,10 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
     ``cmp_keys`` compressed keys per tile, ``win_keys`` window slots per program (powers of two
     >= 16); ``splits`` programs per (row, group) over the compressed keys (default: enough to fill
     the GPU); ``sel_chunk`` selection blocks per scoring program (default: ``_sel_chunk``) and
-    ``merge_tile`` candidates
-    per top-n merge program (powers of two); ``cmp_stages`` software-pipeline stages of the
-    compressed kernel's key loop (Triton ``num_stages``); ``slc_per`` selected blocks (or window
-    tiles) per program of the selected + window kernel (default: ``_slc_per``). ``return_ids``: also the selected block ids
-    [B,G,n_sel] (score order, -1 in unused slots; None without the selection branch). Head dims
+    ``merge_tile`` candidates per top-n merge program (powers of two); ``cmp_stages``
+    software-pipeline stages of the compressed kernel's key loop (Triton ``num_stages``);
+    ``slc_per`` selected blocks (or window tiles) per program of the selected + window kernel
+    (default: ``_slc_per``). ``return_ids``: also the selected block ids [B,G,n_sel] (score order, -1 in unused slots; None without the selection branch). Head dims
     that are not a power of two >= 16 are zero-padded (a copy of the caches: fine for tests,
     slow for real models, which use 64 or 128)."""
     B, Hq, Dk = q.shape

@@ -13,7 +13,8 @@ The arithmetic is :func:`nsa_jax.nsa.compression.compress_block`'s: the block pl
 embedding in float32, rounded to the compute dtype; each GEMM accumulates in float32 and is
 rounded, as is each bias add and each step of SiLU (sigmoid, product); the key's rotation is
 computed in float32 from the rounded φ output and rounded (:func:`nsa_jax.nsa.rope.apply_rope`).
-Float32 results equal XLA's within float rounding; in bf16, XLA keeps some of those
+Float32 results equal XLA's within float rounding (IEEE float32 dots on the GPU, as in every
+kernel here: ``common.dot_precision``); in bf16, XLA keeps some of those
 intermediates in float32 inside its fusions, so the two differ by about a bf16 rounding and are
 equally far from the float32 computation (tests/test_decode.py).
 """
@@ -25,9 +26,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from nsa_jax.pallas.common import MIN_DOT, cdiv, compiler_params, dot, load, next_pow2, store
+from nsa_jax.pallas.common import (MIN_DOT, cdiv, compiler_params, dot, dot_precision, load,
+                                   next_pow2, store)
 
-ROWS = 32       # (row, group) pairs per program
+ROW_TILE = 32   # (row, group) pairs per program
 H_TILE = 32     # φ hidden units per program of the first kernel
 K_TILE = 256    # block features (of l*D) per step of φ's first GEMM
 STAGES = 3      # Triton pipeline stages of that GEMM's loop (3 x 32 KB of shared memory)
@@ -45,7 +47,7 @@ def applies(D: int, H: int, interpret: bool) -> bool:
 
 
 def _hidden_kernel(kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1v_ref, h_ref, *,
-                   R, Ht, bk):
+                   R, Ht, bk, prec):
     """h[c, rows, hidden tile] = SiLU(round(block + pos_emb) @ w1 + b1) for branch c (K, V) of the
     program (c, p, q): rows p*R.., hidden units q*Ht... Each program streams only its [l*D, Ht]
     slice of w1, so the GEMM is spread over (rows x hidden tiles) programs."""
@@ -63,7 +65,7 @@ def _hidden_kernel(kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1
             pe = load(pe_ref.at[pl.ds(i * bk, bk)], okf)
             blk = (x.astype(f32) + pe[None, :]).astype(dt)                # Eq. 7: + pos emb
             w = load(w1_ref.at[pl.ds(i * bk, bk), ht], okf[:, None]).astype(dt)
-            return acc + dot(blk, w)
+            return acc + dot(blk, w, precision=prec)
 
         acc = jax.lax.fori_loop(0, cdiv(F, bk), step, jnp.zeros((R, Ht), f32))
         h = (acc.astype(dt).astype(f32) + b1_ref[ht].astype(dt).astype(f32)[None, :]).astype(dt)
@@ -81,7 +83,7 @@ def _hidden_kernel(kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1
 
 
 def _out_kernel(idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v_ref, kc_in, vc_in,
-                kc_ref, vc_ref, *, G, R):
+                kc_ref, vc_ref, *, G, R, prec):
     """Branch c's output h @ w2 + b2 for rows p*R.. in its two rotation halves, the key rotated,
     stored at each row's block index (``idx``) of the aliased cache."""
     del kc_in, vc_in
@@ -101,7 +103,8 @@ def _out_kernel(idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v
 
     def branch(w2_ref, b2_ref, out_ref, rotate):
         def half_out(j):                                                   # φ's output columns
-            o = dot(h, w2_ref[:, pl.ds(j * half, half)].astype(dt)).astype(dt).astype(f32)
+            o = dot(h, w2_ref[:, pl.ds(j * half, half)].astype(dt), precision=prec)
+            o = o.astype(dt).astype(f32)
             return (o + b2_ref[pl.ds(j * half, half)].astype(dt).astype(f32)[None, :]
                     ).astype(dt).astype(f32)
 
@@ -124,8 +127,8 @@ def _out_kernel(idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v
 
 
 def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret: bool,
-                rows: int = ROWS, h_tile: int = H_TILE, k_tile: int = K_TILE, stages: int = STAGES,
-                warps: int = 4):
+                rows: int = ROW_TILE, h_tile: int = H_TILE, k_tile: int = K_TILE,
+                stages: int = STAGES, warps: int = 4):
     """Compressed caches ``k_cmp``, ``v_cmp`` [B,G,Tc,D] (updated in place) with φ_K(kb) rotated
     by (cos, sin) and φ_V(vb) written at block index ``idx`` [B] of each row.
 
@@ -141,13 +144,17 @@ def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret:
     H = phi_k[1].shape[-1]
     R = min(rows, max(MIN_DOT, next_pow2(BG)))
     Ht = min(h_tile, H)
+    if H % Ht:
+        raise ValueError(f"h_tile={h_tile} must divide φ's hidden width {H}")
     bk = min(k_tile, next_pow2(F))
+    prec = dot_precision(kb.dtype, interpret)
     f32 = jnp.float32
     first = [kb.reshape(BG, F), vb.reshape(BG, F)]
     for pe, w1, b1, _, _ in (phi_k, phi_v):
         first += [pe.astype(f32).reshape(F), w1, b1]
     h = pl.pallas_call(
-        functools.partial(_hidden_kernel, R=R, Ht=Ht, bk=bk), grid=(2, cdiv(BG, R), cdiv(H, Ht)),
+        functools.partial(_hidden_kernel, R=R, Ht=Ht, bk=bk, prec=prec),
+        grid=(2, cdiv(BG, R), H // Ht),
         out_shape=jax.ShapeDtypeStruct((2, BG, H), kb.dtype),
         compiler_params=compiler_params(warps, stages), interpret=interpret,
         name="nsa_decode_phi_h",
@@ -155,7 +162,7 @@ def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret:
     second = [jnp.asarray(idx, jnp.int32), cos.astype(f32), sin.astype(f32), h,
               phi_k[3], phi_k[4], phi_v[3], phi_v[4], k_cmp, v_cmp]
     out = pl.pallas_call(
-        functools.partial(_out_kernel, G=G, R=R), grid=(2, cdiv(BG, R)),
+        functools.partial(_out_kernel, G=G, R=R, prec=prec), grid=(2, cdiv(BG, R)),
         out_shape=[jax.ShapeDtypeStruct(k_cmp.shape, k_cmp.dtype),
                    jax.ShapeDtypeStruct(v_cmp.shape, v_cmp.dtype)],
         input_output_aliases={8: 0, 9: 1},
