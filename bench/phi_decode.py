@@ -36,7 +36,7 @@ def main(argv=None) -> int:
 
     from nsa_jax.nsa.decoding import write_rows
     from nsa_jax.nsa.compression import compress_block
-    from nsa_jax.nsa.rope import apply_rope
+    from nsa_jax.nsa.rope import apply_rope, cos_sin
     from nsa_jax.pallas.phi_decode import emit_pallas
     from profile_step import load_trace, summarise
 
@@ -52,9 +52,7 @@ def main(argv=None) -> int:
         kc, vc = jnp.zeros((B, G, Tc, D), bf), jnp.zeros((B, G, Tc, D), bf)
         off = 16 * jnp.arange(B, dtype=jnp.int32)
         idx = off // 16
-        pos = (off + l - 1).astype(jnp.float32)
-        ang = pos[:, None] * (1.0 / (10000.0 ** (jnp.arange(0, D, 2, dtype=jnp.float32) / D)))
-        cos, sin = jnp.cos(ang), jnp.sin(ang)
+        cos, sin = cos_sin(off + l - 1, D)
 
         # the blocks depend on the loop index, so XLA cannot hoist φ out of the loop (it did:
         # the first sweep's XLA row timed only the writes)

@@ -133,7 +133,7 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, q, rope,
         ends = (start >= 0) & (jnp.mod(start, d) == 0)              # a block ends at t
         scratch = kv["k_cmp"].shape[2] - 1        # never visible: see cache_sizes
         i = jnp.where(ends, jnp.maximum(start, 0) // d, scratch)
-        if emit is not None and interpret is not None:
+        if emit is not None:                      # the model gives one only with interpret set
             kv["k_cmp"], kv["v_cmp"] = emit(kv["k_cmp"], kv["v_cmp"], kb, vb,
                                             jnp.maximum(start, 0), i, interpret)
         else:

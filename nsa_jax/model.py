@@ -25,7 +25,7 @@ from nsa_jax.loss import chunked_cross_entropy
 from nsa_jax.nsa import NSAConfig, nsa_attention, semantics
 from nsa_jax.nsa.decoding import dense_decode_attention
 from nsa_jax.nsa.compression import compress, compress_block
-from nsa_jax.nsa.rope import apply_rope, cmp_positions, rope_freqs
+from nsa_jax.nsa.rope import apply_rope, cmp_positions, cos_sin
 from nsa_jax.parallel import batch_parallel
 from nsa_jax.swiglu import swiglu
 
@@ -182,10 +182,9 @@ class NSAAttention(nnx.Module):
         B = x.shape[0]
         m = self.mcfg
         H, G, D = m.n_heads, m.n_kv_groups, m.head_dim
-        ang = t.astype(jnp.float32)[:, None] * rope_freqs(D, m.rope_theta)
         q = self.wq(x).reshape(B, 1, H, D)
         kv = self.wkv(x).reshape(B, 6, G, D)
-        return q, kv, self._gates(x), (jnp.cos(ang), jnp.sin(ang))
+        return q, kv, self._gates(x), cos_sin(t, D, m.rope_theta)
 
     def compress_kv(self, k_c, v_c, offset=0):
         """φ_K, φ_V (Eq. 7) over un-rotated tokens starting at position ``offset`` (a multiple of
@@ -225,12 +224,12 @@ class NSAAttention(nnx.Module):
         """:meth:`compress_block` and the write of its output at block index ``idx`` [B] into the
         compressed caches as one Pallas kernel (``pallas.phi_decode``; the Pallas decode path)."""
         from nsa_jax.pallas import phi_decode
-        pos = (jnp.asarray(offset) + self.ncfg.block_l - 1).astype(jnp.float32)
-        ang = pos[:, None] * rope_freqs(self.mcfg.head_dim, self.mcfg.rope_theta)
+        cos, sin = cos_sin(jnp.asarray(offset) + self.ncfg.block_l - 1, self.mcfg.head_dim,
+                           self.mcfg.rope_theta)
         prm = lambda c: (c.pos_emb[...], c.w1[...], c.b1[...], c.w2[...], c.b2[...])
         return phi_decode.emit_pallas(k_cmp, v_cmp, kb.astype(self.dtype), vb.astype(self.dtype),
-                                      idx, jnp.cos(ang), jnp.sin(ang), prm(self.phi_k),
-                                      prm(self.phi_v), interpret=interpret)
+                                      idx, cos, sin, prm(self.phi_k), prm(self.phi_v),
+                                      interpret=interpret)
 
     def _emitter(self, interpret: bool | None):
         """:meth:`emit_block` where the fused kernel takes this shape, else None (φ in XLA)."""

@@ -537,12 +537,12 @@ def test_cache_write_kernel_is_the_xla_scatters_bitwise():
     for a, w in zip(got2, got):
         np.testing.assert_array_equal(a, w)
     # RoPE in the kernel: rows of caches 0 and 2 (the keys) and the queries rotated at t
-    from nsa_jax.nsa.rope import apply_rope, rope_freqs
-    ang = t.astype(jnp.float32)[:, None] * rope_freqs(D, 10000.0)
+    from nsa_jax.nsa.rope import apply_rope, cos_sin
+    cos, sin = cos_sin(t, D)
     q = f(B, 3 * G, D)
     got3 = jax.jit(lambda b, r, q: write_rows_pallas(
         b, (r, picks), idx, ring=(4, 5), ring_start=start, interpret=True,
-        rope=(jnp.cos(ang), jnp.sin(ang), (0, 2)), q=q))(bufs, stack, q)
+        rope=(cos, sin, (0, 2)), q=q))(bufs, stack, q)
     rot = lambda x: apply_rope(x[:, None], t[:, None])[:, 0]      # [B,H,D] at t
     want3 = [write_rows(b, rot(r) if i in (0, 2) else r, j)
              for i, (b, r, j) in enumerate(zip(bufs, rows, idx))]
@@ -553,10 +553,10 @@ def test_cache_write_kernel_is_the_xla_scatters_bitwise():
     np.testing.assert_allclose(got3[8], rot(q), rtol=1e-6, atol=1e-6)
     got4 = jax.jit(lambda b, r: write_rows_pallas(                  # keys only, no queries
         b, (r, picks), idx, ring=(4, 5), ring_start=start, interpret=True,
-        rope=(jnp.cos(ang), jnp.sin(ang), (0, 2))))(bufs, stack)
+        rope=(cos, sin, (0, 2))))(bufs, stack)
     assert len(got4) == 8
     for a, w in zip(got4, got3[:8]):
         np.testing.assert_array_equal(a, w)
     with pytest.raises(ValueError, match="ring"):
         write_rows_pallas(bufs, (stack, picks), idx, ring=(4, 5), ring_start=start,
-                          rope=(jnp.cos(ang), jnp.sin(ang), (4,)), interpret=True)
+                          rope=(cos, sin, (4,)), interpret=True)

@@ -21,15 +21,20 @@ def rope_freqs(head_dim: int, theta: float) -> jax.Array:
     return 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
 
 
+def cos_sin(positions: jax.Array, head_dim: int, theta: float = 10000.0):
+    """RoPE's (cos, sin) of the angles at ``positions`` (int, any shape): float32
+    positions.shape + [head_dim / 2] each. Callers that rotate several tensors at the same
+    positions (the decode step) compute them once and pass them to :func:`rotate`."""
+    ang = jnp.asarray(positions).astype(jnp.float32)[..., None] * rope_freqs(head_dim, theta)
+    return jnp.cos(ang), jnp.sin(ang)
+
+
 def apply_rope(x: jax.Array, positions: jax.Array, theta: float = 10000.0) -> jax.Array:
     """x [B,T,H,D]; positions [T] or [B,T] (int). Rotation computed in float32."""
-    D = x.shape[-1]
-    ang = positions.astype(jnp.float32)[..., None] * rope_freqs(D, theta)  # [..., T, D/2]
-    if ang.ndim == 2:
-        ang = ang[None]
-    cos = jnp.cos(ang)[:, :, None, :]
-    sin = jnp.sin(ang)[:, :, None, :]
-    return _rotate(x, cos, sin)
+    cos, sin = cos_sin(positions, x.shape[-1], theta)            # [..., T, D/2]
+    if cos.ndim == 2:
+        cos, sin = cos[None], sin[None]
+    return _rotate(x, cos[:, :, None, :], sin[:, :, None, :])
 
 
 def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:

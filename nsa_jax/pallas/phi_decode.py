@@ -46,6 +46,12 @@ def applies(D: int, H: int, interpret: bool) -> bool:
     return interpret or (D % 2 == 0 and ok(D // 2) and ok(H))
 
 
+def _by_branch(c, branch, k_args, v_args):
+    """Program axis 0 picks the branch: ``branch(*k_args)`` for c = 0 (φ_K), ``*v_args`` for 1."""
+    pl.when(c == 0)(lambda: branch(*k_args))
+    pl.when(c == 1)(lambda: branch(*v_args))
+
+
 def _hidden_kernel(kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1v_ref, h_ref, *,
                    R, Ht, bk, prec):
     """h[c, rows, hidden tile] = SiLU(round(block + pos_emb) @ w1 + b1) for branch c (K, V) of the
@@ -73,13 +79,7 @@ def _hidden_kernel(kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1
         h = (h.astype(f32) * sig.astype(f32)).astype(dt)
         store(h_ref.at[c, pl.ds(p * R, R), ht], h, okr[:, None])
 
-    @pl.when(c == 0)
-    def _():
-        branch(kb_ref, pk_ref, w1k_ref, b1k_ref)
-
-    @pl.when(c == 1)
-    def _():
-        branch(vb_ref, pv_ref, w1v_ref, b1v_ref)
+    _by_branch(c, branch, (kb_ref, pk_ref, w1k_ref, b1k_ref), (vb_ref, pv_ref, w1v_ref, b1v_ref))
 
 
 def _out_kernel(idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v_ref, kc_in, vc_in,
@@ -117,13 +117,7 @@ def _out_kernel(idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v
             store(out_ref.at[bo[:, None], g[:, None], i[:, None], (j * half + dh)[None, :]],
                   val.astype(out_ref.dtype), okr[:, None])
 
-    @pl.when(c == 0)
-    def _():
-        branch(w2k_ref, b2k_ref, kc_ref, True)
-
-    @pl.when(c == 1)
-    def _():
-        branch(w2v_ref, b2v_ref, vc_ref, False)
+    _by_branch(c, branch, (w2k_ref, b2k_ref, kc_ref, True), (w2v_ref, b2v_ref, vc_ref, False))
 
 
 def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret: bool,
