@@ -349,8 +349,13 @@ def print_sel_table(rows):
 
 SWEEP = {  # kernel group -> BlockSizes / KernelChoices variants (first = current default)
     "sel_fwd": [{}, {"sel_warps": 1}, {"sel_warps": 4}, {"sel_stages": 1}, {"sel_stages": 3},
-                {"sel_keys": 32}],
-    "sel_bwd": [{}, {"sel_warps": 1}, {"sel_warps": 4}, {"sel_stages": 3}, {"sel_rows": 64}],
+                {"sel_keys": 32}, {"sel_queries": 2}, {"sel_queries": 2, "sel_warps": 4},
+                {"sel_queries": 4}, {"sel_queries": 4, "sel_warps": 4},
+                {"sel_queries": 8, "sel_warps": 4}, {"sel_queries": 8, "sel_warps": 8}],
+    "sel_bwd": [{}, {"sel_warps": 1}, {"sel_warps": 4}, {"sel_stages": 3}, {"sel_rows": 64},
+                {"sel_queries": 2}, {"sel_queries": 2, "sel_warps": 4},
+                {"sel_queries": 4, "sel_warps": 4}, {"sel_queries": 8, "sel_warps": 4},
+                {"sel_queries": 8, "sel_warps": 8}],
     "cmp_bwd": [{}, {"cmp_bwd_split": 2}, {"cmp_bwd_split": 4}, {"cmp_bwd_split": 8}],
     "cmp_scores": [{}, {"score_warps": 2}],
 }
@@ -363,7 +368,7 @@ def _split_variant(base, var):
             KernelChoices(**{k: v for k, v in var.items() if k in cf}))
 
 
-def sweep(shape, T, reps, log):
+def sweep(shape, T, reps, log, groups=None):
     """Time each kernel group under BlockSizes / KernelChoices variants at one (shape, T)."""
     Hq, G, D = SHAPES[shape]
     base = BlockSizes.for_shape(Hq // G, D)
@@ -375,6 +380,8 @@ def sweep(shape, T, reps, log):
     fw = [sel_forward(a[0], a[3], a[4], i, CFG, base, scale, INTERP) for a, i in zip(sets, idxs)]
     out = []
     for group, variants in SWEEP.items():
+        if groups and group not in groups:
+            continue
         for var in variants:
             bs, ch = _split_variant(base, var)
             if group == "sel_fwd":
@@ -428,6 +435,8 @@ def main(argv=None):
     p.add_argument("--smoke", action="store_true", help="compile + check every kernel, small T")
     p.add_argument("--sweep", type=int, metavar="T",
                    help="time BlockSizes variants per kernel group at this T (first --shapes)")
+    p.add_argument("--groups", nargs="+", choices=sorted(SWEEP),
+                   help="with --sweep: only these kernel groups")
     p.add_argument("--T", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
     p.add_argument("--shapes", nargs="+", default=["bench", "125m"], choices=sorted(SHAPES))
     p.add_argument("--reps", type=int, default=20)
@@ -487,7 +496,7 @@ def main(argv=None):
     if a.sweep:
         doc.setdefault("sweeps", [])
         doc["sweeps"] = [w for w in doc.get("sweeps", []) if w["T"] != a.sweep]
-        doc["sweeps"].append(sweep(a.shapes[0], a.sweep, a.reps, log))
+        doc["sweeps"].append(sweep(a.shapes[0], a.sweep, a.reps, log, a.groups))
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)
         return

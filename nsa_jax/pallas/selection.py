@@ -1,24 +1,21 @@
-"""Selected-block attention (NSA §3.3.2, Eq. 10-12 applied): Pallas kernels, custom VJP.
+"""Selected-block attention (NSA §3.3.2, Eq. 10-12 applied): the backward and its custom VJP.
 
-Forward: one program per (query t, KV group g, batch b). It loads the h query heads of the group
-together (padded to >= 16 rows so the dots use tensor cores), walks the group's n selected blocks
-of l' keys (ids from ``idx [B,T,G,n]``; -1 = unused slot) with an online softmax and keeps keys
-s <= t. It writes o (float32) and the base-2 log-sum-exp per (t, head) for the backward.
+Forward and dQ: the query-major kernels of ``selection_query`` (one program per tile of
+consecutive queries of a KV group; blocks every query of the tile selected are loaded once).
+``sel_forward`` is re-exported here. dK/dV need the transpose: every key block receives gradient
+from the queries that selected it. Two ways are implemented (``KernelChoices.sel_bwd``):
 
-Backward (``sel_backward``): dQ comes from the same per-query program shape (recompute p from
-the saved lse, dS = P * (dO V^T - delta), dQ = dS K); with ``KernelChoices.sel_dq = "block"``
-it is formed instead inside the inverted dK/dV kernel (``selection_block.sel_backward_block``).
-dK/dV need the transpose: every key block receives gradient from the queries that selected it.
-Two ways are implemented (``KernelChoices.sel_bwd``):
-
-* ``"atomic"``: the per-query dQ program also forms each selected block's dK/dV tile and
-  atomically adds it to a float32 accumulator: n * l' * (Dk + Dv) atomic adds per (t, g).
+* ``"atomic"``: the dQ program also forms each selected block's dK/dV tile and atomically adds
+  it to a float32 accumulator: n * l' * (Dk + Dv) atomic adds per (t, g).
 * ``"inverted"`` (default): a block -> query index is built with one sort of the
   (block, query) pairs; each work item is one key block and up to ``sel_chunk`` of its queries,
   gathered ``rows // h`` queries x h heads per tile, so dK/dV accumulate in registers with
   full-height tensor-core tiles and only one atomic tile add per work item reaches memory
   (a block can have up to T queries — forced initial blocks do — so blocks are split into
   chunks to keep programs balanced, and the chunks of one block meet in the atomic add).
+  dQ then comes from ``selection_query.sel_dq`` (recompute p from the saved lse,
+  dS = P * (dO V^T - delta), dQ = dS K); with ``KernelChoices.sel_dq = "block"`` it is formed
+  instead inside the inverted dK/dV kernel (``selection_block.sel_backward_block``).
 
 Why inverted is the default, by measurement (bench/kernels.py, one H200, bf16, B=1, T=65536,
 Hq=64, G=4, D=128, l'=64, n=16): the whole selection backward takes 35.3 ms inverted against
@@ -52,139 +49,10 @@ from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
-from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, cdiv,
+from nsa_jax.pallas.common import (LOG2E, POS_INF, BlockSizes, cdiv, choices_or_default,
                                    compiler_params, dot, dot_precision, dscores, idiv, load,
-                                   choices_or_default, next_pow2, probs, sel_sub_tiles,
-                                   softmax_finish, softmax_init, softmax_step, store)
-
-
-def _head_rows(h: int):
-    """Rows of a per-query tile: the group's h heads padded to a power of two >= 16."""
-    return max(MIN_DOT, next_pow2(h))
-
-
-def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
-    return sel_sub_tiles(cfg.sel_block, bs.sel_keys)
-
-
-# ---- forward ---------------------------------------------------------------------------------
-def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub, scale, prec,
-                packed=False):
-    if packed:
-        st_ref, o_ref, lse_ref = refs
-    else:
-        o_ref, lse_ref = refs
-    t, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
-    hp = _head_rows(h)
-    r = jnp.arange(hp)
-    row_ok = r < h
-    head = g * h + jnp.where(row_ok, r, 0)
-    dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
-    q = load(q_ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None])
-    c = scale * LOG2E
-    start = st_ref[b, t] if packed else None
-
-    def block(si, carry):
-        m, l, acc = carry
-        j = idx_ref[b, t, g, si]
-        valid = j >= 0
-        base = jnp.maximum(j, 0) * l_sel
-        if packed:
-            base = start + base
-        for sub in range(n_sub):
-            off = sub * bk + jnp.arange(bk)
-            kmask = valid & (off < l_sel) & (base + off <= t)
-            k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
-            v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
-            s = dot(q, k, trans_b=True, precision=prec) * c
-            s = jnp.where(kmask[None, :], s, NEG_INF)
-            m, alpha, p, l = softmax_step(m, l, s)
-            acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
-        return m, l, acc
-
-    m, l, acc = lax.fori_loop(0, n_sel, block, softmax_init(hp, Dv))
-    l_safe, lse = softmax_finish(m, l)
-    o = acc / l_safe[:, None]
-    head_st = jnp.where(row_ok, head, o_ref.shape[2])  # masked rows -> out of bounds
-    store(o_ref.at[b, t, head_st[:, None], dv_[None, :]], o, row_ok[:, None])
-    store(lse_ref.at[b, t, head_st], lse, row_ok)
-
-
-def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool, *,
-                choices: KernelChoices | None = None, seg=None):
-    """-> o float32 [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of scaled logits,
-    +inf for a row with no visible key). ``seg``: packed rows' layout (document-relative idx)."""
-    B, T, Hq, Dk = q.shape
-    G, Dv = k.shape[2], v.shape[-1]
-    h = Hq // G
-    bk, n_sub = _sub_tiles(cfg, bs)
-    kernel = functools.partial(_fwd_kernel, h=h, n_sel=idx.shape[-1], l_sel=cfg.sel_block,
-                               bk=bk, n_sub=n_sub, scale=scale,
-                               prec=dot_precision(q.dtype, interpret, choices),
-                               packed=seg is not None)
-    return pl.pallas_call(
-        kernel, grid=(T, G, B),
-        out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
-                   jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
-        compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
-        interpret=interpret, name="nsa_sel_fwd",
-    )(q, k, v, idx, *(() if seg is None else (seg.start,)))
-
-
-# ---- backward: dQ (and dK/dV in "atomic" mode) -------------------------------------------------
-def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_ref, *refs, h, n_sel,
-                  l_sel, bk, n_sub, scale, prec, atomic, packed=False):
-    if packed:
-        st_ref, *refs = refs
-    if atomic:
-        _dk_in, _dv_in, dq_ref, dk_ref, dv_ref = refs
-    else:
-        (dq_ref,) = refs
-    t, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
-    cdt = q_ref.dtype
-    hp = _head_rows(h)
-    r = jnp.arange(hp)
-    row_ok = r < h
-    head = g * h + jnp.where(row_ok, r, 0)
-    dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
-    q = load(q_ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None])
-    do = load(do_ref.at[b, t, head[:, None], dv_[None, :]], row_ok[:, None]).astype(cdt)
-    gs = load(gs_ref.at[b, t, head], row_ok)
-    lse = load(lse_ref.at[b, t, head], row_ok, POS_INF)
-    delta = load(delta_ref.at[b, t, head], row_ok)
-    c = scale * LOG2E
-    start = st_ref[b, t] if packed else None
-
-    def block(si, dq):
-        j = idx_ref[b, t, g, si]
-        base = jnp.maximum(j, 0) * l_sel
-        if packed:
-            base = start + base
-        # a block starting past t has no visible key; its (zero) atomic tiles go to 0, not past
-        # the accumulator (a caller's block_idx may name one)
-        valid = (j >= 0) & (base <= t)
-        base = jnp.where(valid, base, 0)
-        for sub in range(n_sub):
-            off = sub * bk + jnp.arange(bk)
-            kmask = valid & (off < l_sel) & (base + off <= t)
-            k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
-            v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
-            s = dot(q, k, trans_b=True, precision=prec) * c
-            p = probs(s, kmask[None, :], lse)
-            ds = dscores(p, do, v, gs, delta, prec)
-            dq = dq + dot(ds.astype(cdt), k, precision=prec)
-            if atomic:
-                dv_t = dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-                dk_t = dot(ds.astype(cdt), q, trans_a=True, precision=prec) * scale
-                plgpu.atomic_add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)), dk_t)
-                plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv_t)
-        return dq
-
-    dq = lax.fori_loop(0, n_sel, block, jnp.zeros((hp, Dk), jnp.float32))
-    head_st = jnp.where(row_ok, head, dq_ref.shape[2])
-    store(dq_ref.at[b, t, head_st[:, None], dk_[None, :]], dq * scale, row_ok[:, None])
+                                   next_pow2, probs, sel_sub_tiles)
+from nsa_jax.pallas.selection_query import sel_dq, sel_forward  # noqa: F401 (re-exported)
 
 
 def grad_scales(o, do, gs):
@@ -438,33 +306,19 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     G, Dv = k.shape[2], v.shape[-1]
     h = Hq // G
     n = idx.shape[-1]
-    bk, n_sub = _sub_tiles(cfg, bs)
+    bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_keys)
     prec = dot_precision(q.dtype, interpret, choices)
     Ts = cfg.num_sel_blocks(T)
     packed = seg is not None
     T_acc = dkv_rows(T, Ts, cfg.sel_block, bk, n_sub, packed)
-    segs = (seg.start,) if packed else ()
     gs, delta = grad_scales(o, do, gs)
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
     atomic = atomic_mode(choices)
-    common = dict(h=h, n_sel=n, l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale, prec=prec,
-                  packed=packed)
-    dq_shape = jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32)
     if atomic:
-        dq, dk, dv = pl.pallas_call(
-            functools.partial(_bwd_q_kernel, atomic=True, **common), grid=(T, G, B),
-            out_shape=[dq_shape, jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
-                       jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
-            input_output_aliases={8 + len(segs): 1, 9 + len(segs): 2},
-            compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
-            interpret=interpret, name="nsa_sel_bwd_atomic",
-        )(q, k, v, idx, do, gs, lse, delta, *segs, *acc)
+        dq, dk, dv = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret,
+                            seg=seg, acc=acc)
     else:
-        dq = pl.pallas_call(
-            functools.partial(_bwd_q_kernel, atomic=False, **common), grid=(T, G, B),
-            out_shape=dq_shape, compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
-            interpret=interpret, name="nsa_sel_bwd_dq",
-        )(q, k, v, idx, do, gs, lse, delta, *segs)
+        dq = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret, seg=seg)
         rows, chunk = item_tiles(bs, h)
         n_slots = 0
         if index is not None:
