@@ -25,31 +25,29 @@ QUERY = KernelChoices(sel_impl="gather", sel_fwd="query", sel_dq="query")
 
 def _check_tile_slots(idx, qt, ids, counts, pos):
     """Every query keeps its valid ids (as a set); the first counts[0] of each tile's rows are
-    the same blocks (by first key ``pos``) and in every real query's set; a block after them is
-    not selected by every query of the tile; counts[1] is the most other ids of any query."""
+    the same blocks (by first key ``pos``): exactly those every real query of the tile selected;
+    counts[1] is the number of the query's other ids, which follow them."""
     B, T, G, n = idx.shape
     C = -(-T // qt)
-    assert ids.shape == (B, C * qt, G, n) and counts.shape == (B, C, G, 2)
+    assert ids.shape == (B, C * qt, G, n) and counts.shape == (B, C * qt, G, 2)
     for b in range(B):
         for c in range(C):
             ts = range(c * qt, min((c + 1) * qt, T))
             for g in range(G):
-                nsh, nown = counts[b, c, g]
+                nsh = counts[b, ts[0], g, 0]
                 sets = {t: {int(pos(b, t, j)) for j in idx[b, t, g] if j >= 0} for t in ts}
                 common = set.intersection(*sets.values())
                 lead = [int(pos(b, ts[0], j)) for j in ids[b, ts[0], g, :nsh]]
                 assert sorted(lead) == sorted(common), (b, c, g)
-                most = 0
                 for t in ts:
                     row = ids[b, t, g]
                     got = [int(j) for j in row if j >= 0]
                     assert sorted(got) == sorted(int(j) for j in idx[b, t, g] if j >= 0)
                     assert [int(pos(b, t, j)) for j in row[:nsh]] == lead
                     assert (row[len(got):] == -1).all() and (row[:len(got)] >= 0).all()
-                    most = max(most, len(got) - nsh)
-                assert nown == most
+                    assert tuple(counts[b, t, g]) == (nsh, len(got) - nsh)
             for t in range(T, (c + 1) * qt):   # the last tile's padding
-                assert (ids[b, t] == -1).all()
+                assert (ids[b, t] == -1).all() and (counts[b, t, :, 1] == 0).all()
 
 
 @pytest.mark.parametrize("qt", [2, 4, 8])

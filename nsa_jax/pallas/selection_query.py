@@ -51,13 +51,14 @@ def _head_rows(h: int):
 
 
 def tile_slots(idx, qt: int, l_sel: int, start=None):
-    """idx int32 [B,T,G,n] -> (ids int32 [B, C*qt, G, n], counts int32 [B, C, G, 2]), C = cdiv(T,
-    qt): each query's row of ids holds first the blocks every query of its tile selected (in the
-    tile's first query's order, the same row prefix for all), then its other ids, then -1;
-    counts[..., 0] is the number of shared blocks, counts[..., 1] the most other ids of any query
-    of the tile. Queries past T (the last tile's padding) get -1 rows and share everything.
+    """idx int32 [B,T,G,n] -> (ids, counts int32 [B, C*qt, G, n | 2]), C = cdiv(T, qt): each
+    query's row of ids holds first the blocks every query of its tile selected (in the tile's
+    first query's order, the same row prefix for all), then its other ids, then -1;
+    counts[..., 0] is the number of shared blocks of its tile, counts[..., 1] the number of its
+    other ids. Queries past T (the last tile's padding) get -1 rows, no ids of their own, and do
+    not limit what the others share.
     ``start`` [B,T] (packed rows): blocks are compared by their first key start + id*l'.
-    qt = 1: the ids unchanged, counts (n, 0)."""
+    qt = 1: the ids unchanged, counts (n, 0) (the kernels then run loop 1 only)."""
     B, T, G, n = idx.shape
     idx = idx.astype(jnp.int32)
     C = cdiv(T, qt)
@@ -95,8 +96,8 @@ def tile_slots(idx, qt: int, l_sel: int, start=None):
     own_row = place(mine, nsh[:, :, None, :, None] + jnp.cumsum(mine, axis=-1) - 1, idx)
     ids = sh_row[:, :, None] + own_row - 1
     ids = jnp.where(real, ids, -1).reshape(B, C * qt, G, n)
-    counts = jnp.stack([nsh, jnp.max(nown, axis=2)], axis=-1)
-    return ids, counts
+    counts = jnp.stack([jnp.broadcast_to(nsh[:, :, None], nown.shape), nown], axis=-1)
+    return ids, counts.reshape(B, C * qt, G, 2)
 
 
 def _tile_queries(T: int, qt: int):
@@ -118,26 +119,27 @@ def _block_base(ids_ref, st_ref, b, t, g, si, l_sel: int):
 
 
 def _two_loops(ids_ref, cnt_ref, st_ref, b, g, t_lead, tc, oks, l_sel: int, init, shared_step,
-               own_step):
-    """Loop 1 over the tile's shared slots (``shared_step(valid, base, carry)``, block named by
-    the lead query's row), loop 2 over each query's own slots (``own_step(i, valid, base,
-    carry)``); the carry is a list with one entry per query."""
-    c = pl.program_id(0)
-    nsh, nown = cnt_ref[b, c, g, 0], cnt_ref[b, c, g, 1]
+               own_step, finish):
+    """Loop 1 over the tile's shared slots (``shared_step(valid, base, carry)``: the block named
+    by the lead query's row, the carry a list with one entry per query); then, one query after
+    the other, a loop over its own slots (``own_step(i, valid, base, carry_i)``), and
+    ``finish(i, carry_i)``. One loop per query keeps one query's K/V buffers live at a time (a
+    single loop over (slot, query) held q pipelined tile pairs in shared memory at once)."""
+    nsh = cnt_ref[b, t_lead, g, 0]
 
     def loop1(si, carry):
         valid, base = _block_base(ids_ref, st_ref, b, t_lead, g, si, l_sel)
         return shared_step(valid, base, carry)
 
-    def loop2(si, carry):
-        carry = list(carry)
-        for i in range(len(tc)):
-            valid, base = _block_base(ids_ref, st_ref, b, tc[i], g, si, l_sel)
-            carry[i] = own_step(i, valid & oks[i], base, carry[i])
-        return carry
-
     carry = lax.fori_loop(0, nsh, loop1, init)
-    return lax.fori_loop(nsh, nsh + nown, loop2, carry)
+    for i in range(len(tc)):
+        state = carry[i]
+        if len(tc) > 1:
+            def loop2(si, state, i=i):
+                valid, base = _block_base(ids_ref, st_ref, b, tc[i], g, si, l_sel)
+                return own_step(i, valid & oks[i], base, state)
+            state = lax.fori_loop(nsh, nsh + cnt_ref[b, tc[i], g, 1], loop2, state)
+        finish(i, state)
 
 
 # ---- forward ---------------------------------------------------------------------------------
@@ -187,17 +189,17 @@ def _fwd_kernel(q_ref, k_ref, v_ref, ids_ref, cnt_ref, *refs, h, qt, l_sel, bk, 
             state = attend(state, qs[i], k, v, kmask)
         return state
 
-    init = [softmax_init(hp, Dv) for _ in range(qt)]
-    states = _two_loops(ids_ref, cnt_ref, st_ref, b, g, ts[0], tc, oks, l_sel, init,
-                        shared_step, own_step)
-    for i in range(qt):
-        m, l, acc = states[i]
+    def finish(i, state):
+        m, l, acc = state
         l_safe, lse = softmax_finish(m, l)
         ok = row_ok & oks[i]
         head_st = jnp.where(ok, head, o_ref.shape[2])  # masked rows -> out of bounds
         store(o_ref.at[b, tc[i], head_st[:, None], dv_[None, :]], acc / l_safe[:, None],
               ok[:, None])
         store(lse_ref.at[b, tc[i], head_st], lse, ok)
+
+    _two_loops(ids_ref, cnt_ref, st_ref, b, g, ts[0], tc, oks, l_sel,
+               [softmax_init(hp, Dv) for _ in range(qt)], shared_step, own_step, finish)
 
 
 def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool, *,
@@ -305,13 +307,14 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, ids_ref, cnt_ref, do_ref, gs_ref, lse_ref
                 add(base, sub, dk_t, dv_t)
         return dq
 
-    init = [jnp.zeros((hp, Dk), jnp.float32) for _ in range(qt)]
-    dqs = _two_loops(ids_ref, cnt_ref, st_ref, b, g, ts[0], tc, oks, l_sel, init, shared_step,
-                     own_step)
-    for i in range(qt):
+    def finish(i, dq):
         ok = row_ok & oks[i]
         head_st = jnp.where(ok, head, dq_ref.shape[2])
-        store(dq_ref.at[b, tc[i], head_st[:, None], dk_[None, :]], dqs[i] * scale, ok[:, None])
+        store(dq_ref.at[b, tc[i], head_st[:, None], dk_[None, :]], dq * scale, ok[:, None])
+
+    _two_loops(ids_ref, cnt_ref, st_ref, b, g, ts[0], tc, oks, l_sel,
+               [jnp.zeros((hp, Dk), jnp.float32) for _ in range(qt)], shared_step, own_step,
+               finish)
 
 
 def sel_dq(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, bs: BlockSizes, prec, scale: float,
