@@ -11,7 +11,7 @@ row at position N-1. One jitted call runs the attention ``--layers`` (12) times 
 per layer of that call (median of 10 synced calls) and, from one traced call, the device time
 per kernel and per layer. A variant is ``default`` or ``key=value,...`` over
 :func:`nsa_jax.pallas.decode.nsa_decode_pallas`'s tile arguments (``cmp_keys``, ``win_keys``,
-``splits``, ``sel_chunk``, ``merge_tile``). ``--tree DIR`` imports ``nsa_jax`` from another
+``splits``, ``sel_chunk``, ``merge_tile``, ``sel_rank``, ``score_warps``, ...; integers or names). ``--tree DIR`` imports ``nsa_jax`` from another
 checkout (e.g. the tree before a change, for a same-call comparison; arguments it lacks are
 dropped with a note). ``--smoke``: tiny shapes on the CPU (interpret mode; not a measurement).
 """
@@ -35,7 +35,7 @@ def parse_variant(v: str) -> dict:
     out = {}
     for kv in v.split(","):
         k, val = kv.split("=")
-        out[k] = int(val)
+        out[k] = int(val) if val.lstrip("-").isdigit() else val
     return out
 
 

@@ -5,7 +5,6 @@ relative RMSE <= 5e-3 for the output and the gradient of every input. Both sides
 block indices (near-tied block scores may rank differently in bf16), and the reference is
 evaluated one KV group at a time to bound its O(T^2) memory.
 """
-import dataclasses
 import math
 
 import jax
@@ -116,19 +115,6 @@ def test_sel_block_passes_bf16_matches_f32_reference():
     test_bf16_matches_f32_reference("125m", 2048, choices=KernelChoices(
         cmp_attn="pallas", sel_impl="gather", sel_fwd="block", sel_dq="block",
         sel_partial_mib=16))
-
-
-@pytest.mark.parametrize("shape,T,qt,warps", [("bench", 1027, 4, 4), ("bench", 8192, 8, 4),
-                                              ("125m", 1027, 2, 2)])
-def test_sel_query_tiles_bf16_matches_f32_reference(shape, T, qt, warps):
-    """The query-major selection kernels with tiles of ``qt`` queries (``BlockSizes.
-    sel_queries``: shared blocks loaded once per tile) on the GPU, forward, dQ and inverted
-    dK/dV: the same bf16-vs-float32 check."""
-    from nsa_jax.pallas.common import BlockSizes
-    Hq, G, D = SHAPES[shape]
-    bs = dataclasses.replace(BlockSizes.for_shape(Hq // G, D), sel_queries=qt, sel_warps=warps)
-    test_bf16_matches_f32_reference(shape, T, block_sizes=bs, choices=KernelChoices(
-        cmp_attn="pallas", sel_impl="gather", sel_fwd="query", sel_dq="query"))
 
 
 @pytest.mark.parametrize("shape,layout", [("125m", "rows"), ("125m", "loop"), ("bench", "auto")])

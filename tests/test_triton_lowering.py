@@ -6,8 +6,6 @@ covered (the ``gpu``-marked tests do that on a device). This catches a kernel th
 in interpret mode (an op without a Triton lowering rule, a non-power-of-two block, a bad dot
 shape) before GPU time is spent.
 """
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -59,22 +57,20 @@ def _fwd_bwd(**kw):
     return f
 
 
-@pytest.mark.parametrize("dtype,packed,sel_impl,sel_fwd,qt", [
-    (jnp.bfloat16, True, "tiled", "query", 1),  # packed: scoring/top-n/selection/local window
-    (jnp.bfloat16, True, "gather", "block", 1),
-    (jnp.bfloat16, True, "gather", "query", 4),  # query tiles of 4 (BlockSizes.sel_queries)
-    (jnp.float32, False, "tiled", "query", 1),  # float32 window: the local kernel
-    (jnp.float32, False, "gather", "query", 2),
-    (jnp.float32, False, "gather", "block", 1),
+@pytest.mark.parametrize("dtype,packed,sel_impl,sel_fwd", [
+    (jnp.bfloat16, True, "tiled", "query"),  # packed: scoring/top-n/selection/local window
+    (jnp.bfloat16, True, "gather", "block"),
+    (jnp.bfloat16, True, "gather", "query"),  # packed query-major kernels
+    (jnp.float32, False, "tiled", "query"),  # float32 window: the local kernel
+    (jnp.float32, False, "gather", "query"),
+    (jnp.float32, False, "gather", "block"),
 ])
-def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl, sel_fwd, qt):
+def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl, sel_fwd):
     # cmp_attn="pallas": the compressed kernels (cuDNN, which "cudnn" would take, cannot
     # lower without a GPU; the gpu tests cover it). sel_dq follows sel_fwd here: "block" lowers
     # the block-major forward and the fused dK/dV + dQ backward, "query" the per-query kernels.
     kw = {"choices": KernelChoices(sel_impl=sel_impl, sel_fwd=sel_fwd, sel_dq=sel_fwd,
-                                   cmp_attn="pallas"),
-          "block_sizes": dataclasses.replace(
-              pnsa.BlockSizes.for_shape(h, D, jnp.dtype(dtype).itemsize), sel_queries=qt)}
+                                   cmp_attn="pallas")}
     shapes = _nsa_args(dtype)
     if packed:
         shapes += (S(B, T, dtype=jnp.int32),)

@@ -199,9 +199,6 @@ class BlockSizes:
     score_q:      queries per scoring tile in the "loop" layout (``KernelChoices.score_heads``):
                   rows of one head, the group's h heads looped per key step.
     sel_keys:     keys per sub-tile of a selected block (l' is split or masked to this).
-    sel_queries:  consecutive queries per program of the query-major selection kernels
-                  (``selection_query``: blocks all of them selected are loaded once); 1, 2, 4
-                  or 8.
     sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
     sel_dq_rows:  (query, head) rows per tile in the block-major backward that forms dQ with
@@ -224,7 +221,6 @@ class BlockSizes:
     score_sel: int = 16
     score_q: int = 64
     sel_keys: int = 64
-    sel_queries: int = 1
     sel_rows: int = 128
     sel_chunk: int = 1024
     sel_dq_rows: int = 64
@@ -246,8 +242,6 @@ class BlockSizes:
             v = getattr(self, f)
             if v < MIN_DOT or v & (v - 1):
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
-        if self.sel_queries not in (1, 2, 4, 8):
-            raise ValueError(f"BlockSizes.sel_queries: 1, 2, 4 or 8, got {self.sel_queries}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
         for f in ("num_warps", "sel_warps", "score_warps", "topn_warps"):

@@ -161,13 +161,22 @@ def _merge_head(m_ref, l_ref, b, g, hh, lo, hi, pp):
     return pi, ok, w, jnp.sum(l * w), M
 
 
+def _logaddexp2(a, b):
+    """log2(2^a + 2^b) (-inf when both are -inf)."""
+    mx = jnp.maximum(a, b)
+    safe = jnp.where(mx == NEG_INF, 0.0, mx)
+    return jnp.where(mx == NEG_INF, NEG_INF,
+                     safe + jnp.log2(jnp.exp2(a - safe) + jnp.exp2(b - safe)))
+
+
 def split_lse(m, l):
     """The compressed kernel's partial states m, l [B,G,splits,h] merged into each head's base-2
-    lse [B,G,h] (0 where no key is visible), in XLA: one small fusion per layer."""
-    M = jnp.max(m, axis=2)
-    M = jnp.where(M == NEG_INF, 0.0, M)
-    L = jnp.sum(l * jnp.exp2(m - M[:, :, None]), axis=2)
-    return M + jnp.log2(jnp.where(L > 0, L, 1.0))
+    lse [B,G,h] (0 where no key is visible), in XLA: one reduction with a log-add-exp reducer
+    over the splits' own lse m + log2(l) (a max, then a sum of 2^(m - max) l, was two fusions,
+    each a kernel launch per layer)."""
+    own = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), NEG_INF)
+    lse = lax.reduce(own, jnp.float32(NEG_INF), _logaddexp2, (2,))
+    return jnp.where(lse == NEG_INF, 0.0, lse)
 
 
 def _ahead(v, i, vj, ij):
@@ -394,7 +403,8 @@ def _finish_kernel(g_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_re
     out = jnp.zeros(dv.shape, jnp.float32)
     for (m_ref, l_ref, o_ref), col, lo, hi, pp in parts:
         pi, ok, w, L, _ = _merge_head(m_ref, l_ref, b, g, hh, lo, hi, pp)
-        coef = jnp.where(L > 0, g_ref[b, g, hh, col] / jnp.where(L > 0, L, 1.0), 0.0)
+        gate = g_ref[b, g, hh, col].astype(jnp.float32)
+        coef = jnp.where(L > 0, gate / jnp.where(L > 0, L, 1.0), 0.0)
         o = load(o_ref.at[b, g, pi[:, None], hh, dv[None, :]], ok[:, None], 0.0)
         out += coef * jnp.sum(o * w[:, None], axis=0)
     store(out_ref.at[b, g, hh, dv], out, dv >= 0)
@@ -413,7 +423,7 @@ def _finish_call(gates, cmp_parts, sw_parts, n_sp, br, dtype, interpret):
         kern, grid=(B, G, h),
         out_shape=jax.ShapeDtypeStruct((B, G, h, Dv), dtype),
         compiler_params=compiler_params(2, 1), interpret=interpret, name="nsa_decode_finish",
-    )(gates.astype(jnp.float32), mc, lc, oc, ms, ls, os_)
+    )(gates, mc, lc, oc, ms, ls, os_)   # gates in their dtype: no convert kernel per layer
 
 
 MAX_SPLITS = 32        # partial states per (row, group) that the select and finish kernels merge
