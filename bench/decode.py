@@ -211,8 +211,8 @@ def main(argv=None) -> int:
 
     for name in a.models:
         cfg, model = load_model(name, a.smoke, a.set)
-        graphdef, state = inference_state(model)
-        state = step_state(model, state)     # what Decoder.step / Decoder.decode run with
+        # what Decoder.step / Decoder.decode run with (the steps' own graph and state)
+        graphdef, state = step_state(model, inference_state(model)[1])
         model_bytes = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(state))
         result["models"][name] = {"model": dataclasses.asdict(cfg.model),
                                   "nsa": cfg.to_dict()["nsa"], "exec": cfg.to_dict()["exec"],

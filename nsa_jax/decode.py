@@ -135,16 +135,20 @@ def inference_state(model):
 
 
 def step_state(model, state):
-    """:func:`inference_state`'s ``state`` for the decode steps: φ's matrices and biases also in
-    the compute dtype (its position embedding stays float32). The step's φ
-    (:func:`nsa_jax.nsa.compression.compress_block`) casts them at their use, so the step's values
-    are bit-identical; casting once here takes 3 weight converts per layer out of every step
-    (bench/NOTES.md, twelfth session). Prefill keeps :func:`inference_state`'s float32 φ, whose
-    training form folds the position embedding through w1 in float32. Other leaves are shared,
-    not copied."""
+    """:func:`inference_state`'s ``state`` -> (graphdef, state) for the decode steps:
+
+    * φ's matrices and biases also in the compute dtype (its position embedding stays float32).
+      The step's φ (:func:`nsa_jax.nsa.compression.compress_block`) casts them at their use, so
+      the step's values are bit-identical; casting once here takes 3 weight converts per layer
+      out of every step (bench/NOTES.md, twelfth session). Prefill keeps
+      :func:`inference_state`'s float32 φ, whose training form folds the position embedding
+      through w1 in float32.
+    * each NSA layer's three projections as one matrix (``NSAAttention.fuse_step_weights``,
+      added to a copy of the model graph): the Pallas decode path reads q and K/V from one
+      matmul's output in place (bench/NOTES.md, thirteenth session).
+
+    Other leaves are shared, not copied."""
     dt = model.dtype
-    if dt == jnp.float32:
-        return state
 
     def cast(path, a):
         keys = [str(getattr(p, "key", getattr(p, "name", p))) for p in path]
@@ -152,7 +156,13 @@ def step_state(model, state):
         phi = i is not None and i + 1 < len(keys) and keys[i + 1] in ("w1", "b1", "w2", "b2")
         return a.astype(dt) if phi else a
 
-    return jax.tree_util.tree_map_with_path(cast, state)
+    if dt != jnp.float32:
+        state = jax.tree_util.tree_map_with_path(cast, state)
+    copy = nnx.merge(nnx.graphdef(model), state)
+    for _, mod in nnx.iter_modules(copy):
+        if hasattr(mod, "fuse_step_weights"):
+            mod.fuse_step_weights()
+    return nnx.split(copy)
 
 
 _EXECS: dict = {}      # AOT-compiled prefill and decode calls, shared by Decoders of one model
@@ -185,7 +195,8 @@ class Decoder:
 
     def __init__(self, model, batch: int, max_len: int):
         self.graphdef, self.state = inference_state(model)
-        self.step_state = step_state(model, self.state)    # φ cast for the decode steps
+        # φ cast, the projections fused: the decode steps' own graph and state
+        self.step_graphdef, self.step_state = step_state(model, self.state)
         self.model = model
         self.batch, self.max_len = batch, max_len
         self.cache = init_cache(model, batch, max_len)
@@ -319,7 +330,7 @@ class Decoder:
         self._check_prefilled("step")
         if self.pos >= self.max_len:
             raise DecodeError(f"cache full: max_len={self.max_len} tokens")
-        logits, self.cache = step_jit(self.graphdef, self.step_state, self.cache, tokens)
+        logits, self.cache = step_jit(self.step_graphdef, self.step_state, self.cache, tokens)
         self.steps += 1
         return logits
 
@@ -364,8 +375,8 @@ class Decoder:
         run = self._compiled(
             ("decode", self.batch, logits.shape, key.shape, str(key.dtype),
              tuple(sorted(statics.items()))),
-            lambda: decode_loop_jit.lower(self.graphdef, self.step_state, self.cache, logits, key,
-                                          done, **statics))
+            lambda: decode_loop_jit.lower(self.step_graphdef, self.step_state, self.cache,
+                                          logits, key, done, **statics))
         ids, logits, self.cache, key, done = run(self.step_state, self.cache, logits, key,
                                                  done)
         self.steps += fed

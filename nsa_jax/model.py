@@ -129,6 +129,10 @@ class Compressor(nnx.Module):
                               self.b1[...], self.w2[...], self.b2[...])
 
 
+class StepWeight(nnx.Variable):
+    """A decode-step-only weight (:meth:`NSAAttention.fuse_step_weights`)."""
+
+
 class NSAAttention(nnx.Module):
     def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs,
                  xcfg: ExecConfig | None = None):
@@ -170,21 +174,46 @@ class NSAAttention(nnx.Module):
 
     def _gates(self, x):
         """Gate values g_c [B,T,H,3] (Eq. 5: sigmoid), ablated branches zeroed."""
-        B, T, _ = x.shape
-        gates = jax.nn.sigmoid(self.wg(x).astype(jnp.float32)).reshape(B, T, self.mcfg.n_heads, 3)
+        return self._gate_values(self.wg(x))
+
+    def _gate_values(self, logits):
+        """Gate logits [B,T,3H] (``wg``'s output) -> g_c [B,T,H,3]."""
+        B, T, _ = logits.shape
+        gates = jax.nn.sigmoid(logits.astype(jnp.float32)).reshape(B, T, self.mcfg.n_heads, 3)
         return (gates * jnp.asarray(self.ncfg.branch_mask())).astype(self.dtype)
 
-    def project_step(self, x, t):
-        """The decode step's projections (x [B,1,dim] at positions t [B]), un-rotated: q
-        [B,1,H,D]; the K/V projection as one [B,6,G,D] array in ``cache_update.ROWS`` order (the
+    def fuse_step_weights(self):
+        """Add ``w_step`` = [wq | wkv | wg] [dim, H*D + 6*G*D + 3H], the decode step's three
+        projections as one matrix (:func:`nsa_jax.decode.step_state`, on a copy of the model used
+        for the decode steps only; training and prefill never see it)."""
+        self.w_step = StepWeight(jnp.concatenate(
+            [self.wq.kernel[...], self.wkv.kernel[...], self.wg.kernel[...]], axis=1))
+
+    def project_step(self, x, t, fused: bool = False):
+        """The decode step's projections (x [B,1,dim] at positions t [B]), un-rotated: q [B,H,D];
+        the K/V projection as one [B,6,G,D] array in ``cache_update.ROWS`` order (the
         cache-write kernel reads it whole: no per-cache slice copies); gates [B,1,H,3]; and RoPE's
-        (cos, sin) [B, D/2] at t, with which ``cache_update.append_nsa`` rotates q and the keys."""
+        (cos, sin) [B, D/2] at t, with which ``cache_update.append_nsa`` rotates q and the keys.
+
+        ``fused`` (the Pallas decode path) with ``w_step`` (:meth:`fuse_step_weights`): one
+        matmul for all three, and q and the K/V projection as ``cache_write.Columns`` of its
+        output, which the cache-write kernel reads in place (XLA merged the three matmuls anyway
+        and then copied q and K/V out of its output: two kernels per layer; bench/NOTES.md,
+        thirteenth session). Same values up to the matmul's rounding."""
         B = x.shape[0]
         m = self.mcfg
         H, G, D = m.n_heads, m.n_kv_groups, m.head_dim
-        q = self.wq(x).reshape(B, 1, H, D)
+        rope = cos_sin(t, D, m.rope_theta)
+        if fused and hasattr(self, "w_step"):
+            from nsa_jax.pallas.cache_write import Columns
+            P = jnp.dot(x[:, 0].astype(self.dtype), self.w_step[...].astype(self.dtype))
+            n_q, n_kv = H * D, 6 * G * D
+            logits = P[:, n_q + n_kv:] + self.wg.bias[...].astype(P.dtype)
+            return (Columns(P, 0, (H, D)), Columns(P, n_q, (6, G, D)),
+                    self._gate_values(logits[:, None]), rope)
+        q = self.wq(x).reshape(B, H, D)
         kv = self.wkv(x).reshape(B, 6, G, D)
-        return q, kv, self._gates(x), cos_sin(t, D, m.rope_theta)
+        return q, kv, self._gates(x), rope
 
     def compress_kv(self, k_c, v_c, offset=0):
         """φ_K, φ_V (Eq. 7) over un-rotated tokens starting at position ``offset`` (a multiple of
@@ -281,9 +310,9 @@ class NSAAttention(nnx.Module):
         B = x.shape[0]
         t = cache.pos
         fused = fused_writes(impl)
-        q, rows, gates, rope = self.project_step(x, t)
+        q, rows, gates, rope = self.project_step(x, t, fused is not None)
         kv, q = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, rows,
-                                        q[:, 0], rope, fused, self._emitter(fused))
+                                        q, rope, fused, self._emitter(fused))
         o = nsa_decode(q, kv, t, gates[:, 0], self.ncfg, impl)
         out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
         return out, dataclasses.replace(cache, kv=kv)

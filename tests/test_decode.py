@@ -450,7 +450,8 @@ def test_pallas_decode_path_with_fused_cache_writes_matches_reference(attention)
     rows at different positions, steps across compressed-block emissions and the window wrap,
     and the same caches (up to the decode attention's float rounding feeding later layers)."""
     mcfg = ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_groups=2, head_dim=8,
-                       mlp_hidden=64, attention=attention, init_std=0.3)
+                       mlp_hidden=64, attention=attention, init_std=0.3,
+                       gate_bias=(0.5, -0.3, 0.2))   # the fused step projection adds it itself
     models = {i: build_model(mcfg, NSAConfig(**SMALL), 0, ExecConfig(decode_impl=i))
               for i in ("reference", "pallas")}
     toks = jax.random.randint(jax.random.PRNGKey(4), (2, 32), 0, 97)
@@ -508,8 +509,9 @@ def test_cache_write_kernel_is_the_xla_scatters_bitwise():
     """``write_rows_pallas`` (interpret mode) == ``write_rows`` per cache bitwise, and its ring
     readout == the ring gathered in token order after the write; rows at different positions, a
     ring that wraps, a block start before 0, head dim not a power of two; rows given as one
-    stack. Keys (with and without queries) and queries rotated in the kernel == ``apply_rope``
-    then the writes, within float rounding; a rotated ring cache is refused."""
+    stack, or q and the stack as ``Columns`` of one wider array. Keys (with and without queries)
+    and queries rotated in the kernel == ``apply_rope`` then the writes, within float rounding; a
+    rotated ring cache and a stack of the wrong shape are refused."""
     from nsa_jax.nsa.decoding import gather_rows, write_rows
     from nsa_jax.pallas.cache_write import write_rows_pallas
     rng = np.random.default_rng(0)
@@ -557,6 +559,17 @@ def test_cache_write_kernel_is_the_xla_scatters_bitwise():
     assert len(got4) == 8
     for a, w in zip(got4, got3[:8]):
         np.testing.assert_array_equal(a, w)
+    # q and the stack as Columns of one [B, W] array (the fused step projection's form)
+    from nsa_jax.pallas.cache_write import Columns
+    P = jnp.concatenate([f(B, 5), q.reshape(B, -1), stack.reshape(B, -1), f(B, 7)], axis=1)
+    nq = 3 * G * D
+    got5 = jax.jit(lambda b, P: write_rows_pallas(
+        b, (Columns(P, 5 + nq, (6, G, D)), picks), idx, ring=(4, 5), ring_start=start,
+        interpret=True, rope=(cos, sin, (0, 2)), q=Columns(P, 5, (3 * G, D))))(bufs, P)
+    for a, w in zip(got5, got3):
+        np.testing.assert_array_equal(a, w)
+    with pytest.raises(ValueError, match="stack matching the caches"):
+        write_rows_pallas(bufs, (Columns(P, 5, (6, G, D + 1)), picks), idx, interpret=True)
     with pytest.raises(ValueError, match="ring"):
         write_rows_pallas(bufs, (stack, picks), idx, ring=(4, 5), ring_start=start,
                           rope=(cos, sin, (4,)), interpret=True)

@@ -163,3 +163,12 @@ def test_cache_write_kernel_lowers_to_triton():
     names = triton_kernels(g, bufs, S(Bq, 6, G, D), S(Bq, dtype=jnp.int32),
                            S(Bq, D // 2, dtype=jnp.float32), S(Bq, G * h, D))
     assert names == {"nsa_cache_write"}, names
+    # the fused step projection's form: q and the stack as Columns of one [B, W] array
+    from nsa_jax.pallas.cache_write import Columns
+    nq = G * h * D
+
+    def k(bufs, P, t, cs):
+        return g(bufs, Columns(P, nq, (6, G, D)), t, cs, Columns(P, 0, (G * h, D)))
+    names = triton_kernels(k, bufs, S(Bq, nq + 6 * G * D + 3 * G * h), S(Bq, dtype=jnp.int32),
+                           S(Bq, D // 2, dtype=jnp.float32))
+    assert names == {"nsa_cache_write"}, names

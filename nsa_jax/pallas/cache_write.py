@@ -21,6 +21,7 @@ as :func:`nsa_jax.nsa.decoding.write_rows` / ``gather_rows``; the rotations equa
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -30,19 +31,42 @@ from jax.experimental import pallas as pl
 from nsa_jax.pallas.common import compiler_params, load, next_pow2, store
 
 
+@dataclasses.dataclass(frozen=True)
+class Columns:
+    """Columns [offset, offset + prod(shape)) of a 2-D array [B, W], read as [B, *shape]
+    (row-major) in place: the decode step's fused projection [q | K/V | gate logits] hands the
+    kernel its q and K/V parts this way, so XLA copies no slice of it into an operand."""
+    array: jax.Array
+    offset: int
+    shape: tuple
+
+
+def _flat(x, shape_tail: int):
+    """An operand [B, ...] (or :class:`Columns`) -> (2-D array [B, W], column offset, shape)."""
+    if isinstance(x, Columns):
+        if x.array.ndim != 2 or len(x.shape) != shape_tail:
+            raise ValueError(f"Columns of a [B, W] array read as [B, {shape_tail} dims], got "
+                             f"{x.array.shape} read as {x.shape}")
+        return x.array, int(x.offset), tuple(x.shape)
+    return x.reshape(x.shape[0], -1), 0, tuple(x.shape[1:])
+
+
 def _rotate(x1, x2, c, s, dtype):
     """RoPE's rotate-half in float32 (:func:`nsa_jax.nsa.rope.apply_rope`), rounded to dtype."""
     x1, x2 = x1.astype(jnp.float32), x2.astype(jnp.float32)
     return (x1 * c - x2 * s).astype(dtype), (x2 * c + x1 * s).astype(dtype)
 
 
-def _row_kernel(*refs, n, n_ops, src, ring, rot, has_rope, has_q):
-    """refs: idx_0..n-1 [B], the row operands (``n_ops``: [B,G,D] rows, or [B,R,G,D] stacks),
-    [ring start [B]], [cos, sin [B, D/2] with ``has_rope``], [queries [B,H,D]], bufs_0..n-1
-    (aliased; read only by the ring readout), then outputs bufs_0..n-1, with ``ring = (i_k,
-    i_v)`` the two token-order blocks, and with queries their rotation [B,H,D]. ``src[i] = (operand, stack row or None)`` is
-    where cache i's row comes from; the rows of the caches in ``rot`` are rotated at the row's
-    position before they are written. One program per (batch row, KV group)."""
+def _row_kernel(*refs, n, n_ops, src, offs, ring, rot, has_rope, q_at):
+    """refs: idx_0..n-1 [B], the row operands (``n_ops``: [B,G,D] rows, or 2-D [B, W] stacks
+    read as [R,G,D] from column ``offs[j]``), [ring start [B]], [cos, sin [B, D/2] with
+    ``has_rope``], [queries: 2-D [B, W] read as [H, D] from column ``q_at[0]``, ``q_at =
+    (offset, H, D)``], bufs_0..n-1 (aliased; read only by the ring readout), then outputs
+    bufs_0..n-1, with ``ring = (i_k, i_v)`` the two token-order blocks, and with queries their
+    rotation [B,H,D]. ``src[i] = (operand, stack row or None)`` is where cache i's row comes
+    from; the rows of the caches in ``rot`` are rotated at the row's position before they are
+    written. One program per (batch row, KV group)."""
+    has_q = q_at is not None
     idx_refs, op_refs = refs[:n], refs[n:n + n_ops]
     k = n + n_ops
     start_ref = refs[k] if ring else None
@@ -56,6 +80,14 @@ def _row_kernel(*refs, n, n_ops, src, ring, rot, has_rope, has_q):
     blocks = refs[k + 2 * n:k + 2 * n + (2 if ring else 0)]
     q_out = refs[-1] if has_q else None
     b, g = pl.program_id(0), pl.program_id(1)
+    G = bufs_in[0].shape[1]
+
+    def src_at(i, cols):
+        """Cache i's new row for (b, g) at columns ``cols`` (an index array) of its operand."""
+        j, r = src[i]
+        if r is None:
+            return op_refs[j].at[b, g, cols]
+        return op_refs[j].at[b, offs[j] + (r * G + g) * bufs_in[i].shape[-1] + cols]
 
     def halves(ref_at, D):
         """Rotate-half operands: ``ref_at(cols, ok)`` at the first and the second D/2 columns
@@ -70,32 +102,27 @@ def _row_kernel(*refs, n, n_ops, src, ring, rot, has_rope, has_q):
 
     def row(i, D):
         """Cache i's new row [next_pow2(D)] for (b, g), zero past D."""
-        j, r = src[i]
         dd = jnp.arange(next_pow2(D))
-        at = (b, g) if r is None else (b, jnp.int32(r), g)
-        return load(op_refs[j].at[(*at, pl.ds(0, dd.shape[0]))], dd < D)
+        return load(src_at(i, jnp.where(dd < D, dd, 0)), dd < D)
 
     for i in range(n):
         D = bufs_in[i].shape[-1]
         dd = jnp.arange(next_pow2(D))
         if i in rot:                                 # a key: rotated at the row's position
-            j, r = src[i]
-            at = (b, g) if r is None else (b, jnp.int32(r), g)
-            x1, x2, c, sn, dh, ok = halves(lambda cols, ok: load(op_refs[j].at[(*at, cols)], ok),
-                                           D)
+            x1, x2, c, sn, dh, ok = halves(lambda cols, ok, i=i: load(src_at(i, cols), ok), D)
             y1, y2 = _rotate(x1, x2, c, sn, outs[i].dtype)
             for lo, y in ((0, y1), (D // 2, y2)):    # masked columns: out of bounds, dropped
                 store(outs[i].at[b, g, idx_refs[i][b], jnp.where(ok, lo + dh, D)], y, ok)
         else:
             store(outs[i].at[b, g, idx_refs[i][b], pl.ds(0, dd.shape[0])], row(i, D), dd < D)
     if has_q:                                        # the group's h query heads, rotated
-        H, D = q_ref.shape[1:]
-        h = H // bufs_in[0].shape[1]
+        q_off, H, D = q_at
+        h = H // G
         hr = jnp.arange(next_pow2(h))
         okh = hr < h
         heads = g * h + jnp.where(okh, hr, 0)
         x1, x2, c, sn, dh, ok = halves(
-            lambda cols, ok: load(q_ref.at[b, heads[:, None], cols[None, :]],
+            lambda cols, ok: load(q_ref.at[b, q_off + heads[:, None] * D + cols[None, :]],
                                   okh[:, None] & ok[None, :]), D)
         y1, y2 = _rotate(x1, x2, c[None, :], sn[None, :], q_out.dtype)
         ho = jnp.where(okh, heads, H)                # masked heads: out of bounds, dropped
@@ -122,13 +149,15 @@ def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, rope=None,
     [B] (int32, < S_i) of each batch row -> tuple of updated caches (in place).
 
     ``rows``: a tuple of [B,G,D_i] rows, one per cache, or ``(stack, picks)``: one [B,R,G,D]
-    array and the stack row of each cache (the decode step passes its K/V projection this way,
-    so no slice of it is copied into an operand of its own).
+    array (or :class:`Columns` of a [B, W] array read as [R,G,D]) and the stack row of each
+    cache (the decode step passes its K/V projection this way, so no slice of it is copied into
+    an operand of its own).
 
     ``rope=(cos, sin, rotated)``: cos, sin [B, D/2] float32 (RoPE at each row's position) and the
-    indices of the caches whose rows are keys to rotate before the write; ``q`` [B,H,D] (needs
-    ``rope``): also return the queries rotated the same way, [B,H,D] in q's dtype (the decode
-    step's RoPE in this kernel instead of two XLA fusions per layer).
+    indices of the caches whose rows are keys to rotate before the write; ``q`` [B,H,D] or
+    :class:`Columns` read as [H, D] (needs ``rope``): also return the queries rotated the same
+    way, [B,H,D] in q's dtype (the decode step's RoPE in this kernel instead of two XLA fusions
+    per layer).
 
     ``ring=(i_k, i_v)`` with ``ring_start`` [B]: also return the blocks [B,G,L,D] of caches i_k
     and i_v (ring buffers of L slots) in token order from position ring_start[b] (slot
@@ -139,16 +168,19 @@ def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, rope=None,
     B, G = bufs[0].shape[:2]
     if isinstance(rows, tuple) and len(rows) == 2 and isinstance(rows[1], tuple):
         stack, picks = rows
-        if len(picks) != n or stack.ndim != 4:
-            raise ValueError(f"a [B,R,G,D] stack with one pick per cache ({n}), got "
-                             f"{stack.shape} and {picks}")
+        flat, off, shape = _flat(stack, 3)
         dt = {x.dtype for x in bufs}
-        if len(dt) != 1:
-            raise ValueError(f"a row stack needs caches of one dtype, got {sorted(map(str, dt))}")
-        ops, src = (stack.astype(bufs[0].dtype),), tuple((0, int(p)) for p in picks)
+        if len(picks) != n or shape[1:] != (G, bufs[0].shape[-1]) or max(picks) >= shape[0]:
+            raise ValueError(f"a [B,R,G,D] stack matching the caches with one pick per cache "
+                             f"({n}), got [B,{','.join(map(str, shape))}] and {picks}")
+        if len(dt) != 1 or len({x.shape[-1] for x in bufs}) != 1:
+            raise ValueError("a row stack needs caches of one dtype and head dim, got "
+                             f"{[(str(x.dtype), x.shape[-1]) for x in bufs]}")
+        ops, offs = (flat.astype(bufs[0].dtype),), (off,)
+        src = tuple((0, int(p)) for p in picks)
     else:
         ops = tuple(r.astype(bf.dtype) for r, bf in zip(rows, bufs))
-        src = tuple((i, None) for i in range(n))
+        src, offs = tuple((i, None) for i in range(n)), (0,) * n
     out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in bufs]
     extra = ()
     if ring is not None:
@@ -163,15 +195,18 @@ def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, rope=None,
             raise ValueError(f"a ring cache's rows are read back un-rotated: rotated {rot}, "
                              f"ring {ring}")
         extra += (cos.astype(jnp.float32), sin.astype(jnp.float32))
+    q_at = None
     if q is not None:
-        extra += (q,)
-        out_shape.append(jax.ShapeDtypeStruct(q.shape, q.dtype))
+        q2, q_off, (H, Dq) = _flat(q, 2)
+        extra += (q2,)
+        q_at = (q_off, H, Dq)
+        out_shape.append(jax.ShapeDtypeStruct((B, H, Dq), q2.dtype))
     idx = tuple(jnp.asarray(i, jnp.int32) for i in idx)
     first = n + len(ops) + len(extra)
     res = pl.pallas_call(
-        functools.partial(_row_kernel, n=n, n_ops=len(ops), src=src,
+        functools.partial(_row_kernel, n=n, n_ops=len(ops), src=src, offs=offs,
                           ring=tuple(ring) if ring else None, rot=tuple(rot),
-                          has_rope=rope is not None, has_q=q is not None),
+                          has_rope=rope is not None, q_at=q_at),
         grid=(B, G), out_shape=out_shape,
         input_output_aliases={first + i: i for i in range(n)},
         compiler_params=compiler_params(1, 1), interpret=interpret, name="nsa_cache_write",
