@@ -174,12 +174,8 @@ class NSAAttention(nnx.Module):
 
     def _gates(self, x):
         """Gate values g_c [B,T,H,3] (Eq. 5: sigmoid), ablated branches zeroed."""
-        return self._gate_values(self.wg(x))
-
-    def _gate_values(self, logits):
-        """Gate logits [B,T,3H] (``wg``'s output) -> g_c [B,T,H,3]."""
-        B, T, _ = logits.shape
-        gates = jax.nn.sigmoid(logits.astype(jnp.float32)).reshape(B, T, self.mcfg.n_heads, 3)
+        B, T, _ = x.shape
+        gates = jax.nn.sigmoid(self.wg(x).astype(jnp.float32)).reshape(B, T, self.mcfg.n_heads, 3)
         return (gates * jnp.asarray(self.ncfg.branch_mask())).astype(self.dtype)
 
     def fuse_step_weights(self):
@@ -192,28 +188,30 @@ class NSAAttention(nnx.Module):
     def project_step(self, x, t, fused: bool = False):
         """The decode step's projections (x [B,1,dim] at positions t [B]), un-rotated: q [B,H,D];
         the K/V projection as one [B,6,G,D] array in ``cache_update.ROWS`` order (the
-        cache-write kernel reads it whole: no per-cache slice copies); gates [B,1,H,3]; and RoPE's
+        cache-write kernel reads it whole: no per-cache slice copies); gates [B,H,3]; and RoPE's
         (cos, sin) [B, D/2] at t, with which ``cache_update.append_nsa`` rotates q and the keys.
 
         ``fused`` (the Pallas decode path) with ``w_step`` (:meth:`fuse_step_weights`): one
-        matmul for all three, and q and the K/V projection as ``cache_write.Columns`` of its
-        output, which the cache-write kernel reads in place (XLA merged the three matmuls anyway
-        and then copied q and K/V out of its output: two kernels per layer; bench/NOTES.md,
-        thirteenth session). Same values up to the matmul's rounding."""
+        matmul for all three; q and the K/V projection as ``cache_write.Columns`` of its output,
+        which the cache-write kernel reads in place (XLA merged the three matmuls anyway and
+        then copied q and K/V out of its output: two kernels per layer), and the gates as
+        ``pallas.decode.GateLogits`` of it, whose sigmoid the finishing kernel applies (one
+        more kernel per layer). Same values up to the matmul's rounding (bench/NOTES.md,
+        thirteenth session)."""
         B = x.shape[0]
         m = self.mcfg
         H, G, D = m.n_heads, m.n_kv_groups, m.head_dim
         rope = cos_sin(t, D, m.rope_theta)
         if fused and hasattr(self, "w_step"):
             from nsa_jax.pallas.cache_write import Columns
+            from nsa_jax.pallas.decode import GateLogits
             P = jnp.dot(x[:, 0].astype(self.dtype), self.w_step[...].astype(self.dtype))
             n_q, n_kv = H * D, 6 * G * D
-            logits = P[:, n_q + n_kv:] + self.wg.bias[...].astype(P.dtype)
-            return (Columns(P, 0, (H, D)), Columns(P, n_q, (6, G, D)),
-                    self._gate_values(logits[:, None]), rope)
+            gates = GateLogits(Columns(P, n_q + n_kv, (3 * H,)), self.wg.bias[...], self.dtype)
+            return Columns(P, 0, (H, D)), Columns(P, n_q, (6, G, D)), gates, rope
         q = self.wq(x).reshape(B, H, D)
         kv = self.wkv(x).reshape(B, 6, G, D)
-        return q, kv, self._gates(x), rope
+        return q, kv, self._gates(x)[:, 0], rope
 
     def compress_kv(self, k_c, v_c, offset=0):
         """φ_K, φ_V (Eq. 7) over un-rotated tokens starting at position ``offset`` (a multiple of
@@ -313,7 +311,7 @@ class NSAAttention(nnx.Module):
         q, rows, gates, rope = self.project_step(x, t, fused is not None)
         kv, q = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, rows,
                                         q, rope, fused, self._emitter(fused))
-        o = nsa_decode(q, kv, t, gates[:, 0], self.ncfg, impl)
+        o = nsa_decode(q, kv, t, gates, self.ncfg, impl)
         out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
         return out, dataclasses.replace(cache, kv=kv)
 

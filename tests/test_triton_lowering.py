@@ -126,6 +126,14 @@ def test_decode_kernels_lower_to_triton(monkeypatch):
     names = triton_kernels(lambda q, kv, t, g: pdecode.nsa_decode_pallas(q, kv, t, g, CFG),
                            S(4, G * h, D), kv, S(4, dtype=jnp.int32), S(4, G * h, 3))
     assert len(names) >= 4, names
+    # the gates as logits of the fused step projection, their sigmoid in the finishing kernel
+    from nsa_jax.pallas.cache_write import Columns
+
+    def f(q, kv, t, P, bias):
+        gl = pdecode.GateLogits(Columns(P, 7, (3 * G * h,)), bias, jnp.bfloat16)
+        return pdecode.nsa_decode_pallas(q, kv, t, gl, CFG)
+    assert "nsa_decode_finish" in triton_kernels(f, S(4, G * h, D), kv, S(4, dtype=jnp.int32),
+                                                 S(4, 7 + 3 * G * h), S(3 * G * h))
 
 
 def test_phi_emission_kernel_lowers_to_triton():

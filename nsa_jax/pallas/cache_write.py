@@ -41,7 +41,7 @@ class Columns:
     shape: tuple
 
 
-def _flat(x, shape_tail: int):
+def flat_columns(x, shape_tail: int):
     """An operand [B, ...] (or :class:`Columns`) -> (2-D array [B, W], column offset, shape)."""
     if isinstance(x, Columns):
         if x.array.ndim != 2 or len(x.shape) != shape_tail:
@@ -168,7 +168,7 @@ def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, rope=None,
     B, G = bufs[0].shape[:2]
     if isinstance(rows, tuple) and len(rows) == 2 and isinstance(rows[1], tuple):
         stack, picks = rows
-        flat, off, shape = _flat(stack, 3)
+        flat, off, shape = flat_columns(stack, 3)
         dt = {x.dtype for x in bufs}
         if len(picks) != n or shape[1:] != (G, bufs[0].shape[-1]) or max(picks) >= shape[0]:
             raise ValueError(f"a [B,R,G,D] stack matching the caches with one pick per cache "
@@ -197,7 +197,7 @@ def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, rope=None,
         extra += (cos.astype(jnp.float32), sin.astype(jnp.float32))
     q_at = None
     if q is not None:
-        q2, q_off, (H, Dq) = _flat(q, 2)
+        q2, q_off, (H, Dq) = flat_columns(q, 2)
         extra += (q2,)
         q_at = (q_off, H, Dq)
         out_shape.append(jax.ShapeDtypeStruct((B, H, Dq), q2.dtype))

@@ -11,7 +11,7 @@ write partial softmax states (m, l, acc) that the finishing kernel merges:
 
 1. ``_cmp_kernel`` (grid B x G x splits): compressed attention (Eq. 8) over the *visible*
    compressed blocks only — the loop stops at the last visible tile, nothing past t is read. It
-   also writes the scaled logits of the visible blocks, from which
+   also writes the scaled logits of the visible blocks and each split's lse, from which
    :mod:`nsa_jax.pallas.decode_select` forms the group-summed block scores (Eq. 9-10) and the
    top-n with the forced blocks (Eq. 11): ids in score order, forced blocks first.
 2. ``_slc_win_kernel`` (grid B x G x (n_sel + window tiles) / per): ``per`` selected blocks
@@ -23,8 +23,10 @@ Logits are kept in base 2 (scaled by log2 e) inside the kernels, as in the train
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +34,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
+from nsa_jax.pallas.cache_write import Columns, flat_columns
 from nsa_jax.pallas.decode_select import MERGE_TILE, default_chunk, select_ids
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, cdiv, compiler_params, dot,
                                    dot_precision, load, next_pow2, softmax_init, softmax_step,
@@ -42,6 +45,18 @@ WIN_KEYS = 64          # window slots per program
 CMP_PROGRAMS = 2048    # compressed-attention programs to aim for (bandwidth-bound at large B)
 CMP_STAGES = 2         # pipeline stages of the compressed kernel's key loop
 SLC_UNITS = 1024       # selected + window programs above which each program takes two units
+
+
+@dataclasses.dataclass(frozen=True)
+class GateLogits:
+    """The gates (Eq. 5) as pre-activations, for the finishing kernel to apply the sigmoid:
+    ``logits`` [B, 3Hq] (head-major, (cmp, slc, win) per head) or ``cache_write.Columns`` of a
+    wider array read as [3Hq] (the decode step's fused projection), plus ``bias`` [3Hq] added in
+    the logits' dtype; g = sigmoid in float32 rounded to ``dtype``: the model's gate values,
+    without an XLA kernel per layer to form them (bench/NOTES.md, thirteenth session)."""
+    logits: Columns | jax.Array
+    bias: jax.Array
+    dtype: Any
 
 
 def _rows(h: int) -> int:
@@ -76,8 +91,8 @@ def _load_q(q_ref, b, g, h):
 
 
 # ---- 1. compressed attention + logits of the visible blocks ---------------------------------
-def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, o_ref, *, h, l_cmp, d_cmp,
-                splits, bk, scale, prec):
+def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, o_ref, lse_ref, *, h, l_cmp,
+                d_cmp, splits, bk, scale, prec):
     b, g, sp = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     Tc = k_ref.shape[2]
     t = t_ref[b]
@@ -105,6 +120,9 @@ def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, o_ref, *, h, l_
 
     state = lax.fori_loop(lo, hi, tile, softmax_init(hp, v_ref.shape[-1]))
     _store_state(m_ref, l_ref, o_ref, b, g, sp, state, h)
+    m, l, _ = state                               # the split's own lse (-inf: no key), for
+    own = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), NEG_INF)   # split_lse
+    store(lse_ref.at[b, g, sp, rs], own, r < h)
 
 
 def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret, stages=2):
@@ -120,7 +138,8 @@ def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret, stages=2):
         out_shape=[jax.ShapeDtypeStruct((B, G, h, Tc), f32),
                    jax.ShapeDtypeStruct((B, G, splits, h), f32),
                    jax.ShapeDtypeStruct((B, G, splits, h), f32),
-                   jax.ShapeDtypeStruct((B, G, splits, h, Dv), f32)],
+                   jax.ShapeDtypeStruct((B, G, splits, h, Dv), f32),
+                   jax.ShapeDtypeStruct((B, G, splits, h), f32)],
         compiler_params=compiler_params(4 if hp * Dv > 4096 else 2, stages),
         interpret=interpret, name="nsa_decode_cmp",
     )(t, q, k_cmp, v_cmp)
@@ -217,12 +236,26 @@ def _slc_win_call(t, ids, q, kv, cfg, bw, per, scale, interpret):
 
 
 # ---- 3. epilogue ----------------------------------------------------------------------------
-def _finish_kernel(g_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_ref, *, n_sp,
-                   has_cmp, has_slc, has_win, pc, ps_):
+def _finish_kernel(g_ref, gb_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_ref, *,
+                   n_sp, has_cmp, has_slc, has_win, pc, ps_, h, gate_at):
     """Merge every branch's partial states and mix them with the gates (Eq. 5) for one head of
     one (row, group): out = sum_c g_c o_c, o_c = sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p.
-    One program per head: the branches' merges are independent chains, no loop over heads."""
+    One program per head: the branches' merges are independent chains, no loop over heads.
+
+    ``gate_at`` None: g_ref [B,G,h,3] holds the gates. Else ``(offset, dtype)``: g_ref is a
+    [B, W] array with the gate logits of head j, branch c at column offset + 3j + c, gb_ref their
+    bias [3Hq], and g_c = sigmoid(logit + bias) (Eq. 5) in float32, rounded to ``dtype`` as the
+    model's gate values are."""
     b, g, hh = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+
+    def gate(col):
+        if gate_at is None:
+            return g_ref[b, g, hh, col].astype(jnp.float32)
+        off, dt = gate_at
+        j = (g * h + hh) * 3 + col
+        z = (g_ref[b, off + j] + gb_ref[j]).astype(jnp.float32)   # the add in the logits' dtype
+        return (1.0 / (1.0 + jnp.exp(-z))).astype(dt).astype(jnp.float32)
+
     U = ms_ref.shape[2]
     dv = jnp.arange(out_ref.shape[-1])
     parts = []                       # (partials, gate column, lo, hi, padded count) per branch
@@ -235,27 +268,32 @@ def _finish_kernel(g_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_re
     out = jnp.zeros(dv.shape, jnp.float32)
     for (m_ref, l_ref, o_ref), col, lo, hi, pp in parts:
         pi, ok, w, L, _ = _merge_head(m_ref, l_ref, b, g, hh, lo, hi, pp)
-        gate = g_ref[b, g, hh, col].astype(jnp.float32)
-        coef = jnp.where(L > 0, gate / jnp.where(L > 0, L, 1.0), 0.0)
+        coef = jnp.where(L > 0, gate(col) / jnp.where(L > 0, L, 1.0), 0.0)
         o = load(o_ref.at[b, g, pi[:, None], hh, dv[None, :]], ok[:, None], 0.0)
         out += coef * jnp.sum(o * w[:, None], axis=0)
     store(out_ref.at[b, g, hh, dv], out, dv >= 0)
 
 
-def _finish_call(gates, cmp_parts, sw_parts, n_sp, br, dtype, interpret):
-    B, G, h, _ = gates.shape
+def _finish_call(gates, cmp_parts, sw_parts, n_sp, br, dtype, interpret, B, G, h):
+    """``gates`` [B,Hq,3] values or :class:`GateLogits` (the sigmoid in the kernel)."""
+    if isinstance(gates, GateLogits):
+        g2, off, _ = flat_columns(gates.logits, 1)
+        gargs, gate_at = (g2, gates.bias.astype(g2.dtype)), (off, gates.dtype)
+    else:
+        gargs, gate_at = (gates.reshape(B, G, h, 3), jnp.zeros((1,), jnp.float32)), None
     dummy = [jnp.zeros((B, G, 1, h), jnp.float32), jnp.zeros((B, G, 1, h), jnp.float32)]
     mc, lc, oc = cmp_parts if cmp_parts is not None else dummy + [jnp.zeros((B, G, 1, h, 16))]
     ms, ls, os_ = sw_parts if sw_parts is not None else dummy + [jnp.zeros((B, G, 1, h, 16))]
     Dv = (oc if cmp_parts is not None else os_).shape[-1]
     kern = functools.partial(_finish_kernel, n_sp=n_sp, has_cmp="cmp" in br,
                              has_slc="slc" in br, has_win="win" in br,
-                             pc=next_pow2(mc.shape[2]), ps_=next_pow2(ms.shape[2]))
+                             pc=next_pow2(mc.shape[2]), ps_=next_pow2(ms.shape[2]), h=h,
+                             gate_at=gate_at)
     return pl.pallas_call(
         kern, grid=(B, G, h),
         out_shape=jax.ShapeDtypeStruct((B, G, h, Dv), dtype),
         compiler_params=compiler_params(2, 1), interpret=interpret, name="nsa_decode_finish",
-    )(gates, mc, lc, oc, ms, ls, os_)   # gates in their dtype: no convert kernel per layer
+    )(*gargs, mc, lc, oc, ms, ls, os_)   # gates in their dtype: no convert kernel per layer
 
 
 MAX_SPLITS = 32        # partial states per (row, group) that the select and finish kernels merge
@@ -287,7 +325,8 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
                       cmp_stages: int = CMP_STAGES, slc_per: int | None = None,
                       return_ids: bool = False):
     """q [B,Hq,Dk] at positions t [B] over the caches ``kv`` (layout in
-    :mod:`nsa_jax.nsa.decoding`, tokens 0..t[b] written); gates [B,Hq,3] -> [B,Hq,Dv] in q.dtype.
+    :mod:`nsa_jax.nsa.decoding`, tokens 0..t[b] written); gates [B,Hq,3] (or
+    :class:`GateLogits`) -> [B,Hq,Dv] in q.dtype.
 
     ``cmp_keys`` compressed keys per tile, ``win_keys`` window slots per program (powers of two
     >= 16); ``splits`` programs per (row, group) over the compressed keys (default: enough to fill
@@ -316,19 +355,19 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
     if "cmp" in br or "slc" in br:
         Tc = kv["k_cmp"].shape[2]
         ns = splits or _splits(B, G, Tc, cmp_keys)
-        s, m, l, o = _cmp_call(t, qg, kv["k_cmp"], kv["v_cmp"], cfg, ns, cmp_keys, scale,
-                               interpret, cmp_stages)
+        s, m, l, o, lse = _cmp_call(t, qg, kv["k_cmp"], kv["v_cmp"], cfg, ns, cmp_keys, scale,
+                                    interpret, cmp_stages)
         cmp_parts = (m, l, o)
         if "slc" in br:
             Ts = kv["k_slc"].shape[2] // cfg.sel_block
-            ids = select_ids(t, s, m, l, cfg, Ts, sel_chunk or default_chunk(B, G, Ts),
-                               merge_tile, interpret)
+            ids = select_ids(t, s, lse, cfg, Ts, sel_chunk or default_chunk(B, G, Ts),
+                             merge_tile, interpret)
     n_sp = 0
     if "slc" in br or "win" in br:
         per = slc_per or _slc_per(B, G, cfg.n_sel if "slc" in br else 0,
                                   cdiv(kv["k_win"].shape[2], win_keys) if "win" in br else 0)
         sw_parts, n_sp = _slc_win_call(t, ids, qg, kv, cfg, win_keys, per, scale, interpret)
-    o = _finish_call(gates.reshape(B, G, h, 3), cmp_parts if "cmp" in br else None, sw_parts,
-                     n_sp, br, q.dtype, interpret)
+    o = _finish_call(gates, cmp_parts if "cmp" in br else None, sw_parts, n_sp, br, q.dtype,
+                     interpret, B, G, h)
     o = o[..., :Dv].reshape(B, Hq, Dv)
     return (o, ids) if return_ids else o

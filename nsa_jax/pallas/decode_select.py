@@ -2,7 +2,7 @@
 block scores from the compressed kernel's logits and the top-n, as two kernels. Used by
 :func:`nsa_jax.pallas.decode.nsa_decode_pallas` (its module docstring has the whole step).
 
-``split_lse`` merges the compressed kernel's key splits into each head's lse (XLA);
+``split_lse`` merges the compressed kernel's per-split lse into each head's (XLA);
 ``_score_kernel`` (grid B x G x chunks of selection blocks) forms the group-summed block scores
 (Eq. 9-10) from the logits (one row load and one small tail gather per head) and keeps each
 chunk's top-n with the forced blocks (Eq. 11); ``_topn_merge_kernel`` (grid B x G x candidate
@@ -45,12 +45,12 @@ def _logaddexp2(a, b):
                      safe + jnp.log2(jnp.exp2(a - safe) + jnp.exp2(b - safe)))
 
 
-def split_lse(m, l):
-    """The compressed kernel's partial states m, l [B,G,splits,h] merged into each head's base-2
-    lse [B,G,h] (0 where no key is visible), in XLA: one reduction with a log-add-exp reducer
-    over the splits' own lse m + log2(l) (a max, then a sum of 2^(m - max) l, was two fusions,
-    each a kernel launch per layer)."""
-    own = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), NEG_INF)
+def split_lse(own):
+    """The compressed kernel's per-split lse [B,G,splits,h] (base 2, -inf for a split without a
+    visible key) merged into each head's lse [B,G,h] (0 where no key is visible), in XLA: one
+    reduction with a log-add-exp reducer (a max, then a sum of 2^(m - max) l over the splits'
+    (m, l), was two fusions, each a kernel launch per layer; bench/NOTES.md, thirteenth
+    session)."""
     lse = lax.reduce(own, jnp.float32(NEG_INF), _logaddexp2, (2,))
     return jnp.where(lse == NEG_INF, 0.0, lse)
 
@@ -157,7 +157,7 @@ def _topn_merge_kernel(val_ref, idx_ref, ids_ref, *, n_sel, kt):
     store(ids_ref.at[b, g, jnp.where(pad, slot, n_sel)], jnp.full(slot.shape, -1, jnp.int32), pad)
 
 
-def select_ids(t, s, m, l, cfg, Ts, sel_chunk, merge_tile, interpret):
+def select_ids(t, s, lse, cfg, Ts, sel_chunk, merge_tile, interpret):
     """Selected block ids [B,G,n_sel] from the compressed kernel's outputs, in value order (forced
     blocks first; -1 in unused slots): two launches, the chunk scores + chunk top-n over
     B x G x chunks programs, then the merge over B x G x (candidates / merge_tile) programs."""
@@ -175,7 +175,7 @@ def select_ids(t, s, m, l, cfg, Ts, sel_chunk, merge_tile, interpret):
         out_shape=[jax.ShapeDtypeStruct((B, G, K), jnp.float32),
                    jax.ShapeDtypeStruct((B, G, K), jnp.int32)],
         compiler_params=compiler_params(4, 1), interpret=interpret, name="nsa_decode_score",
-    )(t, s, split_lse(m, l))
+    )(t, s, split_lse(lse))
     kt = min(merge_tile, next_pow2(K))
     merge = functools.partial(_topn_merge_kernel, n_sel=cfg.n_sel, kt=kt)
     return pl.pallas_call(
