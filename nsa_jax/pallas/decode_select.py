@@ -47,12 +47,11 @@ def _logaddexp2(a, b):
 
 def split_lse(own):
     """The compressed kernel's per-split lse [B,G,splits,h] (base 2, -inf for a split without a
-    visible key) merged into each head's lse [B,G,h] (0 where no key is visible), in XLA: one
-    reduction with a log-add-exp reducer (a max, then a sum of 2^(m - max) l over the splits'
-    (m, l), was two fusions, each a kernel launch per layer; bench/NOTES.md, thirteenth
-    session)."""
-    lse = lax.reduce(own, jnp.float32(NEG_INF), _logaddexp2, (2,))
-    return jnp.where(lse == NEG_INF, 0.0, lse)
+    visible key) merged into each head's lse [B,G,h] (-inf where no key is visible: the scoring
+    kernel then reads no logit of that head), in XLA: one reduction with a log-add-exp reducer
+    (a max, then a sum of 2^(m - max) l over the splits' (m, l), was two fusions, each a kernel
+    launch per layer; bench/NOTES.md, thirteenth session)."""
+    return lax.reduce(own, jnp.float32(NEG_INF), _logaddexp2, (2,))
 
 
 def _ahead(v, i, vj, ij):
