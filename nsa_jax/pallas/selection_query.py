@@ -37,6 +37,18 @@ def _head_rows(h: int):
     return max(MIN_DOT, next_pow2(h))
 
 
+def _query_rows(q_ref, h: int):
+    """This program's (t, g, b), its tile rows (row_ok, head index per row: the group's h heads,
+    padded rows masked), the key-dim range and its query tile q [hp, Dk]."""
+    t, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    r = jnp.arange(_head_rows(h))
+    row_ok = r < h
+    head = g * h + jnp.where(row_ok, r, 0)
+    dk_ = jnp.arange(q_ref.shape[-1])
+    q = load(q_ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None])
+    return (t, g, b), row_ok, head, dk_, q
+
+
 # ---- forward ---------------------------------------------------------------------------------
 def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub, scale, prec,
                 packed=False):
@@ -44,14 +56,9 @@ def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub,
         st_ref, o_ref, lse_ref = refs
     else:
         o_ref, lse_ref = refs
-    t, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
-    hp = _head_rows(h)
-    r = jnp.arange(hp)
-    row_ok = r < h
-    head = g * h + jnp.where(row_ok, r, 0)
-    dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
-    q = load(q_ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None])
+    (t, g, b), row_ok, head, dk_, q = _query_rows(q_ref, h)
+    hp, Dv = q.shape[0], v_ref.shape[-1]
+    dv_ = jnp.arange(Dv)
     c = scale * LOG2E
     start = st_ref[b, t] if packed else None
 
@@ -111,15 +118,10 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
         _dk_in, _dv_in, dq_ref, dk_ref, dv_ref = refs
     else:
         (dq_ref,) = refs
-    t, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
+    (t, g, b), row_ok, head, dk_, q = _query_rows(q_ref, h)
+    hp, Dk, Dv = q.shape[0], q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
-    hp = _head_rows(h)
-    r = jnp.arange(hp)
-    row_ok = r < h
-    head = g * h + jnp.where(row_ok, r, 0)
-    dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
-    q = load(q_ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None])
+    dv_ = jnp.arange(Dv)
     do = load(do_ref.at[b, t, head[:, None], dv_[None, :]], row_ok[:, None]).astype(cdt)
     gs = load(gs_ref.at[b, t, head], row_ok)
     lse = load(lse_ref.at[b, t, head], row_ok, POS_INF)
