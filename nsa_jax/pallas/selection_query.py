@@ -49,6 +49,17 @@ def _query_rows(q_ref, h: int):
     return (t, g, b), row_ok, head, dk_, q
 
 
+def _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub: int, bk: int, l_sel: int, c, prec):
+    """Sub-tile ``sub`` of the block starting at key ``base`` for the query at t -> (key mask
+    [bk]: valid, inside the block, s <= t; k, v [bk, D] (0 where masked); scaled logits
+    [hp, bk], unmasked)."""
+    off = sub * bk + jnp.arange(bk)
+    kmask = valid & (off < l_sel) & (base + off <= t)
+    k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
+    v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
+    return kmask, k, v, dot(q, k, trans_b=True, precision=prec) * c
+
+
 # ---- forward ---------------------------------------------------------------------------------
 def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub, scale, prec,
                 packed=False):
@@ -70,11 +81,8 @@ def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub,
         if packed:
             base = start + base
         for sub in range(n_sub):
-            off = sub * bk + jnp.arange(bk)
-            kmask = valid & (off < l_sel) & (base + off <= t)
-            k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
-            v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
-            s = dot(q, k, trans_b=True, precision=prec) * c
+            kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk, l_sel, c,
+                                       prec)
             s = jnp.where(kmask[None, :], s, NEG_INF)
             m, alpha, p, l = softmax_step(m, l, s)
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
@@ -139,11 +147,8 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
         valid = (j >= 0) & (base <= t)
         base = jnp.where(valid, base, 0)
         for sub in range(n_sub):
-            off = sub * bk + jnp.arange(bk)
-            kmask = valid & (off < l_sel) & (base + off <= t)
-            k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
-            v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
-            s = dot(q, k, trans_b=True, precision=prec) * c
+            kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk, l_sel, c,
+                                       prec)
             p = probs(s, kmask[None, :], lse)
             ds = dscores(p, do, v, gs, delta, prec)
             dq = dq + dot(ds.astype(cdt), k, precision=prec)
