@@ -88,7 +88,8 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, q, rope,
     block ends at t. -> (caches, q rotated at t).
 
     ``rows`` [B,6,G,D]: the token's K/V projection in :data:`ROWS` order (one array), un-rotated;
-    ``q`` [B,H,D] its un-rotated queries; ``rope`` = (cos, sin) [B, D/2] at t, with which q and
+    ``q`` [B,H,D] its un-rotated queries (on the Pallas path either may be a
+    ``pallas.cache_write.Columns`` of the step's fused projection, read in place); ``rope`` = (cos, sin) [B, D/2] at t, with which q and
     the :data:`ROTATED` rows are rotated before use. ``compress(kb, vb, offset)`` is the layer's
     φ + RoPE over un-rotated blocks [B,G,l,D] starting at positions offset [B].
 

@@ -147,7 +147,8 @@ def step_state(model, state):
       added to a copy of the model graph): the Pallas decode path reads q and K/V from one
       matmul's output in place (bench/NOTES.md, thirteenth session).
 
-    Other leaves are shared, not copied."""
+    Other leaves are shared, not copied; ``w_step`` is a new matrix (a second copy of those
+    weights, counted by ``request.free_memory``)."""
     dt = model.dtype
 
     def cast(path, a):
@@ -159,9 +160,8 @@ def step_state(model, state):
     if dt != jnp.float32:
         state = jax.tree_util.tree_map_with_path(cast, state)
     copy = nnx.merge(nnx.graphdef(model), state)
-    for _, mod in nnx.iter_modules(copy):
-        if hasattr(mod, "fuse_step_weights"):
-            mod.fuse_step_weights()
+    for mod in [m for _, m in nnx.iter_modules(copy) if hasattr(m, "fuse_step_weights")]:
+        mod.fuse_step_weights()
     return nnx.split(copy)
 
 

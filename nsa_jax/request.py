@@ -60,18 +60,30 @@ def _mem_available() -> int | None:
     return None
 
 
-def free_memory(model, memory_limit: int | None = None) -> int | None:
-    """Bytes available for the KV caches and the prefill workspace, before a Decoder exists.
-
-    On a device reporting memory stats (GPU): its ``bytes_limit - bytes_in_use`` (the weights are
-    already loaded) less the compute-dtype copy of the weights a Decoder makes. Elsewhere (CPU):
-    the host's available RAM less that copy. ``memory_limit`` (bytes for weights + caches +
-    prefill; the CLI's ``--memory-limit``) caps either. None: unknown, no check."""
+def decoder_copy_bytes(model) -> int:
+    """Bytes a Decoder adds to the loaded weights: their compute-dtype copy (none for float32
+    models) and the decode steps' fused projection matrices (``decode.step_state``)."""
     import numpy as np
     from flax import nnx
 
     weights = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model)))
-    copy = 0 if model.dtype == jnp.float32 else weights * np.dtype(model.dtype).itemsize // 4
+    item = np.dtype(model.dtype).itemsize
+    copy = 0 if model.dtype == jnp.float32 else weights * item // 4
+    return copy + sum((m.wq.kernel.size + m.wkv.kernel.size + m.wg.kernel.size) * item
+                      for _, m in nnx.iter_modules(model) if hasattr(m, "fuse_step_weights"))
+
+
+def free_memory(model, memory_limit: int | None = None) -> int | None:
+    """Bytes available for the KV caches and the prefill workspace, before a Decoder exists.
+
+    On a device reporting memory stats (GPU): its ``bytes_limit - bytes_in_use`` (the weights are
+    already loaded) less what a Decoder copies (:func:`decoder_copy_bytes`). Elsewhere (CPU): the
+    host's available RAM less that. ``memory_limit`` (bytes for weights + caches +
+    prefill; the CLI's ``--memory-limit``) caps either. None: unknown, no check."""
+    from flax import nnx
+
+    weights = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model)))
+    copy = decoder_copy_bytes(model)
     stats = jax.local_devices()[0].memory_stats() or {}
     if "bytes_limit" in stats:
         free = stats["bytes_limit"] - stats.get("bytes_in_use", 0) - copy

@@ -573,3 +573,39 @@ def test_cache_write_kernel_is_the_xla_scatters_bitwise():
     with pytest.raises(ValueError, match="ring"):
         write_rows_pallas(bufs, (stack, picks), idx, ring=(4, 5), ring_start=start,
                           rope=(cos, sin, (4,)), interpret=True)
+
+
+def test_gate_logits_in_the_finishing_kernel_match_the_model_gates():
+    """``GateLogits`` (logits as Columns of a wider array + bias; the sigmoid in the finishing
+    kernel) == the gate values the model forms, passed as values, to float rounding; in bf16
+    (bias added in bf16, sigmoid in float32, rounded to bf16) XLA's excess precision may skip
+    rounding the bf16 sum before the sigmoid, so the values are formed both ways and one must
+    match. A logits width or bias that does not match 3Hq, or columns past the array, are
+    refused."""
+    from nsa_jax.pallas.cache_write import Columns
+    from nsa_jax.pallas.decode import GateLogits, nsa_decode_pallas
+    cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16)
+    B, G, h, D, S = 2, 2, 3, 16, 96
+    ks = jax.random.split(jax.random.PRNGKey(7), 9)
+    Tc = cfg.num_cmp_blocks(S)
+    t = jnp.asarray([70, 41], jnp.int32)
+    for dt in (jnp.float32, jnp.bfloat16):
+        kv = {n: jax.random.normal(k, (B, G, L, D), dt) for k, (n, L) in zip(ks, [
+            ("k_cmp", Tc), ("v_cmp", Tc), ("k_slc", S), ("v_slc", S), ("k_win", 16),
+            ("v_win", 16)])}
+        q = jax.random.normal(ks[6], (B, G * h, D), dt)
+        P = (2 * jax.random.normal(ks[7], (B, 5 + 3 * G * h))).astype(dt)
+        bias = (0.5 * jax.random.normal(ks[8], (3 * G * h,))).astype(dt)
+        f32 = lambda x: x.astype(jnp.float32)
+        gl = GateLogits(Columns(P, 5, (3 * G * h,)), bias, dt)
+        got = jax.jit(lambda: nsa_decode_pallas(q, kv, t, gl, cfg))()
+        errs = []
+        for z in (f32(P[:, 5:] + bias), f32(P[:, 5:]) + f32(bias)):  # sum rounded / not
+            values = jax.nn.sigmoid(z).astype(dt).reshape(B, G * h, 3)
+            want = jax.jit(lambda: nsa_decode_pallas(q, kv, t, values, cfg))()
+            errs.append(rel_err(got, want))
+        assert min(errs) <= 1e-6, (dt, errs)
+    with pytest.raises(ValueError, match="GateLogits"):
+        nsa_decode_pallas(q, kv, t, GateLogits(Columns(P, 5, (3 * G * h - 3,)), bias, dt), cfg)
+    with pytest.raises(ValueError, match="inside"):
+        nsa_decode_pallas(q, kv, t, GateLogits(Columns(P, 6, (3 * G * h,)), bias, dt), cfg)

@@ -280,12 +280,14 @@ def test_steps_per_call_changes_nothing_but_the_calls(kw):
 
 
 def _cache_row_bytes(run_dir, max_len):
+    """(the weights with what a Decoder copies of them, one row of KV cache) in bytes."""
     from nsa_jax.decode import cache_bytes, init_cache
+    from nsa_jax.request import decoder_copy_bytes
     from nsa_jax.train.checkpoint import load_for_inference
 
     _, model = load_for_inference(run_dir)
     weights = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model)))
-    return weights, cache_bytes(jax.eval_shape(lambda: init_cache(model, 1, max_len)))
+    return weights + decoder_copy_bytes(model), cache_bytes(jax.eval_shape(lambda: init_cache(model, 1, max_len)))
 
 
 @pytest.mark.parametrize("case", ["empty file", "prompt past context", "new tokens past cache",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -44,9 +45,12 @@ class Columns:
 def flat_columns(x, shape_tail: int):
     """An operand [B, ...] (or :class:`Columns`) -> (2-D array [B, W], column offset, shape)."""
     if isinstance(x, Columns):
-        if x.array.ndim != 2 or len(x.shape) != shape_tail:
-            raise ValueError(f"Columns of a [B, W] array read as [B, {shape_tail} dims], got "
-                             f"{x.array.shape} read as {x.shape}")
+        width = math.prod(x.shape)
+        if (x.array.ndim != 2 or len(x.shape) != shape_tail or x.offset < 0
+                or x.offset + width > x.array.shape[1]):
+            raise ValueError(f"Columns of a [B, W] array read as [B, {shape_tail} dims] inside "
+                             f"its W columns, got {x.array.shape} read as {x.shape} from column "
+                             f"{x.offset}")
         return x.array, int(x.offset), tuple(x.shape)
     return x.reshape(x.shape[0], -1), 0, tuple(x.shape[1:])
 
@@ -170,7 +174,7 @@ def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, rope=None,
         stack, picks = rows
         flat, off, shape = flat_columns(stack, 3)
         dt = {x.dtype for x in bufs}
-        if len(picks) != n or shape[1:] != (G, bufs[0].shape[-1]) or max(picks) >= shape[0]:
+        if len(picks) != n or shape[1:] != (G, bufs[0].shape[-1]) or not all(0 <= p < shape[0] for p in picks):
             raise ValueError(f"a [B,R,G,D] stack matching the caches with one pick per cache "
                              f"({n}), got [B,{','.join(map(str, shape))}] and {picks}")
         if len(dt) != 1 or len({x.shape[-1] for x in bufs}) != 1:

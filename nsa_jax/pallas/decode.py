@@ -17,7 +17,8 @@ write partial softmax states (m, l, acc) that the finishing kernel merges:
 2. ``_slc_win_kernel`` (grid B x G x (n_sel + window tiles) / per): ``per`` selected blocks
    (loaded by index; keys past t masked) or tiles of the window ring buffer per program.
 3. ``_finish_kernel`` (grid B x G x h) merges each branch's partial states and mixes them with
-   the gates (Eq. 5), one program per head.
+   the gates (Eq. 5), one program per head; given the gates as ``GateLogits`` it applies their
+   sigmoid itself.
 
 Logits are kept in base 2 (scaled by log2 e) inside the kernels, as in the training kernels.
 """
@@ -277,7 +278,10 @@ def _finish_kernel(g_ref, gb_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref
 def _finish_call(gates, cmp_parts, sw_parts, n_sp, br, dtype, interpret, B, G, h):
     """``gates`` [B,Hq,3] values or :class:`GateLogits` (the sigmoid in the kernel)."""
     if isinstance(gates, GateLogits):
-        g2, off, _ = flat_columns(gates.logits, 1)
+        g2, off, (w,) = flat_columns(gates.logits, 1)
+        if w != 3 * G * h or gates.bias.shape != (w,) or g2.shape[0] != B:
+            raise ValueError(f"GateLogits: [B={B}, 3Hq={3 * G * h}] logits and a [3Hq] bias, got "
+                             f"{g2.shape[0]} rows of {w} and bias {gates.bias.shape}")
         gargs, gate_at = (g2, gates.bias.astype(g2.dtype)), (off, gates.dtype)
     else:
         gargs, gate_at = (gates.reshape(B, G, h, 3), jnp.zeros((1,), jnp.float32)), None

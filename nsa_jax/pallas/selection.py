@@ -1,7 +1,7 @@
 """Selected-block attention (NSA §3.3.2, Eq. 10-12 applied): the backward and its custom VJP.
 
-Forward and dQ: the query-major kernels of ``selection_query`` (one program per tile of
-consecutive queries of a KV group; blocks every query of the tile selected are loaded once).
+Forward and dQ: the query-major kernels of ``selection_query`` (one program per (query, KV
+group) loads that query's n selected blocks).
 ``sel_forward`` is re-exported here. dK/dV need the transpose: every key block receives gradient
 from the queries that selected it. Two ways are implemented (``KernelChoices.sel_bwd``):
 
