@@ -34,25 +34,22 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float = 10000.0) -> ja
     cos, sin = cos_sin(positions, x.shape[-1], theta)            # [..., T, D/2]
     if cos.ndim == 2:
         cos, sin = cos[None], sin[None]
-    return _rotate(x, cos[:, :, None, :], sin[:, :, None, :])
-
-
-def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x [..., D] rotated by angles given as (cos, sin) [..., D/2] (broadcast against x's leading
-    dims): the rotate-half of :func:`apply_rope` for callers that compute the angles once."""
-    return _rotate(x, cos, sin)
+    return rotate(x, cos[:, :, None, :], sin[:, :, None, :])
 
 
 @jax.custom_vjp
-def _rotate(x, cos, sin):
-    """The rotation [x1 cos - x2 sin | x2 cos + x1 sin] in float32, rounded to x's dtype."""
+def rotate(x, cos, sin):
+    """x [..., D] rotated by angles given as (cos, sin) [..., D/2] (broadcast against x's leading
+    dims): [x1 cos - x2 sin | x2 cos + x1 sin] in float32, rounded to x's dtype. Callers that
+    rotate several tensors at the same positions (the decode step) compute the angles once
+    (:func:`cos_sin`)."""
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
 
 
 def _rotate_fwd(x, cos, sin):
-    return _rotate(x, cos, sin), (cos, sin)
+    return rotate(x, cos, sin), (cos, sin)
 
 
 def _rotate_bwd(res, dy):
@@ -72,7 +69,7 @@ def _rotate_bwd(res, dy):
     return dx.reshape(dy.shape).astype(dy.dtype), None, None
 
 
-_rotate.defvjp(_rotate_fwd, _rotate_bwd)
+rotate.defvjp(_rotate_fwd, _rotate_bwd)
 
 
 def cmp_positions(Tc: int, block_l: int, stride_d: int, offset: int = 0) -> jax.Array:

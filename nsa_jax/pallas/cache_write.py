@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from nsa_jax.pallas.common import compiler_params, load, next_pow2, store
+from nsa_jax.pallas.common import compiler_params, load, next_pow2, rope_halves, store
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,12 +53,6 @@ def flat_columns(x, shape_tail: int):
                              f"{x.offset}")
         return x.array, int(x.offset), tuple(x.shape)
     return x.reshape(x.shape[0], -1), 0, tuple(x.shape[1:])
-
-
-def _rotate(x1, x2, c, s, dtype):
-    """RoPE's rotate-half in float32 (:func:`nsa_jax.nsa.rope.apply_rope`), rounded to dtype."""
-    x1, x2 = x1.astype(jnp.float32), x2.astype(jnp.float32)
-    return (x1 * c - x2 * s).astype(dtype), (x2 * c + x1 * s).astype(dtype)
 
 
 def _row_kernel(*refs, n, n_ops, src, offs, ring, rot, has_rope, q_at):
@@ -114,7 +108,7 @@ def _row_kernel(*refs, n, n_ops, src, offs, ring, rot, has_rope, q_at):
         dd = jnp.arange(next_pow2(D))
         if i in rot:                                 # a key: rotated at the row's position
             x1, x2, c, sn, dh, ok = halves(lambda cols, ok, i=i: load(src_at(i, cols), ok), D)
-            y1, y2 = _rotate(x1, x2, c, sn, outs[i].dtype)
+            y1, y2 = (y.astype(outs[i].dtype) for y in rope_halves(x1, x2, c, sn))
             for lo, y in ((0, y1), (D // 2, y2)):    # masked columns: out of bounds, dropped
                 store(outs[i].at[b, g, idx_refs[i][b], jnp.where(ok, lo + dh, D)], y, ok)
         else:
@@ -128,7 +122,7 @@ def _row_kernel(*refs, n, n_ops, src, offs, ring, rot, has_rope, q_at):
         x1, x2, c, sn, dh, ok = halves(
             lambda cols, ok: load(q_ref.at[b, q_off + heads[:, None] * D + cols[None, :]],
                                   okh[:, None] & ok[None, :]), D)
-        y1, y2 = _rotate(x1, x2, c[None, :], sn[None, :], q_out.dtype)
+        y1, y2 = (y.astype(q_out.dtype) for y in rope_halves(x1, x2, c[None, :], sn[None, :]))
         ho = jnp.where(okh, heads, H)                # masked heads: out of bounds, dropped
         for lo, y in ((0, y1), (D // 2, y2)):
             store(q_out.at[b, ho[:, None], jnp.where(ok, lo + dh, D)[None, :]], y,

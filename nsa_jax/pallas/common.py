@@ -161,6 +161,14 @@ def grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, rows, hd, ok, cdt):
     return q, do, gs, lse, delta
 
 
+def rope_halves(x1, x2, cos, sin):
+    """RoPE's rotate-half inside a kernel (:func:`nsa_jax.nsa.rope.apply_rope`) on the two
+    halves of a head, in float32: -> (x1 cos - x2 sin, x2 cos + x1 sin). The decode step's
+    cache-write and φ-emission kernels rotate with it."""
+    x1, x2 = x1.astype(jnp.float32), x2.astype(jnp.float32)
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
 def sel_sub_tiles(l_sel: int, sel_keys: int):
     """Key sub-tile size BK and count for one selected block of l' keys (selection kernels)."""
     bk = min(sel_keys, max(MIN_DOT, next_pow2(l_sel)))

@@ -18,7 +18,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from nsa_jax.pallas.common import NEG_INF, cdiv, compiler_params, load, next_pow2, store
@@ -37,21 +36,14 @@ def default_chunk(B: int, G: int, Ts: int) -> int:
     return int(min(hi, max(lo, next_pow2(cdiv(Ts * B * G, TARGET_PROGRAMS)))))
 
 
-def _logaddexp2(a, b):
-    """log2(2^a + 2^b) (-inf when both are -inf)."""
-    mx = jnp.maximum(a, b)
-    safe = jnp.where(mx == NEG_INF, 0.0, mx)
-    return jnp.where(mx == NEG_INF, NEG_INF,
-                     safe + jnp.log2(jnp.exp2(a - safe) + jnp.exp2(b - safe)))
-
-
 def split_lse(own):
     """The compressed kernel's per-split lse [B,G,splits,h] (base 2, -inf for a split without a
     visible key) merged into each head's lse [B,G,h] (-inf where no key is visible: the scoring
-    kernel then reads no logit of that head), in XLA: one reduction with a log-add-exp reducer
-    (a max, then a sum of 2^(m - max) l over the splits' (m, l), was two fusions, each a kernel
-    launch per layer; bench/NOTES.md, thirteenth session)."""
-    return lax.reduce(own, jnp.float32(NEG_INF), _logaddexp2, (2,))
+    kernel then reads no logit of that head), in XLA (two small kernels per layer, as a
+    log-add-exp reducer also ran; bench/NOTES.md, thirteenth session)."""
+    M = jnp.max(own, axis=2)
+    safe = jnp.where(M == NEG_INF, 0.0, M)[:, :, None]
+    return M + jnp.log2(jnp.sum(jnp.exp2(own - safe), axis=2))
 
 
 def _ahead(v, i, vj, ij):

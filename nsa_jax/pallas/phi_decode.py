@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from nsa_jax.pallas.common import (MIN_DOT, cdiv, compiler_params, dot, dot_precision, load,
-                                   next_pow2, store)
+                                   next_pow2, rope_halves, store)
 
 ROW_TILE = 32   # (row, group) pairs per program
 H_TILE = 32     # φ hidden units per program of the first kernel
@@ -112,7 +112,7 @@ def _out_kernel(idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v
         if rotate:                                                         # RoPE at t (Eq. 7)
             cs = load(cos_ref.at[b[:, None], dh[None, :]], okr[:, None])
             sn = load(sin_ref.at[b[:, None], dh[None, :]], okr[:, None])
-            lo, hi = lo * cs - hi * sn, hi * cs + lo * sn
+            lo, hi = rope_halves(lo, hi, cs, sn)
         for j, val in enumerate((lo, hi)):
             store(out_ref.at[bo[:, None], g[:, None], i[:, None], (j * half + dh)[None, :]],
                   val.astype(out_ref.dtype), okr[:, None])
