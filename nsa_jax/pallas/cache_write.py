@@ -168,7 +168,8 @@ def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, rope=None,
         stack, picks = rows
         flat, off, shape = flat_columns(stack, 3)
         dt = {x.dtype for x in bufs}
-        if len(picks) != n or shape[1:] != (G, bufs[0].shape[-1]) or not all(0 <= p < shape[0] for p in picks):
+        if (len(picks) != n or shape[1:] != (G, bufs[0].shape[-1])
+                or not all(0 <= p < shape[0] for p in picks)):
             raise ValueError(f"a [B,R,G,D] stack matching the caches with one pick per cache "
                              f"({n}), got [B,{','.join(map(str, shape))}] and {picks}")
         if len(dt) != 1 or len({x.shape[-1] for x in bufs}) != 1:
