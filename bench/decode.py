@@ -3,7 +3,7 @@
     PYTHONPATH=. python bench/decode.py [--out bench/results/decode_<device>.json]
         [--contexts 8192 32768 65536 131072] [--batches 1 8 32 64] [--reps 30]
         [--models nsa_125m dense_125m] [--set exec.decode_impl=reference ...]
-        [--profile 65536:1 65536:8] [--hlo] [--smoke]
+        [--profile 65536:1 65536:8] [--hlo] [--ragged] [--smoke]
 
 For each model (configs/nsa_125m.yaml, configs/dense_125m.yaml: bf16, 12 layers, random
 parameters), batch B and context N: caches with room for every timed step (``max_len = N +
@@ -11,7 +11,10 @@ warm-up + reps + 60 + 16 * 6`` tokens) are filled with random keys/values as aft
 N-1 tokens (prefill is not timed), then the jitted decode step (:func:`nsa_jax.decode.step_jit`:
 one call for all layers, caches donated, bf16 inference weights from
 :func:`nsa_jax.decode.inference_state` and :func:`nsa_jax.decode.step_state`) is called
-repeatedly, one token per row; positions advance from N-1. Recorded per point:
+repeatedly, one token per row; positions advance from N-1 (``--ragged``: row b from
+N-1 - (b mod d), so every step some rows of every tile end a compressed block, d = the stride;
+without it all rows end one together every d steps, the case where the step's φ emission
+skips its work on d - 1 steps of d). Recorded per point:
 
 * ``step_ms``: median of ``--reps`` steps, each synchronised (block_until_ready on the logits),
   i.e. the latency a sampling loop sees; ``stream_ms``: per-step time of 10 steps issued back to
@@ -81,14 +84,16 @@ def load_model(name: str, smoke: bool, sets: list[str]):
     return cfg, build_model(cfg.model, cfg.nsa, seed=0, exec_cfg=cfg.exec)
 
 
-def random_cache(model, batch: int, max_len: int, pos: int, seed: int):
-    """Caches of the right shapes and dtype filled with N(0,1) values, every row at ``pos``."""
+def random_cache(model, batch: int, max_len: int, pos: int, seed: int, spread: int = 1):
+    """Caches of the right shapes and dtype filled with N(0,1) values, row b at
+    ``pos - b % spread``."""
     cache = init_cache(model, batch, max_len)
     leaves, tree = jax.tree.flatten(cache["layers"])
     keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
     fill = jax.jit(lambda k, x: jax.random.normal(k, x.shape, x.dtype), donate_argnums=1)
     filled = [fill(k, x) for k, x in zip(keys, leaves)]
-    return {"pos": jnp.full((batch,), pos, jnp.int32), "layers": jax.tree.unflatten(tree, filled)}
+    return {"pos": pos - jnp.arange(batch, dtype=jnp.int32) % spread,
+            "layers": jax.tree.unflatten(tree, filled)}
 
 
 def floor_bytes(cfg, model_bytes: int, N: int, B: int, itemsize: int) -> int:
@@ -185,6 +190,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--profile", nargs="*", default=[], help="N:B points to trace")
     ap.add_argument("--hlo", action="store_true", help="check in-place cache updates in the HLO")
+    ap.add_argument("--ragged", action="store_true",
+                    help="rows at positions N-1 - (b mod stride): emissions spread over steps")
     ap.add_argument("--hlo-dump", default=None, help="directory for the optimised HLO text")
     ap.add_argument("--max-dense-bytes", type=float, default=60e9,
                     help="skip dense points whose caches exceed this many bytes")
@@ -204,6 +211,7 @@ def main(argv=None) -> int:
               "device": str(getattr(d0, "device_kind", d0)), "backend": jax.default_backend(),
               "jax": jax.__version__, "python": platform.python_version(), "smoke": a.smoke,
               "xla_flags": os.environ.get("XLA_FLAGS", ""), "sets": a.set, "reps": reps,
+              "ragged": a.ragged,
               "warmup": a.warmup, "models": {}, "points": []}
 
     def save():
@@ -231,7 +239,8 @@ def main(argv=None) -> int:
                     print(f"{name:10s} N={N:6d} B={B:2d}  skipped ({pt['skipped']})", flush=True)
                     continue
                 try:
-                    cache = random_cache(model, B, max_len, pos=N - 1, seed=N + B)
+                    cache = random_cache(model, B, max_len, pos=N - 1, seed=N + B,
+                                         spread=cfg.nsa.stride_d if a.ragged else 1)
                     if a.hlo:
                         dump = (os.path.join(a.hlo_dump, f"{name}_{N}_{B}.hlo.txt")
                                 if a.hlo_dump else None)

@@ -180,6 +180,19 @@ def test_parity_other_block_sizes():
     _assert_parity(args, cot, TINY, block_sizes=bs, choices=ch)
 
 
+@pytest.mark.parametrize("sel_bwd", ["inverted", "atomic"])
+def test_parity_query_major_sub_tile_steps(sel_bwd):
+    """The query-major selection kernels walk (block, sub-tile) steps: l' = 48 in three 16-key
+    steps (``BlockSizes.sel_q_keys``), the causal cut inside a block's middle step, with both
+    dK/dV strategies (the atomic one adds each step's tiles)."""
+    cfg = NSAConfig(block_l=8, stride_d=4, sel_block=48, n_sel=3, window=16, n_init=1,
+                    n_local=1)
+    args, cot = _inputs(12, 1, 150, 4, 2, cfg)
+    bs = BlockSizes(sel_q_keys=16)
+    ch = KernelChoices(sel_impl="gather", sel_fwd="query", sel_dq="query", sel_bwd=sel_bwd)
+    _assert_parity(args, cot, cfg, block_sizes=bs, choices=ch)
+
+
 def test_parity_head_dims_not_powers_of_two():
     args, cot = _inputs(7, 1, 45, 2, 1, TINY, Dk=24, Dv=40)
     _assert_parity(args, cot, TINY)

@@ -93,6 +93,22 @@ def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl, sel_f
         assert not {"nsa_sel_fwd", "nsa_sel_bwd_dq", "nsa_sel_bwd_dkv"} & names, names
 
 
+def test_query_major_sub_tile_steps_lower_to_triton(monkeypatch):
+    """The query-major forward and dQ walking 32-key steps of each 64-key block
+    (``BlockSizes.sel_q_keys``) in a 4-stage pipeline (packed bf16 rows: the unpacked window
+    branch is cuDNN's, which does not lower without a GPU)."""
+    from nsa_jax.pallas import BlockSizes
+    kw = {"choices": KernelChoices(sel_impl="gather", sel_fwd="query", sel_dq="query",
+                                   cmp_attn="pallas"),
+          "block_sizes": BlockSizes(sel_q_keys=32, sel_stages=4)}
+
+    def f(*a):
+        return _fwd_bwd(segment_ids=a[-1], **kw)(*a[:-1])
+    compiled_kernels(monkeypatch)
+    names = triton_kernels(f, *_nsa_args(jnp.bfloat16), S(B, T, dtype=jnp.int32))
+    assert {"nsa_sel_fwd", "nsa_sel_bwd_dq"} <= names, names
+
+
 @pytest.mark.parametrize("layout,sel_block", [("rows", 64), ("loop", 64), ("loop", 48)])
 def test_scoring_layouts_lower_to_triton(monkeypatch, layout, sel_block):
     """Both scoring tile layouts (``KernelChoices.score_heads``), the loop one on the fast path

@@ -206,7 +206,11 @@ class BlockSizes:
                   keys in steps of S * l'/d so each step finishes S block scores.
     score_q:      queries per scoring tile in the "loop" layout (``KernelChoices.score_heads``):
                   rows of one head, the group's h heads looped per key step.
-    sel_keys:     keys per sub-tile of a selected block (l' is split or masked to this).
+    sel_keys:     keys per sub-tile of a selected block (l' is split or masked to this) in the
+                  block-major and tiled selection kernels.
+    sel_q_keys:   keys per step of the query-major selection kernels (forward, dQ): their loop
+                  walks (block, sub-tile) steps, so a smaller step with more ``sel_stages``
+                  keeps more tile loads in flight per program for the same shared memory.
     sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
     sel_dq_rows:  (query, head) rows per tile in the block-major backward that forms dQ with
@@ -229,6 +233,7 @@ class BlockSizes:
     score_sel: int = 16
     score_q: int = 64
     sel_keys: int = 64
+    sel_q_keys: int = 64
     sel_rows: int = 128
     sel_chunk: int = 1024
     sel_dq_rows: int = 64
@@ -245,8 +250,9 @@ class BlockSizes:
     topn_warps: int = 1
 
     def __post_init__(self):
-        for f in ("cmp_rows", "cmp_keys", "score_sel", "score_q", "sel_keys", "sel_rows",
-                  "cmp_bwd_keys", "sel_tile_q", "win_q", "win_keys", "sel_dq_rows", "topn_elems"):
+        for f in ("cmp_rows", "cmp_keys", "score_sel", "score_q", "sel_keys", "sel_q_keys",
+                  "sel_rows", "cmp_bwd_keys", "sel_tile_q", "win_q", "win_keys", "sel_dq_rows",
+                  "topn_elems"):
             v = getattr(self, f)
             if v < MIN_DOT or v & (v - 1):
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")

@@ -9,6 +9,11 @@ embedding add, two GEMMs per φ, SiLU, bias adds, RoPE and a cache-write kernel)
 launches per layer: φ's hidden layer over (K or V) x (row tiles) x (hidden-unit tiles) programs,
 then its output layer, the key's RoPE and the write over (K or V) x (row tiles).
 
+A block ends at t for one step in d, so most steps emit nothing: rows bound for the scratch
+slot are neither computed nor written (the slot is never read), and a program whose row tile
+has no emitting row returns at once. With the rows of a batch at one position, d - 1 of d steps
+do no φ work at all.
+
 The arithmetic is :func:`nsa_jax.nsa.compression.compress_block`'s: the block plus the position
 embedding in float32, rounded to the compute dtype; each GEMM accumulates in float32 and is
 rounded, as is each bias add and each step of SiLU (sigmoid, product); the key's rotation is
@@ -52,16 +57,32 @@ def _by_branch(c, branch, k_args, v_args):
     pl.when(c == 1)(lambda: branch(*v_args))
 
 
-def _hidden_kernel(kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1v_ref, h_ref, *,
-                   R, Ht, bk, prec):
+def _tile_rows(idx_ref, p, R: int, BG: int, G: int, scratch: int):
+    """Row tile p's (row, group) pairs -> (in range, batch row b, group g, block index i, emits:
+    in range and i is not the scratch slot)."""
+    r = p * R + jnp.arange(R)
+    okr = r < BG
+    rr = jnp.where(okr, r, 0)
+    b, g = rr // G, rr % G
+    i = load(idx_ref.at[b], okr, scratch)
+    return okr, b, g, i, okr & (i != scratch)
+
+
+def _any(mask):
+    return jnp.max(mask.astype(jnp.int32)) > 0
+
+
+def _hidden_kernel(idx_ref, kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1v_ref,
+                   h_ref, *, G, R, Ht, bk, prec, scratch):
     """h[c, rows, hidden tile] = SiLU(round(block + pos_emb) @ w1 + b1) for branch c (K, V) of the
     program (c, p, q): rows p*R.., hidden units q*Ht... Each program streams only its [l*D, Ht]
-    slice of w1, so the GEMM is spread over (rows x hidden tiles) programs."""
+    slice of w1, so the GEMM is spread over (rows x hidden tiles) programs. A tile with no
+    emitting row does nothing (its h is never read)."""
     c, p, q = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     BG, F = kb_ref.shape
     dt = kb_ref.dtype
     f32 = jnp.float32
-    okr = p * R + jnp.arange(R) < BG
+    okr, _, _, _, emits = _tile_rows(idx_ref, p, R, BG, G, scratch)
     ht = pl.ds(q * Ht, Ht)
 
     def branch(x_ref, pe_ref, w1_ref, b1_ref):
@@ -79,13 +100,14 @@ def _hidden_kernel(kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1
         h = (h.astype(f32) * sig.astype(f32)).astype(dt)
         store(h_ref.at[c, pl.ds(p * R, R), ht], h, okr[:, None])
 
-    _by_branch(c, branch, (kb_ref, pk_ref, w1k_ref, b1k_ref), (vb_ref, pv_ref, w1v_ref, b1v_ref))
+    pl.when(_any(emits))(lambda: _by_branch(c, branch, (kb_ref, pk_ref, w1k_ref, b1k_ref),
+                                            (vb_ref, pv_ref, w1v_ref, b1v_ref)))
 
 
 def _out_kernel(idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v_ref, kc_in, vc_in,
-                kc_ref, vc_ref, *, G, R, prec):
+                kc_ref, vc_ref, *, G, R, prec, scratch):
     """Branch c's output h @ w2 + b2 for rows p*R.. in its two rotation halves, the key rotated,
-    stored at each row's block index (``idx``) of the aliased cache."""
+    stored at each emitting row's block index (``idx``) of the aliased cache."""
     del kc_in, vc_in
     c, p = pl.program_id(0), pl.program_id(1)
     BG, H = h_ref.shape[1:]
@@ -93,15 +115,13 @@ def _out_kernel(idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v
     half = D // 2
     f32 = jnp.float32
     dt = h_ref.dtype
-    r = p * R + jnp.arange(R)
-    okr = r < BG
-    b, g = jnp.where(okr, r, 0) // G, jnp.where(okr, r, 0) % G
+    okr, b, g, i, emits = _tile_rows(idx_ref, p, R, BG, G, scratch)
     dh = jnp.arange(half)
-    bo = jnp.where(okr, b, kc_ref.shape[0])          # masked rows: out of bounds, dropped
-    i = load(idx_ref.at[b], okr)
-    h = load(h_ref.at[c, pl.ds(p * R, R), :], okr[:, None])
+    bo = jnp.where(emits, b, kc_ref.shape[0])        # rows not written: out of bounds, dropped
 
     def branch(w2_ref, b2_ref, out_ref, rotate):
+        h = load(h_ref.at[c, pl.ds(p * R, R), :], emits[:, None])
+
         def half_out(j):                                                   # φ's output columns
             o = dot(h, w2_ref[:, pl.ds(j * half, half)].astype(dt), precision=prec)
             o = o.astype(dt).astype(f32)
@@ -115,16 +135,19 @@ def _out_kernel(idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v
             lo, hi = rope_halves(lo, hi, cs, sn)
         for j, val in enumerate((lo, hi)):
             store(out_ref.at[bo[:, None], g[:, None], i[:, None], (j * half + dh)[None, :]],
-                  val.astype(out_ref.dtype), okr[:, None])
+                  val.astype(out_ref.dtype), emits[:, None])
 
-    _by_branch(c, branch, (w2k_ref, b2k_ref, kc_ref, True), (w2v_ref, b2v_ref, vc_ref, False))
+    pl.when(_any(emits))(lambda: _by_branch(c, branch, (w2k_ref, b2k_ref, kc_ref, True),
+                                            (w2v_ref, b2v_ref, vc_ref, False)))
 
 
 def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret: bool,
                 rows: int = ROW_TILE, h_tile: int = H_TILE, k_tile: int = K_TILE,
                 stages: int = STAGES, warps: int = 4):
     """Compressed caches ``k_cmp``, ``v_cmp`` [B,G,Tc,D] (updated in place) with φ_K(kb) rotated
-    by (cos, sin) and φ_V(vb) written at block index ``idx`` [B] of each row.
+    by (cos, sin) and φ_V(vb) written at block index ``idx`` [B] of each row; a row whose idx is
+    the caches' last slot (the decoder's scratch slot: no block ends at its position) is skipped
+    and its caches are left as they are.
 
     kb, vb [B,G,l,D]: each row's un-rotated block (token order, the cache-write kernel's ring
     readout); cos, sin [B, D/2] float32: the rotation at the block's last position; ``phi_k``,
@@ -143,20 +166,23 @@ def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret:
     bk = min(k_tile, next_pow2(F))
     prec = dot_precision(kb.dtype, interpret)
     f32 = jnp.float32
-    first = [kb.reshape(BG, F), vb.reshape(BG, F)]
+    idx = jnp.asarray(idx, jnp.int32)
+    scratch = k_cmp.shape[2] - 1
+    first = [idx, kb.reshape(BG, F), vb.reshape(BG, F)]
     for pe, w1, b1, _, _ in (phi_k, phi_v):
         first += [pe.astype(f32).reshape(F), w1, b1]
     h = pl.pallas_call(
-        functools.partial(_hidden_kernel, R=R, Ht=Ht, bk=bk, prec=prec),
+        functools.partial(_hidden_kernel, G=G, R=R, Ht=Ht, bk=bk, prec=prec, scratch=scratch),
         grid=(2, cdiv(BG, R), H // Ht),
         out_shape=jax.ShapeDtypeStruct((2, BG, H), kb.dtype),
         compiler_params=compiler_params(warps, stages), interpret=interpret,
         name="nsa_decode_phi_h",
     )(*first)
-    second = [jnp.asarray(idx, jnp.int32), cos.astype(f32), sin.astype(f32), h,
+    second = [idx, cos.astype(f32), sin.astype(f32), h,
               phi_k[3], phi_k[4], phi_v[3], phi_v[4], k_cmp, v_cmp]
     out = pl.pallas_call(
-        functools.partial(_out_kernel, G=G, R=R, prec=prec), grid=(2, cdiv(BG, R)),
+        functools.partial(_out_kernel, G=G, R=R, prec=prec, scratch=scratch),
+        grid=(2, cdiv(BG, R)),
         out_shape=[jax.ShapeDtypeStruct(k_cmp.shape, k_cmp.dtype),
                    jax.ShapeDtypeStruct(v_cmp.shape, v_cmp.dtype)],
         input_output_aliases={8: 0, 9: 1},

@@ -11,8 +11,11 @@ forms each selected block's dK/dV tile and adds it atomically to a float32 accum
 Packed documents (``seg``): ids are document-relative, block j of the query at t is the keys
 [p, p + l'), p = start(t) + j*l' (an unaligned ``pl.ds`` load), kept where s <= t.
 
-Tiles of several queries per program, loading once the blocks all of them selected, were
-measured and dropped: no faster at the bench shape (bench/NOTES.md, thirteenth session).
+The loop walks (block, sub-tile) steps of ``BlockSizes.sel_q_keys`` keys: one K/V sub-tile per
+step, so Triton's pipeline of ``sel_stages`` stages keeps stages - 1 sub-tile loads in flight
+per program. Tiles of several queries per program, loading once the blocks all of them
+selected, were measured and dropped: no faster at the bench shape (bench/NOTES.md, thirteenth
+session).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from jax.experimental.pallas import triton as plgpu
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, compiler_params,
-                                   dot, dot_precision, dscores, load, next_pow2, probs,
+                                   dot, dot_precision, dscores, idiv, load, next_pow2, probs,
                                    sel_sub_tiles, softmax_finish, softmax_init, softmax_step,
                                    store)
 
@@ -49,7 +52,16 @@ def _query_rows(q_ref, h: int):
     return (t, g, b), row_ok, head, dk_, q
 
 
-def _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub: int, bk: int, l_sel: int, c, prec):
+def _step_block(idx_ref, b, t, g, i, n_sub: int, l_sel: int, start):
+    """Step i of the (block, sub-tile) loop -> (block id j (-1 = unused slot), the block's first
+    key, sub-tile index)."""
+    si, sub = (i, 0) if n_sub == 1 else (idiv(i, n_sub), lax.rem(i, jnp.int32(n_sub)))
+    j = idx_ref[b, t, g, si]
+    base = jnp.maximum(j, 0) * l_sel
+    return j, base if start is None else start + base, sub
+
+
+def _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk: int, l_sel: int, c, prec):
     """Sub-tile ``sub`` of the block starting at key ``base`` for the query at t -> (key mask
     [bk]: valid, inside the block, s <= t; k, v [bk, D] (0 where masked); scaled logits
     [hp, bk], unmasked)."""
@@ -73,22 +85,16 @@ def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub,
     c = scale * LOG2E
     start = st_ref[b, t] if packed else None
 
-    def block(si, carry):
+    def step(i, carry):
         m, l, acc = carry
-        j = idx_ref[b, t, g, si]
-        valid = j >= 0
-        base = jnp.maximum(j, 0) * l_sel
-        if packed:
-            base = start + base
-        for sub in range(n_sub):
-            kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk, l_sel, c,
-                                       prec)
-            s = jnp.where(kmask[None, :], s, NEG_INF)
-            m, alpha, p, l = softmax_step(m, l, s)
-            acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
-        return m, l, acc
+        j, base, sub = _step_block(idx_ref, b, t, g, i, n_sub, l_sel, start)
+        kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, t, base, j >= 0, sub, bk, l_sel, c,
+                                   prec)
+        s = jnp.where(kmask[None, :], s, NEG_INF)
+        m, alpha, p, l = softmax_step(m, l, s)
+        return m, l, acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
 
-    m, l, acc = lax.fori_loop(0, n_sel, block, softmax_init(hp, Dv))
+    m, l, acc = lax.fori_loop(0, n_sel * n_sub, step, softmax_init(hp, Dv))
     l_safe, lse = softmax_finish(m, l)
     o = acc / l_safe[:, None]
     head_st = jnp.where(row_ok, head, o_ref.shape[2])  # masked rows -> out of bounds
@@ -103,7 +109,7 @@ def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, inte
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     h = Hq // G
-    bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_keys)
+    bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_q_keys)
     kernel = functools.partial(_fwd_kernel, h=h, n_sel=idx.shape[-1], l_sel=cfg.sel_block,
                                bk=bk, n_sub=n_sub, scale=scale,
                                prec=dot_precision(q.dtype, interpret, choices),
@@ -137,29 +143,25 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
     c = scale * LOG2E
     start = st_ref[b, t] if packed else None
 
-    def block(si, dq):
-        j = idx_ref[b, t, g, si]
-        base = jnp.maximum(j, 0) * l_sel
-        if packed:
-            base = start + base
+    def step(i, dq):
+        j, base, sub = _step_block(idx_ref, b, t, g, i, n_sub, l_sel, start)
         # a block starting past t has no visible key; its (zero) atomic tiles go to 0, not past
         # the accumulator (a caller's block_idx may name one)
         valid = (j >= 0) & (base <= t)
         base = jnp.where(valid, base, 0)
-        for sub in range(n_sub):
-            kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk, l_sel, c,
-                                       prec)
-            p = probs(s, kmask[None, :], lse)
-            ds = dscores(p, do, v, gs, delta, prec)
-            dq = dq + dot(ds.astype(cdt), k, precision=prec)
-            if atomic:
-                dv_t = dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-                dk_t = dot(ds.astype(cdt), q, trans_a=True, precision=prec) * scale
-                plgpu.atomic_add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)), dk_t)
-                plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv_t)
+        kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk, l_sel, c,
+                                   prec)
+        p = probs(s, kmask[None, :], lse)
+        ds = dscores(p, do, v, gs, delta, prec)
+        dq = dq + dot(ds.astype(cdt), k, precision=prec)
+        if atomic:
+            dv_t = dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
+            dk_t = dot(ds.astype(cdt), q, trans_a=True, precision=prec) * scale
+            plgpu.atomic_add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)), dk_t)
+            plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv_t)
         return dq
 
-    dq = lax.fori_loop(0, n_sel, block, jnp.zeros((hp, Dk), jnp.float32))
+    dq = lax.fori_loop(0, n_sel * n_sub, step, jnp.zeros((hp, Dk), jnp.float32))
     head_st = jnp.where(row_ok, head, dq_ref.shape[2])
     store(dq_ref.at[b, t, head_st[:, None], dk_[None, :]], dq * scale, row_ok[:, None])
 
@@ -171,7 +173,7 @@ def sel_dq(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, bs: BlockSizes, pre
     -> (dq, dk_acc, dv_acc) with every selected block's dK/dV tiles added."""
     B, T, Hq, Dk = q.shape
     G = k.shape[2]
-    bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_keys)
+    bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_q_keys)
     segs = () if seg is None else (seg.start,)
     kern = functools.partial(_bwd_q_kernel, h=Hq // G, n_sel=idx.shape[-1], l_sel=cfg.sel_block,
                              bk=bk, n_sub=n_sub, scale=scale, prec=prec, atomic=acc is not None,
