@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
-# One device call (fourteenth session): GPU decode tests (φ emission skipping the rows no block ends at);
-# the query-major selection kernels walking (block, sub-tile) steps of BlockSizes.sel_q_keys keys with
-# deeper pipelines, bench shape T = 64k (bench/kernels.py --sweep; the first variant is the tree
-# before's kernel: one 64-key step per block); the decode loop at 128k/B=64 and 64k/B=8 before ($1: a
-# tree without the φ skip, run with this tree's bench/decode.py) and now, rows aligned and --ragged.
-# JSON and logs under $OUT.
+# One device call (fourteenth session, issue 14): GPU decode tests (φ emission skipping the rows no block
+# ends at); the decode loop at 128k/B=64 and 64k/B=8 before ($1: a tree without the φ skip, run with this
+# tree's bench/decode.py) and now, rows aligned and --ragged. JSON and logs under $OUT.
 set -u
 OLD=$1
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; rc=0
@@ -13,17 +10,7 @@ cp bench/decode.py "$OLD/bench/decode.py"
 PYTHONPATH=. timeout 150 python3 -m pytest -q -p no:xdist -m gpu -rfE tests/test_decode.py \
   > "$OUT/tests.log" 2>&1 || rc=1
 grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/tests.log"
-PYTHONPATH=.:bench timeout 240 python3 -c "
-import kernels as k
-v = [{}, {'sel_q_keys': 32, 'sel_stages': 2}, {'sel_q_keys': 32, 'sel_stages': 3},
-     {'sel_q_keys': 32, 'sel_stages': 4}, {'sel_q_keys': 32, 'sel_stages': 3, 'sel_warps': 1},
-     {'sel_q_keys': 32, 'sel_stages': 4, 'sel_warps': 4}, {'sel_q_keys': 16, 'sel_stages': 4},
-     {'sel_q_keys': 16, 'sel_stages': 6}, {'sel_q_keys': 16, 'sel_stages': 4, 'sel_warps': 1}]
-k.SWEEP = {'sel_fwd': v, 'sel_bwd': v}
-k.main(['--shapes', 'bench', '--sweep', '65536', '--reps', '20', '--out', '$OUT/sweep.json'])" \
-  > "$OUT/sweep.log" 2>&1 || rc=1
-grep -E "sel_(fwd|bwd) " "$OUT/sweep.log"
-run() {  # run TAG TREE CONTEXT BATCH [--ragged] MODELS...
+run() {  # run TAG TREE CONTEXT BATCH MODELS... [--ragged]
   local tag=$1 tree=$2 n=$3 b=$4; shift 4
   (cd "$tree" && PYTHONPATH=. timeout 100 python3 bench/decode.py --models "$@" --contexts $n \
     --batches $b --reps 20 --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1) || rc=1
@@ -31,8 +18,8 @@ run() {  # run TAG TREE CONTEXT BATCH [--ragged] MODELS...
 }
 run old_128k "$OLD" 131072 64 nsa_125m
 run new_128k . 131072 64 nsa_125m dense_125m
-run old_128k_ragged "$OLD" 131072 64 --ragged nsa_125m
-run new_128k_ragged . 131072 64 --ragged nsa_125m
+run old_128k_ragged "$OLD" 131072 64 nsa_125m --ragged
+run new_128k_ragged . 131072 64 nsa_125m --ragged
 run old_64k "$OLD" 65536 8 nsa_125m
 run new_64k . 65536 8 nsa_125m dense_125m
 exit $rc

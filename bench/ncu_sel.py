@@ -1,0 +1,54 @@
+"""One query-major selection forward at the bench shape, for Nsight Compute (GPU).
+
+    ncu --clock-control none -k regex:nsa_sel_fwd -c 1 --section SpeedOfLight ... \
+        python3 bench/ncu_sel.py [--T 65536] [--set sel_q_keys=32 sel_stages=4]
+
+Builds the bench's inputs (random q, K, V, bf16, B=1, Hq=64, G=4, D=128, our own top-16 blocks,
+as ``bench/kernels.py --sweep`` does), runs the forward once to compile and once more, so a
+profiler filtering on the kernel's name (``nsa_sel_fwd``) sees a warm launch; ``--set`` takes
+``BlockSizes`` fields (name=value, ints).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+import jax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kernels import CFG, INTERP, SHAPES, make_inputs  # noqa: E402
+
+from nsa_jax.pallas import BlockSizes  # noqa: E402
+from nsa_jax.pallas.compressed import cmp_forward  # noqa: E402
+from nsa_jax.pallas.scoring import cmp_block_scores  # noqa: E402
+from nsa_jax.pallas.selection import sel_forward  # noqa: E402
+from nsa_jax.pallas.topn import topn_pallas  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--T", type=int, default=65536)
+    ap.add_argument("--shape", default="bench", choices=sorted(SHAPES))
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=INT")
+    a = ap.parse_args(argv)
+    Hq, G, D = SHAPES[a.shape]
+    base = BlockSizes.for_shape(Hq // G, D)
+    bs = dataclasses.replace(base, **{k: int(v) for k, v in (s.split("=", 1) for s in a.set)})
+    scale = 1.0 / math.sqrt(D)
+    x = make_inputs(0, a.T, Hq, G, D)
+    _, lse = cmp_forward(x[0], x[1], x[2], CFG, base, scale, INTERP)
+    idx = topn_pallas(cmp_block_scores(x[0], x[1], lse, CFG, base, scale, INTERP), CFG, INTERP)
+    fwd = jax.jit(lambda q, k, v, i: sel_forward(q, k, v, i, CFG, bs, scale, INTERP))
+    for _ in range(2):
+        jax.block_until_ready(fwd(x[0], x[3], x[4], idx))
+    print(f"ran nsa_sel_fwd twice: {a.shape} T={a.T} {a.set}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
