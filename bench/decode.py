@@ -30,7 +30,8 @@ skips its work on d - 1 steps of d). Recorded per point:
   cache-shaped buffers in the optimised HLO (0 when the donated caches are updated in place).
 
 ``--profile N:B ...`` traces 5 steps of those points with ``jax.profiler`` and sums device time
-per kernel and category (``bench/profile_step.py``'s summariser). XLA flags (e.g. CUDA-graph
+per kernel and category (``bench/profile_step.py``'s summariser), and the same per token of one
+decode-loop call (``loop_profile``: busy time, and the device span with the gaps between kernels). XLA flags (e.g. CUDA-graph
 command buffers on/off) come from the environment's ``XLA_FLAGS``, recorded in the JSON.
 ``--smoke`` shrinks the models and contexts so the script runs on the CPU (not a measurement).
 """
@@ -176,7 +177,21 @@ def profile(graphdef, state, cache, B, steps=5) -> dict:
             for _ in range(steps):
                 logits, cache = step_jit(graphdef, state, cache, tok)
             jax.block_until_ready(logits)
-        return summarise(load_trace(d), steps, top=60)
+        return summarise(load_trace(d), steps, top=60), cache
+
+
+def profile_loop(graphdef, state, cache, B, vocab) -> dict:
+    """``profile`` of one decode-loop call of LOOP_K tokens (already compiled by ``loop_time``),
+    per token: every step's share of emissions, and the device span with the gaps."""
+    from profile_step import load_trace, summarise
+    logits = jnp.zeros((B, vocab), jnp.float32)
+    key, done = jax.random.PRNGKey(1), jnp.zeros((B,), bool)
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            ids, logits, cache, key, done = decode_loop_jit(graphdef, state, cache, logits, key,
+                                                            done, steps=LOOP_K, temperature=0.0)
+            jax.block_until_ready((ids, logits))
+        return summarise(load_trace(d), LOOP_K, top=60), cache
 
 
 def main(argv=None) -> int:
@@ -251,7 +266,9 @@ def main(argv=None) -> int:
                     stream_s, cache = stream_time(graphdef, state, cache, B)
                     loop_s, cache = loop_time(graphdef, state, cache, B, cfg.model.vocab_size)
                     if (N, B) in prof:
-                        pt["profile"] = profile(graphdef, state, cache, B)
+                        pt["profile"], cache = profile(graphdef, state, cache, B)
+                        pt["loop_profile"], cache = profile_loop(graphdef, state, cache, B,
+                                                                 cfg.model.vocab_size)
                     del cache
                 except Exception as e:  # noqa: BLE001 - e.g. out of memory: record and go on
                     msg = " ".join(str(e).split())[:300]
@@ -278,6 +295,11 @@ def main(argv=None) -> int:
                       + (f"  hlo copies {pt['hlo']['cache_copies']} temp "
                          f"{pt['hlo']['temp_bytes'] / 1e6:.1f} MB" if "hlo" in pt else ""),
                       flush=True)
+                if "loop_profile" in pt:
+                    lp = pt["loop_profile"]
+                    print(f"{'':10s} loop profile: busy {lp['device_busy_ms_per_step']:.3f} ms, "
+                          f"span {lp['device_span_ms_per_step']:.3f} ms, "
+                          f"{lp['n_kernels_per_step']:.0f} kernels per token", flush=True)
                 save()
     result["speedup_nsa_vs_dense"] = speedups(result["points"])
     save()

@@ -379,12 +379,15 @@ def sweep(shape, T, reps, log, groups=None):
             continue
         for var in variants:
             bs, ch = _split_variant(base, var)
+            # the selection pair the op would run with these choices (default at h = 16, T
+            # past sel_tiled_max_t: the per-query forward and sel_backward)
+            s_fwd, s_bwd = selection_kernels(ch, T, Hq // G, sets[0][0].dtype)
             if group == "sel_fwd":
-                fn = jax.jit(lambda q, k, v, i, bs=bs: sel_forward(q, k, v, i, CFG, bs, scale,
-                                                                   INTERP))
+                fn = jax.jit(lambda q, k, v, i, bs=bs, ch=ch, f=s_fwd: f(
+                    q, k, v, i, CFG, bs, scale, INTERP, choices=ch))
                 argsets = [(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)]
             elif group == "sel_bwd":
-                fn = jax.jit(lambda q, k, v, i, o, lse, do, gs, bs=bs, ch=ch: sel_backward(
+                fn = jax.jit(lambda q, k, v, i, o, lse, do, gs, bs=bs, ch=ch, f=s_bwd: f(
                     q, k, v, i, o, lse, do, gs, CFG, bs, scale, INTERP, choices=ch))
                 argsets = [(a[0], a[3], a[4], i, o, lse, a[8], a[7][..., 1])
                            for a, i, (o, lse) in zip(sets, idxs, fw)]

@@ -81,6 +81,7 @@ def summarise(trace: dict, steps: int, top: int) -> dict:
     ops, kernels = collections.Counter(), collections.Counter()
     op_n, k_n = collections.Counter(), collections.Counter()
     lines = collections.Counter()
+    first, last = float("inf"), float("-inf")
     for e in events:
         if e.get("ph") != "X" or e.get("pid") not in use or "dur" not in e:
             continue
@@ -92,6 +93,7 @@ def summarise(trace: dict, steps: int, top: int) -> dict:
         elif "Stream" in thread or not gpu:
             kernels[e["name"]] += e["dur"]
             k_n[e["name"]] += 1
+            first, last = min(first, e["ts"]), max(last, e["ts"] + e["dur"])
     if not ops:            # no op line (CPU, or an older profiler): the kernels are the ops
         ops, op_n = kernels, k_n
     busy = sum(kernels.values()) or sum(ops.values()) or 1.0
@@ -105,7 +107,10 @@ def summarise(trace: dict, steps: int, top: int) -> dict:
     cats = collections.Counter()
     for n, us in (kernels or ops).items():
         cats[category(n)] += us
+    span = last - first if last > first else busy
     return {"device_busy_ms_per_step": busy / 1e3 / steps,
+            # first kernel's start to last kernel's end: busy time plus the gaps between kernels
+            "device_span_ms_per_step": span / 1e3 / steps,
             "by_category": {c: {"ms_per_step": us / 1e3 / steps, "share": us / busy}
                             for c, us in cats.most_common()},
             "top_ops": table(ops, op_n), "top_kernels": table(kernels, k_n),
@@ -138,7 +143,7 @@ def print_summary(r: dict, top: int) -> None:
           f" ms/step under the profiler), {r['n_kernels_per_step']:.0f} kernels/step")
     for c, v in r["by_category"].items():
         print(f"  {c:<30} {v['ms_per_step']:>9.2f} ms {v['share']:>6.1%}")
-    print(f"  top ops:")
+    print("  top ops:")
     for o in r["top_ops"][:top]:
         print(f"  {o['ms_per_step']:>9.2f} ms {o['share']:>6.1%} x{o['calls_per_step']:<5.0f} "
               f"{o['category'][:12]:<12} {o['name'][:90]}")
