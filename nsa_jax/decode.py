@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nsa_jax.decode_loop import decode_loop_jit, prefill_jit, put_rows_jit, step_jit
+from nsa_jax.decode_loop import (StaticGraph, decode_loop_jit, prefill_jit, put_rows_jit,
+                                step_jit)
 from nsa_jax.nsa import NSAConfig
 
 Cache = dict[str, Any]
@@ -121,8 +122,10 @@ def inference_state(model):
 
     Parameters are cast where they are used anyway, so the logits do not change; the exception is
     φ (``phi_k``/``phi_v``), which folds its position embedding into its bias in float32, so its
-    parameters stay float32."""
+    parameters stay float32. The graph comes as a :class:`~nsa_jax.decode_loop.StaticGraph`
+    (hashed once: the jitted calls take it as a static argument)."""
     graphdef, state = nnx.split(model)
+    graphdef = StaticGraph(graphdef)
     dt = model.dtype
     if dt == jnp.float32:
         return graphdef, state
@@ -162,7 +165,8 @@ def step_state(model, state):
     copy = nnx.merge(nnx.graphdef(model), state)
     for mod in [m for _, m in nnx.iter_modules(copy) if hasattr(m, "fuse_step_weights")]:
         mod.fuse_step_weights()
-    return nnx.split(copy)
+    graphdef, state = nnx.split(copy)
+    return StaticGraph(graphdef), state
 
 
 _EXECS: dict = {}      # AOT-compiled prefill and decode calls, shared by Decoders of one model

@@ -193,40 +193,6 @@ def test_parity_query_major_sub_tile_steps(sel_bwd):
     _assert_parity(args, cot, cfg, block_sizes=bs, choices=ch)
 
 
-@pytest.mark.parametrize("h,G,T,n_local", [(2, 2, 150, 1), (16, 1, 75, 1), (6, 1, 150, 2)])
-def test_parity_forced_blocks_tiled(h, G, T, n_local):
-    """KernelChoices(sel_forced="tiled"): the forced blocks (initial and local) of each
-    selection through the tiled kernels, the rest through the per-query ones starting from that
-    partial result; dQ summed over both, dK/dV from the inverted index (values and all 8
-    gradients). T = 150 has queries past n*l' (real choices), T = 75 a partial last block."""
-    cfg = dataclasses.replace(TINY, n_local=n_local)
-    args, cot = _inputs(40 + h, 1, T, h * G, G, cfg)
-    ch = KernelChoices(sel_impl="gather", sel_fwd="query", sel_dq="query", sel_forced="tiled")
-    _assert_parity(args, cot, cfg, choices=ch, block_sizes=BlockSizes(sel_tile_q=16))
-
-
-def test_forced_split_partitions_each_selection():
-    """``selection_forced.split_forced``: every slot's id lands in exactly one part, the forced
-    part holding just the initial blocks and the query's n_local most recent ones (here
-    n_init = n_local = 1: block 0 and the query's own)."""
-    from nsa_jax.pallas.selection_forced import split_forced
-    T = 150
-    args, _ = _inputs(3, 1, T, 4, 2, TINY)
-    idx = ref.select_blocks(args[0], args[1], TINY)
-    f, o = split_forced(idx, TINY)
-    idx, f, o = (np.asarray(x) for x in (idx, f, o))
-    assert ((f == -1) | (o == -1)).all()
-    np.testing.assert_array_equal(np.maximum(f, o), idx)
-    assert (TINY.n_init, TINY.n_local) == (1, 1)
-    cur = (np.arange(T) // TINY.sel_block)[None, :, None, None]
-    assert ((f == 0) | (f == cur) | (f == -1)).all()
-    # the top-n forces them: both are in every row's forced part
-    for j in (np.zeros_like(cur), cur):
-        want = np.broadcast_to(j >= 0, f.shape[:3] + (1,))[..., 0]
-        assert ((f == j).any(-1) == want).all()
-    assert (o >= 0).any()
-
-
 def test_parity_head_dims_not_powers_of_two():
     args, cot = _inputs(7, 1, 45, 2, 1, TINY, Dk=24, Dv=40)
     _assert_parity(args, cot, TINY)

@@ -99,15 +99,6 @@ def test_bf16_matches_f32_reference(shape, T, **kw):
     assert not bad, f"relative RMSE above 5e-3: {bad}"
 
 
-@pytest.mark.parametrize("shape,T", [("bench", 8192), ("125m", 1027)])
-def test_forced_split_bf16_matches_f32_reference(shape, T):
-    """KernelChoices(sel_forced="tiled"): the forced blocks through the tiled kernels, the rest
-    through the per-query ones (``pallas/selection_forced.py``)."""
-    test_bf16_matches_f32_reference(shape, T, choices=KernelChoices(
-        cmp_attn="pallas", sel_impl="gather", sel_fwd="query", sel_dq="query",
-        sel_forced="tiled"))
-
-
 @pytest.mark.parametrize("shape,T", [("125m", 2048), ("125m", 1027), ("bench", 1027)])
 def test_sel_fwd_block_bf16_matches_f32_reference(shape, T):
     """The block-major selection kernels (KernelChoices.sel_fwd="block" and sel_dq="block",

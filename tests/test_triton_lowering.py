@@ -109,18 +109,6 @@ def test_query_major_sub_tile_steps_lower_to_triton(monkeypatch):
     assert {"nsa_sel_fwd", "nsa_sel_bwd_dq"} <= names, names
 
 
-def test_forced_blocks_split_lowers_to_triton(monkeypatch):
-    """KernelChoices(sel_forced="tiled"): the tiled forward and dQ for the forced blocks, the
-    per-query forward (started from their partial result) and dQ for the rest, the inverted
-    dK/dV (float32: the unpacked window branch is cuDNN's in bf16, not lowerable here)."""
-    kw = {"choices": KernelChoices(sel_impl="gather", sel_fwd="query", sel_dq="query",
-                                   sel_forced="tiled", cmp_attn="pallas")}
-    compiled_kernels(monkeypatch)
-    names = triton_kernels(_fwd_bwd(**kw), *_nsa_args(jnp.float32))
-    assert {"nsa_sel_tiled_fwd", "nsa_sel_fwd", "nsa_sel_tiled_bwd_dq", "nsa_sel_bwd_dq",
-            "nsa_sel_bwd_dkv"} <= names, names
-
-
 @pytest.mark.parametrize("layout,sel_block", [("rows", 64), ("loop", 64), ("loop", 48)])
 def test_scoring_layouts_lower_to_triton(monkeypatch, layout, sel_block):
     """Both scoring tile layouts (``KernelChoices.score_heads``), the loop one on the fast path

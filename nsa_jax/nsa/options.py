@@ -12,7 +12,6 @@ SEL_IMPLS = ("auto", "gather", "tiled")
 SEL_BWDS = ("inverted", "atomic")
 SEL_FWDS = ("auto", "query", "block")
 SEL_DQS = ("auto", "query", "block")
-SEL_FORCEDS = ("gather", "tiled")
 SEL_FWD_BLOCK_MAX_H = 8   # sel_fwd "auto": block-major forward for groups of at most 8 heads
 SCORE_DOTS = ("ieee", "tf32x3")
 SCORE_HEADS = ("auto", "rows", "loop")
@@ -46,13 +45,6 @@ class KernelChoices:
                         sel_fwd's "auto" rule, so both share one index, and sel_bwd is
                         "inverted"; query otherwise). On an H200 at h = 6, bf16: NSA fwd+bwd
                         20.42 -> 18.56 ms at 64k, even at 8k.
-    sel_forced:         where the forced blocks of a selection (the n_init initial ones and the
-                        query's n_local most recent ones) are attended when the gather forward
-                        and dQ are the per-query kernels ("query"), unpacked rows: "gather"
-                        (with the other blocks, one query at a time) or "tiled" (by the tiled
-                        kernels, which load a block once per tile of queries; the per-query
-                        kernels start from their partial result and skip those slots;
-                        ``nsa_jax/pallas/selection_forced.py``). dK/dV are unchanged.
     sel_partial_mib:    largest per-slot partial buffer, in MiB, of one block-major selection
                         pass (sel_fwd / sel_dq "block": the forward's o_i and the fused
                         backward's dQ_i, B*T*n*Hq*D values in the stored dtype). More slots run
@@ -100,7 +92,6 @@ class KernelChoices:
     sel_bwd: str = "inverted"
     sel_fwd: str = "auto"
     sel_dq: str = "auto"
-    sel_forced: str = "gather"
     sel_partial_mib: float = 1024.0
     cmp_bwd_split: int = 16
     score_dot: str = "ieee"
@@ -120,8 +111,6 @@ class KernelChoices:
             fail("sel_fwd", f"one of {list(SEL_FWDS)}, got {self.sel_fwd!r}")
         if self.sel_dq not in SEL_DQS:
             fail("sel_dq", f"one of {list(SEL_DQS)}, got {self.sel_dq!r}")
-        if self.sel_forced not in SEL_FORCEDS:
-            fail("sel_forced", f"one of {list(SEL_FORCEDS)}, got {self.sel_forced!r}")
         if self.sel_dq == "block" and self.sel_bwd == "atomic":
             fail("sel_dq", "'block' forms dQ in the inverted dK/dV kernel; it needs "
                  "kernel.sel_bwd: inverted, got 'atomic'")

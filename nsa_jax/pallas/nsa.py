@@ -39,7 +39,6 @@ from nsa_jax.pallas.compressed import cmp_backward, cmp_forward
 from nsa_jax.pallas.scoring import cmp_block_scores
 from nsa_jax.pallas.selection import atomic_mode, sel_backward, sel_forward
 from nsa_jax.pallas.selection_block import sel_backward_block, sel_forward_block
-from nsa_jax.pallas.selection_forced import sel_backward_forced, sel_forward_forced
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
 from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention, xla_precision
@@ -88,7 +87,7 @@ def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | Non
 
 
 def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = None,
-                      dtype=None, packed: bool = False):
+                      dtype=None):
     """(forward, backward) of the selection branch by ``choices.sel_impl``: "auto" takes the
     tiled (block-sparse flash) kernels up to ``choices.sel_tiled_max_t`` tokens, the gather ones
     above, for unpacked and packed rows alike. Both share one contract: ``fwd(q, k, v, idx, cfg,
@@ -101,9 +100,7 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
     ``selection`` module docstring; measured in bench/NOTES.md, eighth session). The gather
     backward's dQ follows ``choices.sel_dq``: "auto" takes the fused block-major backward (``sel_backward_block``) where the forward
     resolved to "block" under the same rule and ``sel_bwd`` is "inverted" (the two share one
-    index), else the per-query dQ kernel (``sel_backward``). Where both are the per-query
-    kernels, ``sel_forced = "tiled"`` and ``sel_bwd = "inverted"``, unpacked rows (``packed``
-    False) take ``selection_forced``'s pair."""
+    index), else the per-query dQ kernel (``sel_backward``)."""
     ch = choices_or_default(choices)
     tiled = ch.sel_impl == "tiled" or (ch.sel_impl == "auto" and T <= ch.sel_tiled_max_t)
     if tiled:
@@ -113,9 +110,6 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
     block = ch.sel_fwd == "block" or (ch.sel_fwd == "auto" and small)
     block_dq = ch.sel_dq == "block" or (ch.sel_dq == "auto" and block and small
                                         and not atomic_mode(ch))
-    if (not block and not block_dq and ch.sel_forced == "tiled" and not packed
-            and not atomic_mode(ch)):
-        return sel_forward_forced, sel_backward_forced
     return ((sel_forward_block if block else sel_forward),
             (sel_backward_block if block_dq else sel_backward))
 
@@ -210,7 +204,7 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
                                                choices=st.choices, seg=seg), cfg, interpret,
                               None if seg is None else seg.rel, bs)
         sel_fwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
-                                    q.dtype, packed=seg is not None)[0]
+                                    q.dtype)[0]
         kw = {"return_index": True} if sel_fwd is sel_forward_block else {}
         o_s, lse_s, *index = sel_fwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, cfg, bs,
                                      scale, interpret, choices=st.choices, seg=seg, **kw)
@@ -258,7 +252,7 @@ def _nsa_bwd(st: _Static, resid, dout):
         idx, o_s, lse_s, index = res["slc"]
         dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
         sel_bwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
-                                    q.dtype, packed=seg is not None)[1]
+                                    q.dtype)[1]
         kw = {}
         if index and sel_bwd is sel_backward_block:
             kw = {"index": index[0]}           # the forward's indices, one per slot pass

@@ -291,13 +291,12 @@ def dkv_rows(T: int, Ts: int, l_sel: int, bk: int, n_sub: int, packed: bool) -> 
 
 def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, scale: float,
                  interpret: bool, *, choices: KernelChoices | None = None, seg=None,
-                 index=None, dq_idx=None):
+                 index=None):
     """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
     dK/dV by ``choices.sel_bwd`` ("inverted" or "atomic"). ``index``: the block -> query index
     of the forward (``selection_block.sel_forward_block(return_index=True)``: (meta, qt[, pt])
     with slot payloads t*n + slot), reused by the inverted dK/dV instead of
-    a second sort. ``dq_idx``: the part of the selection whose dQ the per-query kernel forms
-    (default all of idx; ``selection_forced`` forms the rest's; "inverted" only).
+    a second sort.
 
     ``do`` [B,T,Hq,Dv] is the cotangent as it arrives (bf16 stays bf16: it feeds the dots
     unrounded) and ``gs`` [B,T,Hq] float32 a per-row scale (the branch gate; None = 1) applied in
@@ -315,14 +314,11 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     gs, delta = grad_scales(o, do, gs)
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
     atomic = atomic_mode(choices)
-    if atomic and dq_idx is not None:
-        raise ValueError("sel_backward: dq_idx needs sel_bwd='inverted'")
     if atomic:
         dq, dk, dv = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret,
                             seg=seg, acc=acc)
     else:
-        dq = sel_dq(q, k, v, idx if dq_idx is None else dq_idx, do, gs, lse, delta, cfg, bs,
-                    prec, scale, interpret, seg=seg)
+        dq = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret, seg=seg)
         rows, chunk = item_tiles(bs, h)
         n_slots = 0
         if index is not None:

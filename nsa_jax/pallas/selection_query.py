@@ -73,22 +73,12 @@ def _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk: int, l_sel: int, c
 
 
 # ---- forward ---------------------------------------------------------------------------------
-def _init_state(o0_ref, lse0_ref, b, t, head, row_ok):
-    """The online-softmax state (m, l, acc) of a partial result (o0 normalised, base-2 lse0;
-    +inf = no key seen): m = lse0, l = 1, acc = o0 stand for the same keys' softmax."""
-    lse0 = load(lse0_ref.at[b, t, head], row_ok, POS_INF)
-    has = lse0 < POS_INF
-    dv_ = jnp.arange(o0_ref.shape[-1])
-    o0 = load(o0_ref.at[b, t, head[:, None], dv_[None, :]], row_ok[:, None] & has[:, None])
-    return jnp.where(has, lse0, NEG_INF), has.astype(jnp.float32), o0.astype(jnp.float32)
-
-
 def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub, scale, prec,
-                packed=False, init=False):
-    refs = list(refs)
-    st_ref = refs.pop(0) if packed else None
-    o0_ref, lse0_ref = (refs.pop(0), refs.pop(0)) if init else (None, None)
-    o_ref, lse_ref = refs
+                packed=False):
+    if packed:
+        st_ref, o_ref, lse_ref = refs
+    else:
+        o_ref, lse_ref = refs
     (t, g, b), row_ok, head, dk_, q = _query_rows(q_ref, h)
     hp, Dv = q.shape[0], v_ref.shape[-1]
     dv_ = jnp.arange(Dv)
@@ -104,9 +94,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub,
         m, alpha, p, l = softmax_step(m, l, s)
         return m, l, acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
 
-    state = (_init_state(o0_ref, lse0_ref, b, t, head, row_ok) if init
-             else softmax_init(hp, Dv))
-    m, l, acc = lax.fori_loop(0, n_sel * n_sub, step, state)
+    m, l, acc = lax.fori_loop(0, n_sel * n_sub, step, softmax_init(hp, Dv))
     l_safe, lse = softmax_finish(m, l)
     o = acc / l_safe[:, None]
     head_st = jnp.where(row_ok, head, o_ref.shape[2])  # masked rows -> out of bounds
@@ -115,11 +103,9 @@ def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub,
 
 
 def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool, *,
-                choices: KernelChoices | None = None, seg=None, init=None):
+                choices: KernelChoices | None = None, seg=None):
     """-> o float32 [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of scaled logits,
-    +inf for a row with no visible key). ``seg``: packed rows' layout (document-relative idx).
-    ``init`` (o0 [B,T,Hq,Dv], lse0 [B,T,Hq] float32, as returned here): a partial result over
-    other keys of the same rows (``selection_forced``) the online softmax starts from."""
+    +inf for a row with no visible key). ``seg``: packed rows' layout (document-relative idx)."""
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     h = Hq // G
@@ -127,14 +113,14 @@ def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, inte
     kernel = functools.partial(_fwd_kernel, h=h, n_sel=idx.shape[-1], l_sel=cfg.sel_block,
                                bk=bk, n_sub=n_sub, scale=scale,
                                prec=dot_precision(q.dtype, interpret, choices),
-                               packed=seg is not None, init=init is not None)
+                               packed=seg is not None)
     return pl.pallas_call(
         kernel, grid=(T, G, B),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
         compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
         interpret=interpret, name="nsa_sel_fwd",
-    )(q, k, v, idx, *(() if seg is None else (seg.start,)), *(init or ()))
+    )(q, k, v, idx, *(() if seg is None else (seg.start,)))
 
 
 # ---- backward: dQ (and dK/dV in "atomic" mode) -------------------------------------------------
