@@ -59,6 +59,12 @@ sys.path.insert(0, str(REPO / "bench"))
 from nsa_jax.config import load_config  # noqa: E402
 from nsa_jax.decode import (cache_bytes, decode_loop_jit, decode_reads, dense_reads,  # noqa: E402
                             inference_state, init_cache, step_jit, step_state)
+
+try:  # the steps' flat state (an older tree, timed with this script, has none)
+    from nsa_jax.decode import flat_state  # noqa: E402
+except ImportError:
+    def flat_state(graphdef, state):
+        return graphdef, state
 from nsa_jax.model import build_model, count_params  # noqa: E402
 
 MODELS = ("nsa_125m", "dense_125m")
@@ -235,7 +241,7 @@ def main(argv=None) -> int:
     for name in a.models:
         cfg, model = load_model(name, a.smoke, a.set)
         # what Decoder.step / Decoder.decode run with (the steps' own graph and state)
-        graphdef, state = step_state(model, inference_state(model)[1])
+        graphdef, state = flat_state(*step_state(model, inference_state(model)[1]))
         model_bytes = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(state))
         result["models"][name] = {"model": dataclasses.asdict(cfg.model),
                                   "nsa": cfg.to_dict()["nsa"], "exec": cfg.to_dict()["exec"],

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nsa_jax.decode_loop import (StaticGraph, decode_loop_jit, prefill_jit, put_rows_jit,
-                                step_jit)
+from nsa_jax.decode_loop import (StaticGraph, decode_loop_jit, flat_state, prefill_jit,
+                                put_rows_jit, step_jit)
 from nsa_jax.nsa import NSAConfig
 
 Cache = dict[str, Any]
@@ -201,6 +201,8 @@ class Decoder:
         self.graphdef, self.state = inference_state(model)
         # φ cast, the projections fused: the decode steps' own graph and state
         self.step_graphdef, self.step_state = step_state(model, self.state)
+        # what the step calls take: the graph with the state's structure, the state's arrays
+        self._step_g, self._step_leaves = flat_state(self.step_graphdef, self.step_state)
         self.model = model
         self.batch, self.max_len = batch, max_len
         self.cache = init_cache(model, batch, max_len)
@@ -334,7 +336,7 @@ class Decoder:
         self._check_prefilled("step")
         if self.pos >= self.max_len:
             raise DecodeError(f"cache full: max_len={self.max_len} tokens")
-        logits, self.cache = step_jit(self.step_graphdef, self.step_state, self.cache, tokens)
+        logits, self.cache = step_jit(self._step_g, self._step_leaves, self.cache, tokens)
         self.steps += 1
         return logits
 
@@ -379,9 +381,9 @@ class Decoder:
         run = self._compiled(
             ("decode", self.batch, logits.shape, key.shape, str(key.dtype),
              tuple(sorted(statics.items()))),
-            lambda: decode_loop_jit.lower(self.step_graphdef, self.step_state, self.cache,
+            lambda: decode_loop_jit.lower(self._step_g, self._step_leaves, self.cache,
                                           logits, key, done, **statics))
-        ids, logits, self.cache, key, done = run(self.step_state, self.cache, logits, key,
+        ids, logits, self.cache, key, done = run(self._step_leaves, self.cache, logits, key,
                                                  done)
         self.steps += fed
         return ids, logits, key, done

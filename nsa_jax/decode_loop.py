@@ -20,34 +20,50 @@ from nsa_jax.sampling import sample_ids
 
 
 class StaticGraph:
-    """An nnx ``GraphDef`` as a jit static argument, hashed once.
+    """An nnx ``GraphDef`` (and, from :func:`flat_state`, its state's tree structure) as a jit
+    static argument, hashed once.
 
     jit hashes its static arguments on every call, and nnx recomputes a GraphDef's hash from
-    its whole node tree each time: ~0.5 ms for a 2-layer model, several ms for nsa_125m, paid
-    per call of :func:`step_jit` / :func:`decode_loop_jit` (and per lookup of an AOT-compiled
-    call keyed by it) while the device waits for the launch. Equal wrapped graphs compare
-    equal, so the jit cache behaves as with the bare GraphDef.
+    its whole node tree each time: 2.6 ms per call for nsa_125m on a 2-core CPU, paid by every
+    :func:`step_jit` / :func:`decode_loop_jit` call (and every lookup of an AOT-compiled call
+    keyed by it) before the launch (bench/NOTES.md, fourteenth session). Equal wrapped graphs
+    compare equal, so the jit cache behaves as with the bare GraphDef.
     """
-    __slots__ = ("graphdef", "_hash")
+    __slots__ = ("graphdef", "treedef", "_hash")
 
-    def __init__(self, graphdef):
+    def __init__(self, graphdef, treedef=None):
         self.graphdef = graphdef.graphdef if isinstance(graphdef, StaticGraph) else graphdef
-        self._hash = hash(self.graphdef)
+        self.treedef = treedef
+        self._hash = hash((self.graphdef, treedef))
 
     def __hash__(self):
         return self._hash
 
     def __eq__(self, other):
         return self is other or (isinstance(other, StaticGraph) and self._hash == other._hash
-                                 and self.graphdef == other.graphdef)
+                                 and self.graphdef == other.graphdef
+                                 and self.treedef == other.treedef)
 
     def __repr__(self):
         return f"StaticGraph({self._hash:#x})"
 
 
+def flat_state(graphdef, state):
+    """-> (:class:`StaticGraph` carrying the state's tree structure, the state's arrays as a
+    list) for the jitted calls here: a flat list of arrays is flattened by jit in C++, an nnx
+    ``State`` in Python one ``Variable`` at a time (~0.6 ms per call for nsa_125m's 242)."""
+    leaves, treedef = jax.tree.flatten(state)
+    return StaticGraph(graphdef, treedef), leaves
+
+
 def _merge(graphdef, state):
-    """``nnx.merge`` of a bare or :class:`StaticGraph`-wrapped GraphDef."""
-    return nnx.merge(graphdef.graphdef if isinstance(graphdef, StaticGraph) else graphdef, state)
+    """``nnx.merge`` of a bare GraphDef and State, or of a :class:`StaticGraph` and its state
+    (flat when the graph carries the tree structure)."""
+    if isinstance(graphdef, StaticGraph):
+        if graphdef.treedef is not None:
+            state = jax.tree.unflatten(graphdef.treedef, state)
+        graphdef = graphdef.graphdef
+    return nnx.merge(graphdef, state)
 
 
 def _step(model, cache, tokens):

@@ -365,6 +365,40 @@ def test_step_state_casts_phi_and_changes_no_step():
         np.testing.assert_array_equal(np.asarray(dec.step(toks[:, t])), want, err_msg=f"t={t}")
 
 
+def test_static_graph_is_hashed_once_and_shares_the_jit_cache(monkeypatch):
+    """The steps' GraphDef goes to jit as ``decode_loop.StaticGraph``: its hash is computed once
+    (nnx walks the whole graph per hash, on every jitted call otherwise), two wrappers of one
+    graph (and one state structure) are equal and hit one jit cache entry, and the flat state
+    gives the structured state's logits bitwise."""
+    from flax.nnx import graphlib
+
+    from nsa_jax.decode import inference_state, step_jit, step_state
+    from nsa_jax.decode_loop import StaticGraph, flat_state
+    mcfg = ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_groups=2, head_dim=8,
+                       mlp_hidden=64, init_std=0.3)
+    model = build_model(mcfg, NSAConfig(**SMALL), 0)
+    gd, st = step_state(model, inference_state(model)[1])
+    assert isinstance(gd, StaticGraph)
+    g1, leaves = flat_state(gd, st)
+    g2, _ = flat_state(gd, st)
+    assert g1 == g2 and hash(g1) == hash(g2) and g1 != gd
+    assert isinstance(leaves, list) and all(isinstance(x, jax.Array) for x in leaves)
+    dec = Decoder(model, 2, 16)
+    dec.prefill(jnp.ones((2, 5), jnp.int32))
+    calls = []
+    orig = graphlib.GraphDef.__hash__
+    monkeypatch.setattr(graphlib.GraphDef, "__hash__", lambda self: calls.append(1) or orig(self))
+    tok = jnp.ones((2,), jnp.int32)
+    before = step_jit._cache_size()
+    a = step_jit(g1, leaves, jax.tree.map(jnp.copy, dec.cache), tok)[0]
+    b = step_jit(g2, leaves, jax.tree.map(jnp.copy, dec.cache), tok)[0]
+    c = step_jit(gd, st, jax.tree.map(jnp.copy, dec.cache), tok)[0]
+    assert step_jit._cache_size() - before <= 2     # g1 and g2 share one entry
+    assert not calls, "a GraphDef was hashed on a jitted call"
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+
+
 PALLAS_CASES = ATTN_CASES + [   # window over 3 programs of 16 slots; 3 key splits, one empty
     (8, 4, 16, 4, 40, 1, 2, 1, 80, 2, 3, ("cmp", "slc", "win")),
 ]
