@@ -62,7 +62,7 @@ def multi(path=RES / "train_throughput_h200x2.json") -> str:
     return f"{d['device']} (one host), jax {d['jax']}:\n\n" + "\n".join(rows)
 
 
-def decode(path=RES / "decode_h200.json") -> str:
+def decode(path=RES / "decode14" / "grid" / "decode_grid14_h200.json") -> str:
     """The README decode grid: ms per token in the 16-token decode loop (what ``generate`` runs),
     the synced single step, and the NSA loop's bytes (its floor) per second."""
     d = json.loads(path.read_text())
