@@ -6,15 +6,16 @@
         [--profile 65536:1 65536:8] [--hlo] [--ragged] [--smoke]
 
 For each model (configs/nsa_125m.yaml, configs/dense_125m.yaml: bf16, 12 layers, random
-parameters), batch B and context N: caches with room for every timed step (``max_len = N +
-warm-up + reps + 60 + 16 * 6`` tokens) are filled with random keys/values as after a prompt of
+parameters), batch B and context N: caches with room for every timed and profiled step
+(``max_len = N + warm-up + reps + 60 + 16 * 7`` tokens; checked before each profile) are filled with random keys/values as after a prompt of
 N-1 tokens (prefill is not timed), then the jitted decode step (:func:`nsa_jax.decode.step_jit`:
 one call for all layers, caches donated, bf16 inference weights from
 :func:`nsa_jax.decode.inference_state` and :func:`nsa_jax.decode.step_state`) is called
 repeatedly, one token per row; positions advance from N-1 (``--ragged``: row b from
-N-1 - (b mod d), so every step some rows of every tile end a compressed block, d = the stride;
-without it all rows end one together every d steps, the case where the step's φ emission
-skips its work on d - 1 steps of d). Recorded per point:
+N-1 - (b mod d), d = the stride: every step some rows end a compressed block, and with B >= 16
+rows (d of them per φ row tile of 32 (row, group) pairs at G = 2) every tile has one; without
+it all rows end one together every d steps, the case where the step's φ emission skips its
+work on d - 1 steps of d). Recorded per point:
 
 * ``step_ms``: median of ``--reps`` steps, each synchronised (block_until_ready on the logits),
   i.e. the latency a sampling loop sees; ``stream_ms``: per-step time of 10 steps issued back to
@@ -175,8 +176,17 @@ def loop_time(graphdef, state, cache, B, vocab):
     return statistics.median(per), cache
 
 
-def profile(graphdef, state, cache, B, steps=5) -> dict:
+def _room(cache, max_len: int, steps: int) -> None:
+    """Refuse to run ``steps`` more tokens past the caches' ``max_len`` (the Pallas cache
+    writes have no bounds check: a step there would write outside the cache)."""
+    last = int(jnp.max(cache["pos"])) + steps
+    if last > max_len:
+        raise RuntimeError(f"{steps} more steps reach position {last} > max_len={max_len}")
+
+
+def profile(graphdef, state, cache, B, max_len: int, steps=5) -> tuple[dict, dict]:
     from profile_step import load_trace, summarise
+    _room(cache, max_len, steps)
     tok = jnp.ones((B,), jnp.int32)
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
@@ -186,10 +196,11 @@ def profile(graphdef, state, cache, B, steps=5) -> dict:
         return summarise(load_trace(d), steps, top=60), cache
 
 
-def profile_loop(graphdef, state, cache, B, vocab) -> dict:
+def profile_loop(graphdef, state, cache, B, vocab, max_len: int) -> tuple[dict, dict]:
     """``profile`` of one decode-loop call of LOOP_K tokens (already compiled by ``loop_time``),
     per token: every step's share of emissions, and the device span with the gaps."""
     from profile_step import load_trace, summarise
+    _room(cache, max_len, LOOP_K)
     logits = jnp.zeros((B, vocab), jnp.float32)
     key, done = jax.random.PRNGKey(1), jnp.zeros((B,), bool)
     with tempfile.TemporaryDirectory() as d:
@@ -250,7 +261,9 @@ def main(argv=None) -> int:
         item = jnp.dtype(model.dtype).itemsize
         for N in contexts:
             for B in batches:
-                max_len = N + a.warmup + reps + 60 + LOOP_K * (LOOP_CALLS + 1)
+                # 1 compiling step, warm-up, reps, 5 x 10 streamed, the loop calls, 5 profiled
+                # steps and one profiled loop call
+                max_len = N + a.warmup + reps + 60 + LOOP_K * (LOOP_CALLS + 2)
                 pt = {"model": name, "attention": cfg.model.attention, "context": N, "batch": B}
                 est = (cfg.model.n_layers * B * 2 * cfg.model.n_kv_groups * max_len
                        * cfg.model.head_dim * item)
@@ -272,9 +285,9 @@ def main(argv=None) -> int:
                     stream_s, cache = stream_time(graphdef, state, cache, B)
                     loop_s, cache = loop_time(graphdef, state, cache, B, cfg.model.vocab_size)
                     if (N, B) in prof:
-                        pt["profile"], cache = profile(graphdef, state, cache, B)
+                        pt["profile"], cache = profile(graphdef, state, cache, B, max_len)
                         pt["loop_profile"], cache = profile_loop(graphdef, state, cache, B,
-                                                                 cfg.model.vocab_size)
+                                                                 cfg.model.vocab_size, max_len)
                     del cache
                 except Exception as e:  # noqa: BLE001 - e.g. out of memory: record and go on
                     msg = " ".join(str(e).split())[:300]

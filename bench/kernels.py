@@ -349,7 +349,7 @@ def print_sel_table(rows):
 
 SWEEP = {  # kernel group -> BlockSizes / KernelChoices variants (first = current default)
     "sel_fwd": [{}, {"sel_warps": 1}, {"sel_warps": 4}, {"sel_stages": 1}, {"sel_stages": 3},
-                {"sel_keys": 32}],
+                {"sel_q_keys": 32}],
     "sel_bwd": [{}, {"sel_warps": 1}, {"sel_warps": 4}, {"sel_stages": 3}, {"sel_rows": 64}],
     "cmp_bwd": [{}, {"cmp_bwd_split": 2}, {"cmp_bwd_split": 4}, {"cmp_bwd_split": 8}],
     "cmp_scores": [{}, {"score_warps": 2}],

@@ -5,10 +5,11 @@ appends one token per row (in XLA, or in one Pallas kernel per layer on the Pall
 Appending token t: its selection K/V go to index t, its window K/V to ring slot ``t % W``, its
 un-rotated cmp-branch K/V to ring slot ``t % l``; when t is the last token of compressed block
 ``i = (t - l + 1) / d`` (Eq. 7), φ runs on the ring (in token order) and the key is rotated at t.
-φ runs at every step; when no block ends at t its output goes to the compressed cache's last
-slot, a scratch slot that no position up to ``max_len`` can see (``cache_sizes`` allocates one
-more than the blocks ``max_len`` tokens hold): no branch and no read of the old value, so one
-compiled step serves rows at any positions.
+Rows where no block ends at t get the compressed cache's last slot as their block index, a
+scratch slot that no position up to ``max_len`` can see (``cache_sizes`` allocates one more than
+the blocks ``max_len`` tokens hold): no branch, so one compiled step serves rows at any
+positions. The XLA path runs φ for every row and writes those rows' output there; the Pallas
+emission (:mod:`nsa_jax.pallas.phi_decode`) skips them, leaving the slot as it was.
 """
 from __future__ import annotations
 

@@ -123,9 +123,10 @@ def inference_state(model):
     Parameters are cast where they are used anyway, so the logits do not change; the exception is
     φ (``phi_k``/``phi_v``), which folds its position embedding into its bias in float32, so its
     parameters stay float32. The graph comes as a :class:`~nsa_jax.decode_loop.StaticGraph`
-    (hashed once: the jitted calls take it as a static argument)."""
+    (hashed once: the jitted calls take it as a static argument; ``graph.merge(state)`` gives
+    the module, ``graph.graphdef`` the nnx GraphDef)."""
     graphdef, state = nnx.split(model)
-    graphdef = StaticGraph(graphdef)
+    graphdef = StaticGraph.of(graphdef)
     dt = model.dtype
     if dt == jnp.float32:
         return graphdef, state
@@ -138,7 +139,8 @@ def inference_state(model):
 
 
 def step_state(model, state):
-    """:func:`inference_state`'s ``state`` -> (graphdef, state) for the decode steps:
+    """:func:`inference_state`'s ``state`` -> (graph, state) for the decode steps, the graph a
+    :class:`~nsa_jax.decode_loop.StaticGraph` (``graph.merge(state)`` gives the module):
 
     * φ's matrices and biases also in the compute dtype (its position embedding stays float32).
       The step's φ (:func:`nsa_jax.nsa.compression.compress_block`) casts them at their use, so
@@ -166,7 +168,7 @@ def step_state(model, state):
     for mod in [m for _, m in nnx.iter_modules(copy) if hasattr(m, "fuse_step_weights")]:
         mod.fuse_step_weights()
     graphdef, state = nnx.split(copy)
-    return StaticGraph(graphdef), state
+    return StaticGraph.of(graphdef), state
 
 
 _EXECS: dict = {}      # AOT-compiled prefill and decode calls, shared by Decoders of one model
@@ -195,6 +197,11 @@ class Decoder:
     width, all_logits; decode: steps and the sampling settings): their compile seconds
     accumulate in ``compile_s`` (so throughput can exclude them) and :meth:`prefill_bytes`
     reads a prefill's memory needs from XLA before anything runs.
+
+    ``graphdef, state`` (prefill) and ``step_graphdef, step_state`` (the steps) are the model
+    as :func:`inference_state` and :func:`step_state` give it (``step_graphdef.merge(
+    step_state)`` is the steps' module); they are read when the Decoder is made, so assigning
+    new ones later changes nothing: make a new Decoder for new weights.
     """
 
     def __init__(self, model, batch: int, max_len: int):

@@ -367,9 +367,9 @@ def test_step_state_casts_phi_and_changes_no_step():
 
 def test_static_graph_is_hashed_once_and_shares_the_jit_cache(monkeypatch):
     """The steps' GraphDef goes to jit as ``decode_loop.StaticGraph``: its hash is computed once
-    (nnx walks the whole graph per hash, on every jitted call otherwise), two wrappers of one
-    graph (and one state structure) are equal and hit one jit cache entry, and the flat state
-    gives the structured state's logits bitwise."""
+    (nnx walks the whole graph per hash, on every jitted call otherwise), one instance serves
+    every Decoder of a graph, two wrappers of one graph (and one state structure) are equal and
+    hit one jit cache entry, and the flat state gives the structured state's logits bitwise."""
     from flax.nnx import graphlib
 
     from nsa_jax.decode import inference_state, step_jit, step_state
@@ -381,7 +381,12 @@ def test_static_graph_is_hashed_once_and_shares_the_jit_cache(monkeypatch):
     assert isinstance(gd, StaticGraph)
     g1, leaves = flat_state(gd, st)
     g2, _ = flat_state(gd, st)
-    assert g1 == g2 and hash(g1) == hash(g2) and g1 != gd
+    assert g1 is g2 and g1 != gd                    # one instance per graph (StaticGraph.of)
+    g3 = StaticGraph(gd.graphdef, g1.treedef)       # an equal wrapper, not the interned one
+    assert g3 == g1 and hash(g3) == hash(g1) and g3 is not g1
+    assert step_state(model, inference_state(model)[1])[0] is gd
+    np.testing.assert_array_equal(gd.merge(st).blocks[0].attn.w_step[...],
+                                  g1.merge(leaves).blocks[0].attn.w_step[...])
     assert isinstance(leaves, list) and all(isinstance(x, jax.Array) for x in leaves)
     dec = Decoder(model, 2, 16)
     dec.prefill(jnp.ones((2, 5), jnp.int32))
@@ -391,9 +396,9 @@ def test_static_graph_is_hashed_once_and_shares_the_jit_cache(monkeypatch):
     tok = jnp.ones((2,), jnp.int32)
     before = step_jit._cache_size()
     a = step_jit(g1, leaves, jax.tree.map(jnp.copy, dec.cache), tok)[0]
-    b = step_jit(g2, leaves, jax.tree.map(jnp.copy, dec.cache), tok)[0]
+    b = step_jit(g3, leaves, jax.tree.map(jnp.copy, dec.cache), tok)[0]
     c = step_jit(gd, st, jax.tree.map(jnp.copy, dec.cache), tok)[0]
-    assert step_jit._cache_size() - before <= 2     # g1 and g2 share one entry
+    assert step_jit._cache_size() - before <= 2     # g1 and g3 share one entry
     assert not calls, "a GraphDef was hashed on a jitted call"
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     np.testing.assert_array_equal(np.asarray(a), np.asarray(c))

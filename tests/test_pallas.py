@@ -193,6 +193,17 @@ def test_parity_query_major_sub_tile_steps(sel_bwd):
     _assert_parity(args, cot, cfg, block_sizes=bs, choices=ch)
 
 
+def test_parity_atomic_dkv_with_steps_wider_than_sel_keys():
+    """The atomic dK/dV accumulators hold the per-query kernel's tiles when its steps
+    (``sel_q_keys`` = 64) are wider than ``sel_keys`` (16) and l' = 40 is not a power of two:
+    the last block's 64-key tile reaches past (Ts - 1) l' + 16 rows."""
+    cfg = NSAConfig(block_l=8, stride_d=4, sel_block=40, n_sel=3, window=16, n_init=1,
+                    n_local=1)
+    args, cot = _inputs(13, 1, 150, 4, 2, cfg)
+    ch = KernelChoices(sel_impl="gather", sel_fwd="query", sel_dq="query", sel_bwd="atomic")
+    _assert_parity(args, cot, cfg, block_sizes=BlockSizes(sel_keys=16), choices=ch)
+
+
 def test_parity_head_dims_not_powers_of_two():
     args, cot = _inputs(7, 1, 45, 2, 1, TINY, Dk=24, Dv=40)
     _assert_parity(args, cot, TINY)

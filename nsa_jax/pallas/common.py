@@ -207,7 +207,7 @@ class BlockSizes:
     score_q:      queries per scoring tile in the "loop" layout (``KernelChoices.score_heads``):
                   rows of one head, the group's h heads looped per key step.
     sel_keys:     keys per sub-tile of a selected block (l' is split or masked to this) in the
-                  block-major and tiled selection kernels.
+                  block-major, tiled and inverted dK/dV selection kernels.
     sel_q_keys:   keys per step of the query-major selection kernels (forward, dQ): their loop
                   walks (block, sub-tile) steps, so a smaller step with more ``sel_stages``
                   keeps more tile loads in flight per program for the same shared memory.

@@ -310,10 +310,13 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     prec = dot_precision(q.dtype, interpret, choices)
     Ts = cfg.num_sel_blocks(T)
     packed = seg is not None
+    atomic = atomic_mode(choices)
     T_acc = dkv_rows(T, Ts, cfg.sel_block, bk, n_sub, packed)
+    if atomic:  # the per-query dQ kernel adds its tiles in its own steps (sel_q_keys)
+        T_acc = max(T_acc, dkv_rows(T, Ts, cfg.sel_block,
+                                    *sel_sub_tiles(cfg.sel_block, bs.sel_q_keys), packed))
     gs, delta = grad_scales(o, do, gs)
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
-    atomic = atomic_mode(choices)
     if atomic:
         dq, dk, dv = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret,
                             seg=seg, acc=acc)
