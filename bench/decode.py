@@ -7,8 +7,8 @@
 
 For each model (configs/nsa_125m.yaml, configs/dense_125m.yaml: bf16, 12 layers, random
 parameters), batch B and context N: caches with room for every timed and profiled step
-(``max_len = N + warm-up + reps + 60 + 16 * 7`` tokens; checked before each profile) are filled with random keys/values as after a prompt of
-N-1 tokens (prefill is not timed), then the jitted decode step (:func:`nsa_jax.decode.step_jit`:
+(``max_len = N + warm-up + reps + 60 + 16 * 7`` tokens; checked before each profile) are filled
+with random keys/values as after a prompt of N-1 tokens (prefill is not timed), then the jitted decode step (:func:`nsa_jax.decode.step_jit`:
 one call for all layers, caches donated, bf16 inference weights from
 :func:`nsa_jax.decode.inference_state` and :func:`nsa_jax.decode.step_state`) is called
 repeatedly, one token per row; positions advance from N-1 (``--ragged``: row b from
@@ -32,8 +32,8 @@ work on d - 1 steps of d). Recorded per point:
 
 ``--profile N:B ...`` traces 5 steps of those points with ``jax.profiler`` and sums device time
 per kernel and category (``bench/profile_step.py``'s summariser), and the same per token of one
-decode-loop call (``loop_profile``: busy time, and the device span with the gaps between kernels). XLA flags (e.g. CUDA-graph
-command buffers on/off) come from the environment's ``XLA_FLAGS``, recorded in the JSON.
+decode-loop call (``loop_profile``: busy time, and the device span with the gaps between
+kernels). XLA flags (e.g. CUDA-graph command buffers on/off) come from the environment's ``XLA_FLAGS``, recorded in the JSON.
 ``--smoke`` shrinks the models and contexts so the script runs on the CPU (not a measurement).
 """
 from __future__ import annotations
@@ -176,39 +176,43 @@ def loop_time(graphdef, state, cache, B, vocab):
     return statistics.median(per), cache
 
 
-def _room(cache, max_len: int, steps: int) -> None:
-    """Refuse to run ``steps`` more tokens past the caches' ``max_len`` (the Pallas cache
-    writes have no bounds check: a step there would write outside the cache)."""
+def _traced(run, cache, max_len: int, steps: int) -> tuple[dict, dict]:
+    """``run(cache) -> (outputs, cache)`` advancing ``steps`` tokens, under ``jax.profiler``:
+    -> (the trace summarised per token, the cache). Refused where it would run past the caches'
+    ``max_len`` (the Pallas cache writes have no bounds check)."""
+    from profile_step import load_trace, summarise
     last = int(jnp.max(cache["pos"])) + steps
     if last > max_len:
         raise RuntimeError(f"{steps} more steps reach position {last} > max_len={max_len}")
-
-
-def profile(graphdef, state, cache, B, max_len: int, steps=5) -> tuple[dict, dict]:
-    from profile_step import load_trace, summarise
-    _room(cache, max_len, steps)
-    tok = jnp.ones((B,), jnp.int32)
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
-            for _ in range(steps):
-                logits, cache = step_jit(graphdef, state, cache, tok)
-            jax.block_until_ready(logits)
+            out, cache = run(cache)
+            jax.block_until_ready(out)
         return summarise(load_trace(d), steps, top=60), cache
 
 
+def profile(graphdef, state, cache, B, max_len: int, steps=5) -> tuple[dict, dict]:
+    """``steps`` decode steps (``step_jit``) traced: device time per step."""
+    tok = jnp.ones((B,), jnp.int32)
+
+    def run(cache):
+        for _ in range(steps):
+            logits, cache = step_jit(graphdef, state, cache, tok)
+        return logits, cache
+    return _traced(run, cache, max_len, steps)
+
+
 def profile_loop(graphdef, state, cache, B, vocab, max_len: int) -> tuple[dict, dict]:
-    """``profile`` of one decode-loop call of LOOP_K tokens (already compiled by ``loop_time``),
-    per token: every step's share of emissions, and the device span with the gaps."""
-    from profile_step import load_trace, summarise
-    _room(cache, max_len, LOOP_K)
+    """One decode-loop call of LOOP_K tokens (compiled by ``loop_time``) traced, per token:
+    every step's share of emissions, and the device span with the gaps."""
     logits = jnp.zeros((B, vocab), jnp.float32)
     key, done = jax.random.PRNGKey(1), jnp.zeros((B,), bool)
-    with tempfile.TemporaryDirectory() as d:
-        with jax.profiler.trace(d, create_perfetto_trace=True):
-            ids, logits, cache, key, done = decode_loop_jit(graphdef, state, cache, logits, key,
-                                                            done, steps=LOOP_K, temperature=0.0)
-            jax.block_until_ready((ids, logits))
-        return summarise(load_trace(d), LOOP_K, top=60), cache
+
+    def run(cache):
+        ids, out, cache, _, _ = decode_loop_jit(graphdef, state, cache, logits, key, done,
+                                                steps=LOOP_K, temperature=0.0)
+        return (ids, out), cache
+    return _traced(run, cache, max_len, LOOP_K)
 
 
 def main(argv=None) -> int:

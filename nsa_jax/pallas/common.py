@@ -210,7 +210,9 @@ class BlockSizes:
                   block-major, tiled and inverted dK/dV selection kernels.
     sel_q_keys:   keys per step of the query-major selection kernels (forward, dQ): their loop
                   walks (block, sub-tile) steps, so a smaller step with more ``sel_stages``
-                  keeps more tile loads in flight per program for the same shared memory.
+                  keeps more, smaller tile loads in flight per program (on an H200 at the bench
+                  shape, 64k, no smaller step was faster: the forward is L2-bound there;
+                  bench/NOTES.md, fourteenth session).
     sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
     sel_dq_rows:  (query, head) rows per tile in the block-major backward that forms dQ with
