@@ -45,7 +45,9 @@ try:  # an older tree (PYTHONPATH=.old/...) kept the scoring kernel in compresse
     from nsa_jax.pallas.scoring import cmp_block_scores
 except ImportError:
     from nsa_jax.pallas.compressed import cmp_block_scores
-from nsa_jax.pallas.selection import inverted_index, sel_backward, sel_forward
+from nsa_jax.pallas.common import dot_precision
+from nsa_jax.pallas.selection import (grad_scales, inverted_index, sel_backward, sel_dq,
+                                      sel_forward)
 from nsa_jax.pallas.selection_tiled import (sel_tiled_backward, sel_tiled_bwd_dkv,
                                              sel_tiled_bwd_dq, sel_tiled_forward, tile_index)
 from nsa_jax.pallas.topn import topn_pallas
@@ -351,6 +353,7 @@ SWEEP = {  # kernel group -> BlockSizes / KernelChoices variants (first = curren
     "sel_fwd": [{}, {"sel_warps": 1}, {"sel_warps": 4}, {"sel_stages": 1}, {"sel_stages": 3},
                 {"sel_q_keys": 32}],
     "sel_bwd": [{}, {"sel_warps": 1}, {"sel_warps": 4}, {"sel_stages": 3}, {"sel_rows": 64}],
+    "sel_dq": [{}],
     "cmp_bwd": [{}, {"cmp_bwd_split": 2}, {"cmp_bwd_split": 4}, {"cmp_bwd_split": 8}],
     "cmp_scores": [{}, {"score_warps": 2}],
 }
@@ -389,6 +392,14 @@ def sweep(shape, T, reps, log, groups=None):
             elif group == "sel_bwd":
                 fn = jax.jit(lambda q, k, v, i, o, lse, do, gs, bs=bs, ch=ch, f=s_bwd: f(
                     q, k, v, i, o, lse, do, gs, CFG, bs, scale, INTERP, choices=ch))
+                argsets = [(a[0], a[3], a[4], i, o, lse, a[8], a[7][..., 1])
+                           for a, i, (o, lse) in zip(sets, idxs, fw)]
+            elif group == "sel_dq":   # the per-query dQ kernel alone (part of "sel_bwd")
+                def dq_alone(q, k, v, i, o, lse, do, gs, bs=bs):
+                    gs_, delta = grad_scales(o, do, gs)
+                    return sel_dq(q, k, v, i, do, gs_, lse, delta, CFG, bs,
+                                  dot_precision(q.dtype, INTERP, None), scale, INTERP)
+                fn = jax.jit(dq_alone)
                 argsets = [(a[0], a[3], a[4], i, o, lse, a[8], a[7][..., 1])
                            for a, i, (o, lse) in zip(sets, idxs, fw)]
             elif group == "cmp_fwd":

@@ -1,7 +1,11 @@
-"""One query-major selection forward at the bench shape, for Nsight Compute (GPU).
+"""One query-major selection forward (or backward) at the bench shape, for Nsight Compute (GPU).
 
     ncu --clock-control none -k regex:nsa_sel_fwd -c 1 --section SpeedOfLight ... \
         python3 bench/ncu_sel.py [--T 65536] [--set sel_q_keys=32 sel_stages=4]
+    ncu ... -k regex:nsa_sel_bwd_dkv ... python3 bench/ncu_sel.py --kernel bwd
+
+``--kernel bwd`` runs the backward (``sel_backward``: the per-query dQ kernel ``nsa_sel_bwd_dq``,
+the index, the inverted dK/dV kernel ``nsa_sel_bwd_dkv``) on the forward's output.
 
 Builds the bench's inputs (random q, K, V, bf16, B=1, Hq=64, G=4, D=128, our own top-16 blocks,
 as ``bench/kernels.py --sweep`` does), runs the forward once to compile and once more, so a
@@ -26,7 +30,7 @@ from kernels import CFG, INTERP, SHAPES, make_inputs  # noqa: E402
 from nsa_jax.pallas import BlockSizes  # noqa: E402
 from nsa_jax.pallas.compressed import cmp_forward  # noqa: E402
 from nsa_jax.pallas.scoring import cmp_block_scores  # noqa: E402
-from nsa_jax.pallas.selection import sel_forward  # noqa: E402
+from nsa_jax.pallas.selection import sel_backward, sel_forward  # noqa: E402
 from nsa_jax.pallas.topn import topn_pallas  # noqa: E402
 
 
@@ -35,6 +39,7 @@ def main(argv=None) -> int:
     ap.add_argument("--T", type=int, default=65536)
     ap.add_argument("--shape", default="bench", choices=sorted(SHAPES))
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=INT")
+    ap.add_argument("--kernel", default="fwd", choices=["fwd", "bwd"])
     a = ap.parse_args(argv)
     Hq, G, D = SHAPES[a.shape]
     base = BlockSizes.for_shape(Hq // G, D)
@@ -44,9 +49,16 @@ def main(argv=None) -> int:
     _, lse = cmp_forward(x[0], x[1], x[2], CFG, base, scale, INTERP)
     idx = topn_pallas(cmp_block_scores(x[0], x[1], lse, CFG, base, scale, INTERP), CFG, INTERP)
     fwd = jax.jit(lambda q, k, v, i: sel_forward(q, k, v, i, CFG, bs, scale, INTERP))
-    for _ in range(2):
-        jax.block_until_ready(fwd(x[0], x[3], x[4], idx))
-    print(f"ran nsa_sel_fwd twice: {a.shape} T={a.T} {a.set}")
+    if a.kernel == "fwd":
+        for _ in range(2):
+            jax.block_until_ready(fwd(x[0], x[3], x[4], idx))
+    else:
+        o, lse = fwd(x[0], x[3], x[4], idx)
+        bwd = jax.jit(lambda q, k, v, i, o, lse, do: sel_backward(
+            q, k, v, i, o, lse, do, None, CFG, bs, scale, INTERP))
+        for _ in range(2):
+            jax.block_until_ready(bwd(x[0], x[3], x[4], idx, o, lse, x[8]))
+    print(f"ran the selection {a.kernel} twice: {a.shape} T={a.T} {a.set}")
     return 0
 
 

@@ -214,6 +214,11 @@ class BlockSizes:
                   shape, 64k, no smaller step was faster: the forward is L2-bound there;
                   bench/NOTES.md, fourteenth session).
     sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
+    sel_bwd_warps: warps of the inverted selection dK/dV kernel (``nsa_sel_bwd_dkv``). With
+                  128-wide heads its tiles are 64 rows at 4 warps: on an H100 at the bench
+                  shape, 64k, 128 rows at 8 warps held one program per SM (215 registers per
+                  thread, 182 KB of shared memory; Nsight Compute) and the selection backward
+                  took 37.0 ms against 33.7 (bench/NOTES.md, fifteenth session).
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
     sel_dq_rows:  (query, head) rows per tile in the block-major backward that forms dQ with
                   dK/dV (``KernelChoices.sel_dq = "block"``; it holds a dQ tile more than the
@@ -246,6 +251,7 @@ class BlockSizes:
     num_warps: int = 4
     num_stages: int = 2
     sel_warps: int = 2
+    sel_bwd_warps: int = 4
     score_warps: int = 4
     sel_stages: int = 2
     topn_elems: int = 1024
@@ -260,7 +266,7 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
-        for f in ("num_warps", "sel_warps", "score_warps", "topn_warps"):
+        for f in ("num_warps", "sel_warps", "sel_bwd_warps", "score_warps", "topn_warps"):
             v = getattr(self, f)
             if v not in (1, 2, 4, 8, 16):
                 raise ValueError(f"BlockSizes.{f}: 1, 2, 4, 8 or 16, got {v}")
@@ -271,12 +277,16 @@ class BlockSizes:
     @classmethod
     def for_shape(cls, h: int, head_dim: int, itemsize: int = 2) -> "BlockSizes":
         """Defaults by group size h, head dim and operand bytes: 128 rows (query, head) per tile;
-        8 warps once tiles carry 128-wide heads. float32 operands with 128-wide heads get half
+        8 warps once tiles carry 128-wide heads, except the inverted dK/dV kernel's 64-row
+        tiles at 4 warps (``sel_bwd_warps``). float32 operands with 128-wide heads get half
         the rows and keys and one pipeline stage (the bf16 tiles need 256 KB of shared memory in
         float32, more than an H100/H200 SM has: seen on an H200, "requested 262144, available
-        232448")."""
+        232448"); their dK/dV kernel keeps 8 warps (not timed otherwise)."""
         warps = 8 if head_dim >= 128 else 4
         if itemsize >= 4 and head_dim >= 128:
             return cls(num_warps=warps, cmp_rows=64, cmp_keys=64, sel_rows=64, sel_tile_q=32,
-                       cmp_bwd_keys=32, win_q=32, win_keys=32, sel_dq_rows=32, num_stages=1)
+                       cmp_bwd_keys=32, win_q=32, win_keys=32, sel_dq_rows=32, num_stages=1,
+                       sel_bwd_warps=warps)
+        if head_dim >= 128:
+            return cls(num_warps=warps, sel_rows=64, sel_bwd_warps=4)
         return cls(num_warps=warps)
