@@ -5,7 +5,8 @@
     ncu ... -k regex:nsa_sel_bwd_dkv ... python3 bench/ncu_sel.py --kernel bwd
 
 ``--kernel bwd`` runs the backward (``sel_backward``: the per-query dQ kernel ``nsa_sel_bwd_dq``,
-the index, the inverted dK/dV kernel ``nsa_sel_bwd_dkv``) on the forward's output.
+the index, the inverted dK/dV kernel ``nsa_sel_bwd_dkv``) on the forward's output; ``--kernel
+score`` the selection scoring kernel (``nsa_cmp_scores``, Eq. 9-10) on the compressed lse.
 
 Builds the bench's inputs (random q, K, V, bf16, B=1, Hq=64, G=4, D=128, our own top-16 blocks,
 as ``bench/kernels.py --sweep`` does), runs the forward once to compile and once more, so a
@@ -39,7 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--T", type=int, default=65536)
     ap.add_argument("--shape", default="bench", choices=sorted(SHAPES))
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=INT")
-    ap.add_argument("--kernel", default="fwd", choices=["fwd", "bwd"])
+    ap.add_argument("--kernel", default="fwd", choices=["fwd", "bwd", "score"])
     a = ap.parse_args(argv)
     Hq, G, D = SHAPES[a.shape]
     base = BlockSizes.for_shape(Hq // G, D)
@@ -49,7 +50,11 @@ def main(argv=None) -> int:
     _, lse = cmp_forward(x[0], x[1], x[2], CFG, base, scale, INTERP)
     idx = topn_pallas(cmp_block_scores(x[0], x[1], lse, CFG, base, scale, INTERP), CFG, INTERP)
     fwd = jax.jit(lambda q, k, v, i: sel_forward(q, k, v, i, CFG, bs, scale, INTERP))
-    if a.kernel == "fwd":
+    if a.kernel == "score":
+        score = jax.jit(lambda q, kc, lse: cmp_block_scores(q, kc, lse, CFG, bs, scale, INTERP))
+        for _ in range(2):
+            jax.block_until_ready(score(x[0], x[1], lse))
+    elif a.kernel == "fwd":
         for _ in range(2):
             jax.block_until_ready(fwd(x[0], x[3], x[4], idx))
     else:
