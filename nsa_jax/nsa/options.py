@@ -11,7 +11,7 @@ import dataclasses
 SEL_IMPLS = ("auto", "gather", "tiled")
 SEL_BWDS = ("inverted", "atomic")
 SEL_FWDS = ("auto", "query", "block")
-SEL_DQS = ("auto", "query", "block", "ds")
+SEL_DQS = ("auto", "query", "block")
 SEL_FWD_BLOCK_MAX_H = 8   # sel_fwd "auto": block-major forward for groups of at most 8 heads
 SCORE_DOTS = ("ieee", "tf32x3")
 SCORE_HEADS = ("auto", "rows", "loop")
@@ -43,15 +43,8 @@ class KernelChoices:
                         summed in XLA; ``selection_block.sel_backward_block``; needs sel_bwd
                         "inverted") or "auto" (block where the forward resolves to "block" by
                         sel_fwd's "auto" rule, so both share one index, and sel_bwd is
-                        "inverted"; "ds" for unpacked 16-bit rows of groups of h > 8 heads;
-                        query otherwise). On an H200 at h = 6, bf16: NSA fwd+bwd
+                        "inverted"; query otherwise). On an H200 at h = 6, bf16: NSA fwd+bwd
                         20.42 -> 18.56 ms at 64k, even at 8k.
-                        "ds": the inverted dK/dV kernel also stores each (query, slot)'s dS
-                        [h, l'] (the input dtype: what the dQ dot takes anyway) and a query-major
-                        kernel forms dQ = sum over slots of dS K, loading only K: half the
-                        per-query kernel's K/V bytes, no dO, lse or p recomputed. Unpacked rows,
-                        sel_bwd "inverted"; the dS buffer is B*T*Hq*n*l' values (8.6 GB at the
-                        bench shape, 64k, bf16; bench/NOTES.md, fifteenth session).
     sel_partial_mib:    largest per-slot partial buffer, in MiB, of one block-major selection
                         pass (sel_fwd / sel_dq "block": the forward's o_i and the fused
                         backward's dQ_i, B*T*n*Hq*D values in the stored dtype). More slots run
@@ -118,8 +111,8 @@ class KernelChoices:
             fail("sel_fwd", f"one of {list(SEL_FWDS)}, got {self.sel_fwd!r}")
         if self.sel_dq not in SEL_DQS:
             fail("sel_dq", f"one of {list(SEL_DQS)}, got {self.sel_dq!r}")
-        if self.sel_dq in ("block", "ds") and self.sel_bwd == "atomic":
-            fail("sel_dq", f"{self.sel_dq!r} forms dQ from the inverted dK/dV kernel; it needs "
+        if self.sel_dq == "block" and self.sel_bwd == "atomic":
+            fail("sel_dq", "'block' forms dQ in the inverted dK/dV kernel; it needs "
                  "kernel.sel_bwd: inverted, got 'atomic'")
         if self.score_dot not in SCORE_DOTS:
             fail("score_dot", f"one of {list(SCORE_DOTS)}, got {self.score_dot!r}")

@@ -48,12 +48,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
-from nsa_jax.nsa.options import SEL_FWD_BLOCK_MAX_H, KernelChoices
+from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, POS_INF, BlockSizes, cdiv, choices_or_default,
                                    compiler_params, dot, dot_precision, dscores, idiv, load,
-                                   next_pow2, probs, sel_sub_tiles, store)
-from nsa_jax.pallas.selection_query import (sel_dq, sel_dq_from_ds,  # noqa: F401 (re-exported)
-                                            sel_forward)
+                                   next_pow2, probs, sel_sub_tiles)
+from nsa_jax.pallas.selection_query import sel_dq, sel_forward  # noqa: F401 (re-exported)
 
 
 def grad_scales(o, do, gs):
@@ -130,11 +129,11 @@ def item_mask(row_ok, kvalid, kpos, t, p0, l_sel: int):
 
 
 def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, prec,
-                   packed=False, n_slots=0, store_ds=False):
+                   packed=False, n_slots=0):
     if packed:
         pt_ref, *refs = refs
     (q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref,
-     dv_ref, *ds_ref) = refs
+     dv_ref) = refs
     b, g, base, start, count, qi, head = work_item(meta_ref, h, rows)
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
@@ -149,7 +148,7 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
             dk, dv = carry
             row_ok, ent, t = item_entries(qt_ref, b, g, start, count, it, qi, bq)
             if n_slots:   # an index built with slots (the block-major forward's): t*n + slot
-                e, t = t, idiv(t, n_slots)
+                t = idiv(t, n_slots)
             q, do, gs, lse, delta = item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, t,
                                               head, row_ok, cdt)
             s = dot(q, k, trans_b=True, precision=prec) * c
@@ -157,12 +156,6 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
             p = probs(s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel), lse)
             dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
             ds = dscores(p, do, v, gs, delta, prec)
-            if store_ds:   # this (query, slot)'s dS for the dQ kernel (sel_dq "ds")
-                hh = jnp.arange(rows) - qi * h
-                kc = sub * bk + jnp.arange(bk)
-                t_st = jnp.where(row_ok, t, ds_ref[0].shape[1])   # masked rows: dropped
-                store(ds_ref[0].at[b, t_st[:, None], g, (e - t * n_slots)[:, None],
-                                   hh[:, None], kc[None, :]], ds, row_ok[:, None])
             dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
             return dk, dv
 
@@ -327,50 +320,30 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     if atomic:
         dq, dk, dv = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret,
                             seg=seg, acc=acc)
-        return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
-    use_ds = ds_mode(choices, h, q.dtype, packed)
-    if not use_ds:
-        dq = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret, seg=seg)
-    rows, chunk = item_tiles(bs, h)
-    n_slots = 0
-    if index is not None:
-        meta, *qt = index
-        n_slots = n
     else:
-        meta, *qt = inverted_index(idx, T, Ts, chunk, cfg.sel_block,
-                                   seg.start if packed else None, slots=use_ds)
-        n_slots = n if use_ds else 0
-    qt = tuple(qt)
-    kern = functools.partial(_bwd_kv_kernel, h=h, rows=rows, l_sel=cfg.sel_block, bk=bk,
-                             n_sub=n_sub, scale=scale, prec=prec, packed=packed,
-                             n_slots=n_slots, store_ds=use_ds)
-    out_shape = [jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
-                 jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)]
-    if use_ds:   # dS [B,T,G,n,h,n_sub*bk]; slots the index never lists stay unwritten
-        out_shape.append(jax.ShapeDtypeStruct((B, T, G, n, h, n_sub * bk), q.dtype))
-    dk, dv, *ds = pl.pallas_call(
-        kern, grid=(meta.shape[0],), out_shape=out_shape,
-        input_output_aliases={8 + len(qt): 0, 9 + len(qt): 1},
-        compiler_params=compiler_params(bs.sel_bwd_warps, bs.num_stages),
-        interpret=interpret, name="nsa_sel_bwd_dkv",
-    )(meta, *qt, q, k, v, do, gs, lse, delta, *acc)
-    if use_ds:
-        dq = sel_dq_from_ds(k, idx, ds[0], cfg, bs, prec, scale, interpret)
+        dq = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret, seg=seg)
+        rows, chunk = item_tiles(bs, h)
+        n_slots = 0
+        if index is not None:
+            meta, *qt = index
+            qt = tuple(qt)
+            n_slots = n
+        else:
+            meta, *qt = inverted_index(idx, T, Ts, chunk, cfg.sel_block,
+                                       seg.start if packed else None)
+            qt = tuple(qt)
+        kern = functools.partial(_bwd_kv_kernel, h=h, rows=rows, l_sel=cfg.sel_block, bk=bk,
+                                 n_sub=n_sub, scale=scale, prec=prec, packed=packed,
+                                 n_slots=n_slots)
+        dk, dv = pl.pallas_call(
+            kern, grid=(meta.shape[0],),
+            out_shape=[jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
+                       jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
+            input_output_aliases={8 + len(qt): 0, 9 + len(qt): 1},
+            compiler_params=compiler_params(bs.sel_bwd_warps, bs.num_stages),
+            interpret=interpret, name="nsa_sel_bwd_dkv",
+        )(meta, *qt, q, k, v, do, gs, lse, delta, *acc)
     return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
-
-
-def ds_mode(choices: KernelChoices | None, h: int, dtype, packed: bool) -> bool:
-    """Whether the inverted backward forms dQ from the dK/dV kernel's stored dS
-    (``KernelChoices.sel_dq``: "ds", or "auto" for unpacked 16-bit rows of groups of h > 8
-    heads, where it was measured faster; module docstring). Packed rows never do: a packed
-    work item's key range need not start at the query's block (explicit "ds" is refused)."""
-    ch = choices_or_default(choices)
-    if ch.sel_dq == "ds" and packed:
-        raise ValueError("kernel.sel_dq: 'ds' takes unpacked rows only; packed documents "
-                         "(segment_ids) need 'query' or 'block'")
-    return ch.sel_dq == "ds" or (ch.sel_dq == "auto" and not packed and not atomic_mode(ch)
-                                 and h > SEL_FWD_BLOCK_MAX_H
-                                 and jnp.dtype(dtype).itemsize == 2)
 
 
 # ---- custom VJP ---------------------------------------------------------------------------------

@@ -41,16 +41,15 @@ def _head_rows(h: int):
     return max(MIN_DOT, next_pow2(h))
 
 
-def _query_rows(q_ref, h: int, load_q: bool = True):
+def _query_rows(q_ref, h: int):
     """This program's (t, g, b), its tile rows (row_ok, head index per row: the group's h heads,
-    padded rows masked), the key-dim range and its query tile q [hp, Dk] (None when not
-    ``load_q``: ``q_ref`` is then only read for its shape)."""
+    padded rows masked), the key-dim range and its query tile q [hp, Dk]."""
     t, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     r = jnp.arange(_head_rows(h))
     row_ok = r < h
     head = g * h + jnp.where(row_ok, r, 0)
     dk_ = jnp.arange(q_ref.shape[-1])
-    q = load(q_ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None]) if load_q else None
+    q = load(q_ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None])
     return (t, g, b), row_ok, head, dk_, q
 
 
@@ -192,53 +191,3 @@ def sel_dq(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, bs: BlockSizes, pre
                          jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
         input_output_aliases={n_in: 1, n_in + 1: 2}, name="nsa_sel_bwd_atomic", **params,
     )(*args, *acc)
-
-
-# ---- backward: dQ from the dK/dV kernel's dS (KernelChoices.sel_dq = "ds") --------------------
-def _dq_ds_kernel(k_ref, idx_ref, ds_ref, dq_ref, *, h, n_sel, l_sel, bk, n_sub, prec):
-    """dQ of one (query t, group g, row b): sum over its selected blocks of dS K (Eq. 10's
-    gradient), dS [h, l'] per slot as the inverted dK/dV kernel stored it (the input dtype,
-    the same rounding the per-query kernel's dot takes). Slots that kernel never listed (unused,
-    or a block starting past t) are masked here, not read."""
-    (t, g, b), row_ok, head, dk_, _ = _query_rows(dq_ref, h, load_q=False)
-    hh = jnp.where(row_ok, head - g * h, 0)
-
-    def step(i, dq):
-        j, base, sub = _step_block(idx_ref, b, t, g, i, n_sub, l_sel, None)
-        si = i if n_sub == 1 else idiv(i, n_sub)
-        off = sub * bk + jnp.arange(bk)
-        kmask = (j >= 0) & (base <= t) & (off < l_sel) & (base + off <= t)
-        k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
-        ds = load(ds_ref.at[b, t, g, si, hh[:, None], off[None, :]],
-                  row_ok[:, None] & kmask[None, :])
-        return dq + dot(ds, k, precision=prec)
-
-    dq = lax.fori_loop(0, n_sel * n_sub, step,
-                       jnp.zeros((_head_rows(h), k_ref.shape[-1]), jnp.float32))
-    head_st = jnp.where(row_ok, head, dq_ref.shape[2])
-    return dq, head_st, dk_
-
-
-def sel_dq_from_ds(k, idx, ds, cfg: NSAConfig, bs: BlockSizes, prec, scale: float,
-                   interpret: bool):
-    """dQ float32 [B,T,Hq,Dk] from ``ds`` [B,T,G,n,h,L] (``selection.sel_backward`` with
-    ``KernelChoices.sel_dq = "ds"``; L = the dK/dV kernel's sub-tiles of a block, keys in
-    ``bs.sel_keys`` steps). Loads each selected block's K once per (query, group): half the
-    per-query dQ kernel's tile bytes (no V), and no p recomputed."""
-    B, T, G, n, h, _ = ds.shape
-    Dk = k.shape[-1]
-    bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_keys)
-
-    def kern(k_ref, idx_ref, ds_ref, dq_ref):
-        dq, head_st, dk_ = _dq_ds_kernel(k_ref, idx_ref, ds_ref, dq_ref, h=h, n_sel=n,
-                                         l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, prec=prec)
-        t, b = pl.program_id(0), pl.program_id(2)
-        store(dq_ref.at[b, t, head_st[:, None], dk_[None, :]], dq * scale,
-              (head_st < dq_ref.shape[2])[:, None])
-
-    return pl.pallas_call(
-        kern, grid=(T, G, B),
-        out_shape=jax.ShapeDtypeStruct((B, T, G * h, Dk), jnp.float32),
-        compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
-        interpret=interpret, name="nsa_sel_bwd_dq_ds",
-    )(k, idx, ds)
