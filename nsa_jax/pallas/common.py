@@ -210,9 +210,10 @@ class BlockSizes:
                   block-major, tiled and inverted dK/dV selection kernels.
     sel_q_keys:   keys per step of the query-major selection kernels (forward, dQ): their loop
                   walks (block, sub-tile) steps, so a smaller step with more ``sel_stages``
-                  keeps more, smaller tile loads in flight per program (on an H200 at the bench
-                  shape, 64k, no smaller step was faster: the forward is L2-bound there;
-                  bench/NOTES.md, fourteenth session).
+                  keeps more, smaller tile loads in flight per program (at the bench shape,
+                  64k, only 32-key steps at one warp and 3 stages were faster, by 3-4%: the
+                  forward is L2-bound there; ``for_shape`` takes them for bf16 128-wide heads;
+                  bench/NOTES.md, fourteenth and fifteenth sessions).
     sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
     sel_bwd_warps: warps of the inverted selection dK/dV kernel (``nsa_sel_bwd_dkv``). With
                   128-wide heads its tiles are 64 rows at 4 warps: on an H100 at the bench
@@ -278,7 +279,9 @@ class BlockSizes:
     def for_shape(cls, h: int, head_dim: int, itemsize: int = 2) -> "BlockSizes":
         """Defaults by group size h, head dim and operand bytes: 128 rows (query, head) per tile;
         8 warps once tiles carry 128-wide heads, except the inverted dK/dV kernel's 64-row
-        tiles at 4 warps (``sel_bwd_warps``). float32 operands with 128-wide heads get half
+        tiles at 4 warps (``sel_bwd_warps``) and the per-query kernels' one warp walking 32-key
+        steps in 3 stages (forward 15.75 -> 15.32 ms on an H200, fourteenth session, and 17.28 ->
+        16.55 on an H100, fifteenth; their backward within 2%; bench shape, 64k). float32 operands with 128-wide heads get half
         the rows and keys and one pipeline stage (the bf16 tiles need 256 KB of shared memory in
         float32, more than an H100/H200 SM has: seen on an H200, "requested 262144, available
         232448"); their dK/dV kernel keeps 8 warps (not timed otherwise)."""
@@ -288,5 +291,6 @@ class BlockSizes:
                        cmp_bwd_keys=32, win_q=32, win_keys=32, sel_dq_rows=32, num_stages=1,
                        sel_bwd_warps=warps)
         if head_dim >= 128:
-            return cls(num_warps=warps, sel_rows=64, sel_bwd_warps=4)
+            return cls(num_warps=warps, sel_rows=64, sel_bwd_warps=4, sel_warps=1, sel_q_keys=32,
+                       sel_stages=3)
         return cls(num_warps=warps)
