@@ -6,10 +6,11 @@
 set -u
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; rc=0
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-PYTHONPATH=. timeout 240 python3 -m pytest -q -p no:xdist -m gpu -rfE tests/test_decode.py \
+PYTHONPATH=. timeout ${TEST_S:-240} python3 -m pytest -q -p no:xdist -m gpu -rfE tests/test_decode.py \
   tests/test_pallas_gpu.py -k "test_decode or bench-8192 or 125m-1027 or sel_dq_block_with_query" \
   > "$OUT/tests.log" 2>&1 || rc=1
 grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/tests.log"
+[[ ${1:-} == tests ]] && exit $rc
 PYTHONPATH=. timeout 160 python3 bench/decode.py --contexts 131072 --batches 64 --reps 20 \
   --profile 131072:64 --out "$OUT/dec_128k.json" > "$OUT/dec_128k.log" 2>&1 || rc=1
 PYTHONPATH=. timeout 120 python3 bench/decode.py --contexts 65536 --batches 8 --reps 30 \
