@@ -280,11 +280,12 @@ class BlockSizes:
         """Defaults by group size h, head dim and operand bytes: 128 rows (query, head) per tile;
         8 warps once tiles carry 128-wide heads, except the inverted dK/dV kernel's 64-row
         tiles at 4 warps (``sel_bwd_warps``) and the per-query kernels' one warp walking 32-key
-        steps in 3 stages (forward 15.75 -> 15.32 ms on an H200, fourteenth session, and 17.28 ->
-        16.55 on an H100, fifteenth; their backward within 2%; bench shape, 64k). float32 operands with 128-wide heads get half
-        the rows and keys and one pipeline stage (the bf16 tiles need 256 KB of shared memory in
-        float32, more than an H100/H200 SM has: seen on an H200, "requested 262144, available
-        232448"); their dK/dV kernel keeps 8 warps (not timed otherwise)."""
+        steps in 3 stages (bench shape, 64k, on an H200: selection forward 15.9 -> 15.4 ms and
+        backward 35.0 -> 32.4 with both; bench/NOTES.md, fifteenth session). float32 operands
+        with 128-wide heads get half the rows and keys and one pipeline stage (the bf16 tiles
+        need 256 KB of shared memory in float32, more than an H100/H200 SM has: seen on an H200,
+        "requested 262144, available 232448"); their dK/dV kernel keeps 8 warps (not timed
+        otherwise)."""
         warps = 8 if head_dim >= 128 else 4
         if itemsize >= 4 and head_dim >= 128:
             return cls(num_warps=warps, cmp_rows=64, cmp_keys=64, sel_rows=64, sel_tile_q=32,

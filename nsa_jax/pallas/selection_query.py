@@ -16,8 +16,8 @@ step, so Triton's pipeline of ``sel_stages`` stages keeps stages - 1 sub-tile lo
 per program (default 64 keys = one step per block; at the bench shape, where Nsight Compute puts
 the forward at 84% of the L2's throughput, 32-key steps at one warp and 3 stages gained 3-4%,
 which ``BlockSizes.for_shape`` takes for bf16 128-wide heads; bench/NOTES.md, fourteenth and
-fifteenth sessions). Tiles of several queries per program, loading once the blocks all of them selected,
-were measured and dropped: no faster at the bench shape (thirteenth session).
+fifteenth sessions). Tiles of several queries per program, loading once the blocks all of them
+selected, were measured and dropped: no faster at the bench shape (thirteenth session).
 """
 from __future__ import annotations
 
