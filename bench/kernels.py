@@ -426,15 +426,16 @@ def sweep(shape, T, reps, log, groups=None):
 
 
 def fields(specs, cls):
-    """["f=v", ...] -> {f: v} with v typed like the dataclass default (``--tiled-vars`` takes
-    one comma-joined list per variant; bench/profile_op.py, score_topn.py, window_tiles.py)."""
+    """["f=v", ...] -> {f: v} with v typed like the dataclass default (an int where the default
+    is None; ``--tiled-vars`` takes one comma-joined list per variant; bench/profile_op.py,
+    score_topn.py, window_tiles.py)."""
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     out = {}
     for spec in specs or ():
         f, v = spec.split("=", 1)
         if f not in defaults:
             raise SystemExit(f"{cls.__name__} has no field {f!r}")
-        out[f] = type(defaults[f])(v)
+        out[f] = (int if defaults[f] is None else type(defaults[f]))(v)
     return out
 
 

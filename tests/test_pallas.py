@@ -171,6 +171,26 @@ def test_parity_sequence_shorter_than_a_compressed_block():
     _assert_parity(args, cot, TINY)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_parity_compressed_backward_with_its_own_tiles(packed):
+    """The Pallas compressed backward in tiles of its own (``BlockSizes.cmp_bwd_rows``: 16 rows
+    against the forward's and scoring's 32; packed rows derive their query tiles from it too):
+    output and all 8 gradients against the reference."""
+    bs = BlockSizes(cmp_bwd_keys=16, cmp_keys=16, cmp_rows=32, cmp_bwd_rows=16, score_sel=32,
+                    sel_keys=16, sel_tile_q=16)
+    ch = KernelChoices(cmp_attn="pallas", cmp_bwd_split=2)
+    if not packed:
+        args, cot = _inputs(16, 1, 75, 4, 2, TINY)
+        _assert_parity(args, cot, TINY, block_sizes=bs, choices=ch)
+        return
+    from packed_util import cotangent, packed_inputs
+    from test_packed import _pallas_vs_reference
+    cfg = NSAConfig(block_l=8, stride_d=4, sel_block=12, n_sel=3, window=8)
+    args, seg = packed_inputs(8, [[70, 3, 30, 17]], 2, 2, 8, 8, cfg)
+    _pallas_vs_reference(args, seg, cfg, cotangent(9, args[0].shape), kernel="nsa_cmp_bwd_dq",
+                         block_sizes=bs, choices=ch)
+
+
 def test_parity_other_block_sizes():
     """Gather selection kernels with the atomic dK/dV, compressed dK/dV split over 3 query ranges
     (atomic adds, some ranges empty), smaller tiles and a wider scoring step."""
@@ -339,7 +359,9 @@ def test_packed_inverted_index_lists_each_pair_once_under_a_range_holding_its_ke
 
 
 @pytest.mark.parametrize("field,value", [("cmp_rows", 48), ("sel_keys", 8), ("num_warps", 3),
-                                         ("score_q", 8), ("score_q", 48)])
+                                         ("score_q", 8), ("score_q", 48), ("cmp_bwd_rows", 48),
+                                         ("cmp_bwd_rows", 8), ("cmp_bwd_warps", 3),
+                                         ("sel_bwd_warps", 3)])
 def test_block_sizes_reject_bad_values(field, value):
     with pytest.raises(ValueError, match=f"BlockSizes.{field}"):
         BlockSizes(**{field: value})

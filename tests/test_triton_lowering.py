@@ -109,6 +109,31 @@ def test_query_major_sub_tile_steps_lower_to_triton(monkeypatch):
     assert {"nsa_sel_fwd", "nsa_sel_bwd_dq"} <= names, names
 
 
+def test_bench_shape_backward_tiles_lower_to_triton():
+    """The tiles ``BlockSizes.for_shape`` gives bf16 128-wide heads (h = 16): the Pallas compressed
+    backward at 64 rows and 4 warps (``cmp_bwd_rows``, ``cmp_bwd_warps``), the inverted selection
+    dK/dV kernel at 64 rows and 4 warps and the per-query kernels' 32-key steps at one warp."""
+    from nsa_jax.pallas import BlockSizes
+    from nsa_jax.pallas.compressed import cmp_backward
+    from nsa_jax.pallas.selection import sel_backward, sel_forward
+    Hq, Gb, Db, bf = 16, 1, 128, jnp.bfloat16
+    bs = BlockSizes.for_shape(Hq // Gb, Db)
+    assert (bs.cmp_bwd_rows, bs.cmp_bwd_warps, bs.sel_rows, bs.sel_bwd_warps) == (64, 4, 64, 4)
+    Tc = CFG.num_cmp_blocks(T)
+
+    def f(q, kc, vc, k, v, idx, do):
+        cmp = cmp_backward(q, kc, vc, do.astype(jnp.float32), jnp.zeros(q.shape[:3]), do, None,
+                           None, CFG, bs, 0.1, False)
+        o, lse = sel_forward(q, k, v, idx, CFG, bs, 0.1, False)
+        return cmp, sel_backward(q, k, v, idx, o, lse, do, None, CFG, bs, 0.1, False)
+    names = triton_kernels(f, S(B, T, Hq, Db, dtype=bf), S(B, Tc, Gb, Db, dtype=bf),
+                           S(B, Tc, Gb, Db, dtype=bf), S(B, T, Gb, Db, dtype=bf),
+                           S(B, T, Gb, Db, dtype=bf), S(B, T, Gb, CFG.n_sel, dtype=jnp.int32),
+                           S(B, T, Hq, Db, dtype=bf))
+    assert {"nsa_cmp_bwd_dq", "nsa_cmp_bwd_dkv_split", "nsa_sel_fwd", "nsa_sel_bwd_dq",
+            "nsa_sel_bwd_dkv"} <= names, names
+
+
 @pytest.mark.parametrize("layout,sel_block", [("rows", 64), ("loop", 64), ("loop", 48)])
 def test_scoring_layouts_lower_to_triton(monkeypatch, layout, sel_block):
     """Both scoring tile layouts (``KernelChoices.score_heads``), the loop one on the fast path

@@ -229,6 +229,12 @@ class BlockSizes:
     win_q, win_keys: queries (rows of one head) and keys per tile of the document-local
                   attention kernels (``local.py``: packed window branch, packed dense).
     cmp_bwd_keys: compressed keys per tile in the compressed-attention backward (dQ and dK/dV).
+    cmp_bwd_rows, cmp_bwd_warps: the compressed backward's (query, head) rows per tile and
+                  warps (None: ``cmp_rows`` and ``num_warps``, as the forward). With bf16 128-wide
+                  heads 64 rows at 4 warps: on an H100 at the bench shape, 64k, the Pallas
+                  compressed backward took 41.4 ms against 46.7 at 128 rows and 8 warps, while
+                  the forward and scoring were slower at 64 rows (bench/NOTES.md, fifteenth
+                  session).
     num_warps, num_stages: Triton launch parameters for the tile kernels; sel_warps and
                   sel_stages for the per-query selection kernels (16-row tiles); score_warps
                   for the scoring kernel.
@@ -247,6 +253,8 @@ class BlockSizes:
     sel_dq_rows: int = 64
     sel_tile_q: int = 64
     cmp_bwd_keys: int = 64
+    cmp_bwd_rows: int | None = None
+    cmp_bwd_warps: int | None = None
     win_q: int = 64
     win_keys: int = 64
     num_warps: int = 4
@@ -265,6 +273,13 @@ class BlockSizes:
             v = getattr(self, f)
             if v < MIN_DOT or v & (v - 1):
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
+        if self.cmp_bwd_rows is not None and (self.cmp_bwd_rows < MIN_DOT
+                                              or self.cmp_bwd_rows & (self.cmp_bwd_rows - 1)):
+            raise ValueError(f"BlockSizes.cmp_bwd_rows: None or a power of two >= {MIN_DOT}, "
+                             f"got {self.cmp_bwd_rows}")
+        if self.cmp_bwd_warps not in (None, 1, 2, 4, 8, 16):
+            raise ValueError(f"BlockSizes.cmp_bwd_warps: None, 1, 2, 4, 8 or 16, got "
+                             f"{self.cmp_bwd_warps}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
         for f in ("num_warps", "sel_warps", "sel_bwd_warps", "score_warps", "topn_warps"):
@@ -278,8 +293,9 @@ class BlockSizes:
     @classmethod
     def for_shape(cls, h: int, head_dim: int, itemsize: int = 2) -> "BlockSizes":
         """Defaults by group size h, head dim and operand bytes: 128 rows (query, head) per tile;
-        8 warps once tiles carry 128-wide heads, except the inverted dK/dV kernel's 64-row
-        tiles at 4 warps (``sel_bwd_warps``) and the per-query kernels' one warp walking 32-key
+        8 warps once tiles carry 128-wide heads, except the inverted dK/dV kernel's and the
+        compressed backward's 64-row tiles at 4 warps (``sel_bwd_warps``, ``cmp_bwd_rows``,
+        ``cmp_bwd_warps``) and the per-query kernels' one warp walking 32-key
         steps in 3 stages (bench shape, 64k, on an H200: selection forward 15.9 -> 15.4 ms and
         backward 35.0 -> 32.4 with both; bench/NOTES.md, fifteenth session). float32 operands
         with 128-wide heads get half the rows and keys and one pipeline stage (the bf16 tiles
@@ -293,5 +309,5 @@ class BlockSizes:
                        sel_bwd_warps=warps)
         if head_dim >= 128:
             return cls(num_warps=warps, sel_rows=64, sel_bwd_warps=4, sel_warps=1, sel_q_keys=32,
-                       sel_stages=3)
+                       sel_stages=3, cmp_bwd_rows=64, cmp_bwd_warps=4)
         return cls(num_warps=warps)

@@ -40,8 +40,11 @@ from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes,
                                    softmax_init, softmax_step, store)
 
 
-def _tile_rows(h: int, bs: BlockSizes) -> int:
-    return max(bs.cmp_rows, next_pow2(h))
+def _tile_rows(h: int, bs: BlockSizes, backward: bool = False) -> int:
+    """(query, head) rows per compressed-attention tile: ``cmp_rows``, or the backward's own
+    ``cmp_bwd_rows`` where set; at least the group's h heads."""
+    rows = bs.cmp_bwd_rows if backward and bs.cmp_bwd_rows is not None else bs.cmp_rows
+    return max(rows, next_pow2(h))
 
 
 def _rows(qt, g, h: int, rows: int, T: int, hs: int | None = None):
@@ -311,7 +314,7 @@ def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes
     if Tc == 0:
         return jnp.zeros(q.shape, jnp.float32), jnp.zeros_like(kc), jnp.zeros_like(vc)
     h = Hq // G
-    rows = _tile_rows(h, bs)
+    rows = _tile_rows(h, bs, backward=True)
     # d lse2 / d s = p * log2(e): folding it into delta gives dS = P * (dP - delta + dlse).
     gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)
@@ -321,7 +324,7 @@ def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes
     common = dict(h=h, rows=rows, d=cfg.stride_d, l=cfg.block_l, scale=scale,
                   prec=dot_precision(q.dtype, interpret, choices), packed=packed)
     segs = () if seg is None else (seg.cmp_lo, seg.rel)
-    cp = compiler_params(bs.num_warps, bs.num_stages)
+    cp = compiler_params(bs.cmp_bwd_warps or bs.num_warps, bs.num_stages)
     dq = pl.pallas_call(
         functools.partial(_bwd_dq_kernel, bk=bs.cmp_bwd_keys, **common),
         grid=(cdiv(T, rows // h), G, B),
