@@ -9,9 +9,9 @@ the index, the inverted dK/dV kernel ``nsa_sel_bwd_dkv``) on the forward's outpu
 score`` the selection scoring kernel (``nsa_cmp_scores``, Eq. 9-10) on the compressed lse.
 
 Builds the bench's inputs (random q, K, V, bf16, B=1, Hq=64, G=4, D=128, our own top-16 blocks,
-as ``bench/kernels.py --sweep`` does), runs the forward once to compile and once more, so a
-profiler filtering on the kernel's name (``nsa_sel_fwd``) sees a warm launch; ``--set`` takes
-``BlockSizes`` fields (name=value, ints).
+as ``bench/kernels.py --sweep`` does), runs the chosen pass once to compile and once more, so a
+profiler filtering on a kernel's name (``nsa_sel_fwd``; skip its first launch) sees a warm one;
+``--set`` takes ``BlockSizes`` fields (name=value, ints).
 """
 from __future__ import annotations
 
