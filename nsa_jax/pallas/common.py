@@ -215,8 +215,8 @@ class BlockSizes:
                   forward is L2-bound there; ``for_shape`` takes them for bf16 128-wide heads;
                   bench/NOTES.md, fourteenth and fifteenth sessions).
     sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
-    sel_bwd_warps: warps of the inverted selection dK/dV kernel (``nsa_sel_bwd_dkv``). With
-                  128-wide heads its tiles are 64 rows at 4 warps: on an H100 at the bench
+    sel_bwd_warps: warps of the inverted selection dK/dV kernel (``nsa_sel_bwd_dkv``; None:
+                  ``num_warps``). With bf16 128-wide heads its tiles are 64 rows at 4 warps: on an H100 at the bench
                   shape, 64k, 128 rows at 8 warps held one program per SM (215 registers per
                   thread, 182 KB of shared memory; Nsight Compute) and the selection backward
                   took 37.0 ms against 33.7 (bench/NOTES.md, fifteenth session).
@@ -260,7 +260,7 @@ class BlockSizes:
     num_warps: int = 4
     num_stages: int = 2
     sel_warps: int = 2
-    sel_bwd_warps: int = 4
+    sel_bwd_warps: int | None = None
     score_warps: int = 4
     sel_stages: int = 2
     topn_elems: int = 1024
@@ -277,12 +277,13 @@ class BlockSizes:
                                               or self.cmp_bwd_rows & (self.cmp_bwd_rows - 1)):
             raise ValueError(f"BlockSizes.cmp_bwd_rows: None or a power of two >= {MIN_DOT}, "
                              f"got {self.cmp_bwd_rows}")
-        if self.cmp_bwd_warps not in (None, 1, 2, 4, 8, 16):
-            raise ValueError(f"BlockSizes.cmp_bwd_warps: None, 1, 2, 4, 8 or 16, got "
-                             f"{self.cmp_bwd_warps}")
+        for f in ("sel_bwd_warps", "cmp_bwd_warps"):   # a kernel's own warps; None: num_warps
+            if getattr(self, f) not in (None, 1, 2, 4, 8, 16):
+                raise ValueError(f"BlockSizes.{f}: None, 1, 2, 4, 8 or 16, got "
+                                 f"{getattr(self, f)}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
-        for f in ("num_warps", "sel_warps", "sel_bwd_warps", "score_warps", "topn_warps"):
+        for f in ("num_warps", "sel_warps", "score_warps", "topn_warps"):
             v = getattr(self, f)
             if v not in (1, 2, 4, 8, 16):
                 raise ValueError(f"BlockSizes.{f}: 1, 2, 4, 8 or 16, got {v}")
@@ -293,20 +294,18 @@ class BlockSizes:
     @classmethod
     def for_shape(cls, h: int, head_dim: int, itemsize: int = 2) -> "BlockSizes":
         """Defaults by group size h, head dim and operand bytes: 128 rows (query, head) per tile;
-        8 warps once tiles carry 128-wide heads, except the inverted dK/dV kernel's and the
-        compressed backward's 64-row tiles at 4 warps (``sel_bwd_warps``, ``cmp_bwd_rows``,
-        ``cmp_bwd_warps``) and the per-query kernels' one warp walking 32-key
-        steps in 3 stages (bench shape, 64k, on an H200: selection forward 15.9 -> 15.4 ms and
-        backward 35.0 -> 32.4 with both; bench/NOTES.md, fifteenth session). float32 operands
-        with 128-wide heads get half the rows and keys and one pipeline stage (the bf16 tiles
-        need 256 KB of shared memory in float32, more than an H100/H200 SM has: seen on an H200,
-        "requested 262144, available 232448"); their dK/dV kernel keeps 8 warps (not timed
-        otherwise)."""
+        8 warps once tiles carry 128-wide heads. For bf16 128-wide heads the inverted dK/dV
+        kernel and the compressed backward take 64-row tiles at 4 warps (``sel_rows``,
+        ``sel_bwd_warps``, ``cmp_bwd_rows``, ``cmp_bwd_warps``) and the per-query kernels one
+        warp walking 32-key steps in 3 stages (bench shape, 64k, on an H200: selection forward
+        15.9 -> 15.4 ms and backward 35.0 -> 32.4; bench/NOTES.md, fifteenth session). float32
+        operands with 128-wide heads get half the rows and keys and one pipeline stage (the
+        bf16 tiles need 256 KB of shared memory in float32, more than an H100/H200 SM has: seen
+        on an H200, "requested 262144, available 232448")."""
         warps = 8 if head_dim >= 128 else 4
         if itemsize >= 4 and head_dim >= 128:
             return cls(num_warps=warps, cmp_rows=64, cmp_keys=64, sel_rows=64, sel_tile_q=32,
-                       cmp_bwd_keys=32, win_q=32, win_keys=32, sel_dq_rows=32, num_stages=1,
-                       sel_bwd_warps=warps)
+                       cmp_bwd_keys=32, win_q=32, win_keys=32, sel_dq_rows=32, num_stages=1)
         if head_dim >= 128:
             return cls(num_warps=warps, sel_rows=64, sel_bwd_warps=4, sel_warps=1, sel_q_keys=32,
                        sel_stages=3, cmp_bwd_rows=64, cmp_bwd_warps=4)

@@ -4,8 +4,9 @@ When a compressed block ends at a row's position t (the l tokens up to t, i = (t
 integer), it is compressed by φ_K and φ_V (Eq. 7), the key is rotated at t (RoPE at the block's
 last position, :mod:`nsa_jax.nsa.rope`), and both are written to the compressed caches at block
 index i. The caller passes every row, with the caches' never-visible scratch slot as the index of
-a row where no block ends (:mod:`nsa_jax.cache_update`). XLA ran that as ~10 small kernels per layer (the position
-embedding add, two GEMMs per φ, SiLU, bias adds, RoPE and a cache-write kernel); here it is two
+a row where no block ends (:mod:`nsa_jax.cache_update`). XLA ran that as ~10 small kernels per
+layer (the position embedding add, two GEMMs per φ, SiLU, bias adds, RoPE and a cache-write
+kernel); here it is two
 launches per layer: φ's hidden layer over (K or V) x (row tiles) x (hidden-unit tiles) programs,
 then its output layer, the key's RoPE and the write over (K or V) x (row tiles).
 

@@ -340,7 +340,7 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
             out_shape=[jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
                        jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
             input_output_aliases={8 + len(qt): 0, 9 + len(qt): 1},
-            compiler_params=compiler_params(bs.sel_bwd_warps, bs.num_stages),
+            compiler_params=compiler_params(bs.sel_bwd_warps or bs.num_warps, bs.num_stages),
             interpret=interpret, name="nsa_sel_bwd_dkv",
         )(meta, *qt, q, k, v, do, gs, lse, delta, *acc)
     return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
