@@ -37,6 +37,18 @@ def use_interpret() -> bool:
     return jax.default_backend() != "gpu"
 
 
+def on_stream(fn, stream: int | None, interpret: bool):
+    """``fn`` run on GPU stream ``stream`` of XLA (jax's ``compute_on2`` with compute type
+    "gpu_stream:N": its ops become an async call on that stream, and XLA makes the consumers of
+    its outputs wait for it), so that kernels with no data between them can overlap; ``fn``
+    itself where ``stream`` is None or in interpret mode (the CPU has no streams)."""
+    if stream is None or interpret:
+        return fn
+    from jax.experimental.compute_on import compute_on2
+    return compute_on2(fn, compute_type=f"gpu_stream:{stream}",
+                       out_memory_spaces=jax.memory.Space.Device)
+
+
 def next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
