@@ -5,9 +5,9 @@ set -u
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1 PYTHONPATH=.; rc=0
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 for p in 8192:4 2048:16; do
-  for m in off all all off; do
+  for m in ${MODES:-off all all off}; do
     timeout 150 python3 bench/train_throughput.py --no-loader --models nsa_125m --points "$p" \
-      --steps 8 --override exec.kernel.streams=$m --out "$OUT/train_${p/:/x}_$m.json" \
+      --steps 8 $([ $m = off ] || echo --override exec.kernel.streams=$m) --out "$OUT/train_${p/:/x}_$m.json" \
       >> "$OUT/train.log" 2>&1 || rc=1
     grep -E "^\{" "$OUT/train.log" | tail -1 | python3 -c '
 import json, sys

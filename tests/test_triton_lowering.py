@@ -221,27 +221,3 @@ def test_cache_write_kernel_lowers_to_triton():
     names = triton_kernels(k, bufs, S(Bq, nq + 6 * G * D + 3 * G * h), S(Bq, dtype=jnp.int32),
                            S(Bq, D // 2, dtype=jnp.float32))
     assert names == {"nsa_cache_write"}, names
-
-
-@pytest.mark.parametrize("streams", ["off", "sel", "all"])
-def test_streams_annotate_the_branches(monkeypatch, streams):
-    """``KernelChoices.streams``: the selection backward's index + dK/dV kernel (stream 1) and,
-    with "all", the window branch (2) and the compressed backward (3) are async calls XLA runs
-    on streams of their own; "off" annotates nothing. float32 rows (the local window kernel and
-    the Pallas compressed kernels lower without a GPU; cuDNN does not)."""
-    kw = {"choices": KernelChoices(sel_impl="gather", sel_fwd="query", sel_dq="query",
-                                   cmp_attn="pallas", streams=streams)}
-    compiled_kernels(monkeypatch)
-    exp = export.export(jax.jit(_fwd_bwd(**kw)), platforms=["cuda"],
-                        disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON)])(
-        *_nsa_args(jnp.float32))
-    text = exp.mlir_module()
-    calls = [line for line in text.splitlines() if "_xla_stream_annotation" in line]
-    want = {"off": set(), "sel": {"1"}, "all": {"1", "2", "3"}}[streams]
-    assert {n for n in "123" if any(f'_xla_stream_annotation = "{n}"' in c for c in calls)} \
-        == want, calls
-    # one async call per stream use: nothing inside a call carries the annotation again (XLA
-    # rejects a nested async call); "all": the window's forward and backward, the compressed
-    # backward, the selection dK/dV
-    assert len(calls) == {"off": 0, "sel": 1, "all": 4}[streams], calls
-    assert all(" call @" in c for c in calls), calls

@@ -17,7 +17,6 @@ SCORE_DOTS = ("ieee", "tf32x3")
 SCORE_HEADS = ("auto", "rows", "loop")
 F32_DOTS = ("ieee", "tf32")
 CMP_ATTNS = ("auto", "pallas", "cudnn", "xla")
-STREAMS = ("off", "sel", "all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,13 +86,6 @@ class KernelChoices:
                         Packed rows: "auto" takes "pallas"; "cudnn"/"xla" group the queries by
                         document slots and add the documents' slot mask (``nsa_jax/pallas/
                         cmp_grouped.py``; measured slower than "pallas" in the whole packed op).
-    streams:            independent kernels on GPU streams of their own, so they can run at the
-                        same time (jax's ``compute_on2(compute_type="gpu_stream:N")``; XLA
-                        inserts the waits): "off" (one stream), "sel" (the gather selection
-                        backward's block -> query index and inverted dK/dV kernel beside its
-                        per-query dQ kernel) or "all" ("sel", and the window branch's forward
-                        and the compressed and window branches' backward beside the selection
-                        branch). No effect in interpret mode (CPU).
     """
     sel_impl: str = "auto"
     sel_tiled_max_t: int = 4096
@@ -106,7 +98,6 @@ class KernelChoices:
     score_heads: str = "auto"
     f32_dot: str = "ieee"
     cmp_attn: str = "auto"
-    streams: str = "off"
 
     def __post_init__(self):
         def fail(field, msg):
@@ -129,8 +120,6 @@ class KernelChoices:
             fail("score_heads", f"one of {list(SCORE_HEADS)}, got {self.score_heads!r}")
         if self.cmp_attn not in CMP_ATTNS:
             fail("cmp_attn", f"one of {list(CMP_ATTNS)}, got {self.cmp_attn!r}")
-        if self.streams not in STREAMS:
-            fail("streams", f"one of {list(STREAMS)}, got {self.streams!r}")
         if self.f32_dot not in F32_DOTS:
             fail("f32_dot", f"one of {list(F32_DOTS)}, got {self.f32_dot!r}")
         if not isinstance(self.sel_tiled_max_t, int) or self.sel_tiled_max_t < 0:

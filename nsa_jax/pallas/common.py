@@ -37,32 +37,6 @@ def use_interpret() -> bool:
     return jax.default_backend() != "gpu"
 
 
-def on_stream(fn, stream: int | None, interpret: bool):
-    """``fn`` run on GPU stream ``stream`` of XLA, so that kernels with no data between them can
-    overlap; ``fn`` itself where ``stream`` is None or in interpret mode (the CPU has no streams).
-
-    jax's functional ``compute_on`` (``compute_on2`` before 0.11) with compute type
-    "gpu_stream:N" makes ``fn`` one async call on that stream, and XLA makes the consumers of
-    its outputs wait for it. XLA takes only that one call: every op traced under the
-    annotation carries it, so a nested jitted helper (``jnp.where`` is one) would become an
-    async call inside the call, which XLA rejects ("No ExecutionStreamId found ... only
-    reachable through embedded calls"). So ``fn`` is traced to a jaxpr first, outside the
-    annotation, and the call evaluates that jaxpr (``jaxpr_as_fun`` binds each equation under
-    its own context, which names no stream)."""
-    if stream is None or interpret:
-        return fn
-    from jax.experimental import compute_on as co
-    from jax.extend.core import jaxpr_as_fun
-    wrap = getattr(co, "compute_on2", None) or co.compute_on
-
-    def run(*args):
-        closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
-        flat = wrap(jaxpr_as_fun(closed), compute_type=f"gpu_stream:{stream}",
-                    out_memory_spaces=jax.memory.Space.Device)(*jax.tree.leaves(args))
-        return jax.tree.unflatten(jax.tree.structure(shapes), flat)
-    return run
-
-
 def next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 

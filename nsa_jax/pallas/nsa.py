@@ -33,8 +33,8 @@ from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import SEL_FWD_BLOCK_MAX_H, KernelChoices
 from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped
-from nsa_jax.pallas.common import (BlockSizes, choices_or_default, cudnn_applies, on_stream,
-                                   pad_dim, padded_dims, stored_dtype, use_interpret)
+from nsa_jax.pallas.common import (BlockSizes, choices_or_default, cudnn_applies, pad_dim,
+                                   padded_dims, stored_dtype, use_interpret)
 from nsa_jax.pallas.compressed import cmp_backward, cmp_forward
 from nsa_jax.pallas.scoring import cmp_block_scores
 from nsa_jax.pallas.selection import atomic_mode, sel_backward, sel_forward
@@ -170,12 +170,6 @@ def _cmp_attn(q, v_cmp, st: _Static, packed: bool) -> str:
     return c
 
 
-def _stream(st: _Static, n: int):
-    """GPU stream ``n`` for a whole branch under ``KernelChoices.streams`` "all", else None (the
-    selection backward's own stream 1 is chosen in ``selection.sel_backward``)."""
-    return n if st.choices.streams == "all" else None
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(10,))
 def _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _Static):
     return _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st)[0]
@@ -217,10 +211,9 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
         o_slc = o_s[..., :Dv]
         # index: the block forward's, for the backward; o_s kept in q's dtype if 16-bit
         res["slc"] = (idx, o_s.astype(stored_dtype(q.dtype)), lse_s, index)
-    if "win" in br:   # streams "all": forward and backward on a stream of their own
-        o_win, win_vjp = jax.vjp(on_stream(lambda a, b, c: window_attention(
-            a, b, c, cfg, interpret, choices=st.choices, seg=seg, block_sizes=bs),
-            _stream(st, 2), interpret), q, k_win, v_win)
+    if "win" in br:
+        o_win, win_vjp = jax.vjp(lambda a, b, c: window_attention(
+            a, b, c, cfg, interpret, choices=st.choices, seg=seg, block_sizes=bs), q, k_win, v_win)
         res["win"] = (o_win, win_vjp)
     out = semantics.combine(o_cmp, o_slc, o_win, gates, cfg, q.dtype)
     return out, (q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, seg, res)
@@ -246,15 +239,14 @@ def _nsa_bwd(st: _Static, resid, dout):
         # H200 at 2k/8k; a barrier on all three sums moved the 64k peak past 26.8 GB;
         # bench/NOTES.md, seventh session)
         dgates[0] = jax.lax.optimization_barrier(jnp.sum(o_c * dout32, axis=-1))
-        dq_c, dkc, dvc = on_stream(cmp_vjp, _stream(st, 3), interpret)(g[..., 0:1] * dout32)
+        dq_c, dkc, dvc = cmp_vjp(g[..., 0:1] * dout32)
         dq = dq + pad_dim(dq_c.astype(jnp.float32), Dkp)
     if "cmp" in res:
         o_c, lse_c = res["cmp"]
         dgates[0] = jnp.sum(o_c[..., :Dv] * dout32, axis=-1)
-        dq_c, dkc, dvc = on_stream(
-            lambda *a: cmp_backward(*a, None, cfg, bs, scale, interpret, choices=st.choices,
-                                    seg=seg), _stream(st, 3), interpret)(
-            qp, pad_dim(k_cmp, Dkp), pad_dim(v_cmp, Dvp), o_c, lse_c, dop, g[..., 0])
+        dq_c, dkc, dvc = cmp_backward(qp, pad_dim(k_cmp, Dkp), pad_dim(v_cmp, Dvp), o_c, lse_c,
+                                      dop, g[..., 0], None, cfg, bs, scale, interpret,
+                                      choices=st.choices, seg=seg)
         dq = dq + dq_c
     if "slc" in res:
         idx, o_s, lse_s, index = res["slc"]

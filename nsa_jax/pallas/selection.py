@@ -51,7 +51,7 @@ from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, POS_INF, BlockSizes, cdiv, choices_or_default,
                                    compiler_params, dot, dot_precision, dscores, idiv, load,
-                                   next_pow2, on_stream, probs, sel_sub_tiles)
+                                   next_pow2, probs, sel_sub_tiles)
 from nsa_jax.pallas.selection_query import sel_dq, sel_forward  # noqa: F401 (re-exported)
 
 
@@ -316,46 +316,34 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
         T_acc = max(T_acc, dkv_rows(T, Ts, cfg.sel_block,
                                     *sel_sub_tiles(cfg.sel_block, bs.sel_q_keys), packed))
     gs, delta = grad_scales(o, do, gs)
-
-    def zeros():   # the float32 dK / dV accumulators
-        return [jnp.zeros((B, T_acc, G, Dk), jnp.float32),
-                jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
-
+    acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
     if atomic:
         dq, dk, dv = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret,
-                            seg=seg, acc=zeros())
-        return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
-    rows, chunk = item_tiles(bs, h)
-
-    def dkv(idx, index, q, k, v, do, gs, lse, delta):
-        acc = zeros()
+                            seg=seg, acc=acc)
+    else:
+        dq = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret, seg=seg)
+        rows, chunk = item_tiles(bs, h)
         n_slots = 0
         if index is not None:
             meta, *qt = index
+            qt = tuple(qt)
             n_slots = n
         else:
             meta, *qt = inverted_index(idx, T, Ts, chunk, cfg.sel_block,
                                        seg.start if packed else None)
-        kern = functools.partial(_bwd_kv_kernel, h=h, rows=rows, l_sel=cfg.sel_block,
-                                 bk=bk, n_sub=n_sub, scale=scale, prec=prec, packed=packed,
+            qt = tuple(qt)
+        kern = functools.partial(_bwd_kv_kernel, h=h, rows=rows, l_sel=cfg.sel_block, bk=bk,
+                                 n_sub=n_sub, scale=scale, prec=prec, packed=packed,
                                  n_slots=n_slots)
         dk, dv = pl.pallas_call(
             kern, grid=(meta.shape[0],),
             out_shape=[jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
                        jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
             input_output_aliases={8 + len(qt): 0, 9 + len(qt): 1},
-            compiler_params=compiler_params(bs.sel_bwd_warps or bs.num_warps,
-                                            bs.num_stages),
+            compiler_params=compiler_params(bs.sel_bwd_warps or bs.num_warps, bs.num_stages),
             interpret=interpret, name="nsa_sel_bwd_dkv",
         )(meta, *qt, q, k, v, do, gs, lse, delta, *acc)
-        return dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
-
-    # streams "sel"/"all": the index and the dK/dV kernel on a stream of their own, issued
-    # first, overlap the per-query dQ kernel (no data between them)
-    stream = 1 if choices_or_default(choices).streams != "off" else None
-    dk, dv = on_stream(dkv, stream, interpret)(idx, index, q, k, v, do, gs, lse, delta)
-    dq = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret, seg=seg)
-    return dq, dk, dv
+    return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
 
 
 # ---- custom VJP ---------------------------------------------------------------------------------
