@@ -3,10 +3,12 @@
     python3 bench/index_sort.py [--shape bench] [--T 65536] [--reps 30]
 
 Times, on the selections of ``bench/kernels.py`` (our top-n on random inputs): ``inverted_index``
-as the backward builds it, and three ways to sort the B*G rows of T*n (key range, entry) pairs:
-one int32 key (range * T*n + entry; what ``inverted_index`` does when it fits), the range as a
-uint16 key carrying the entry as a value (a stable two-operand sort), and the range as an int32
-key carrying the entry. Prints median ms; checks the three orders agree.
+as the backward builds it, and ways to sort the B*G rows of T*n (key range, entry) pairs: batched
+over the rows (XLA's own sort for a batch of rows) with one int32 key (range * T*n + entry: the
+index before the sixteenth session), with a uint16 or an int32 range key carrying the entry; and
+flat (one row of B*G*T*n, which XLA gives to CUB's radix sort) with a uint16 or uint32 (row,
+range) key carrying the entry (``inverted_index`` now). Prints median ms, whether XLA kept a sort
+of its own, and checks every order agrees with the first.
 """
 from __future__ import annotations
 
@@ -67,20 +69,30 @@ def main(argv=None):
         jkey, ent = rows(idx)
         return lax.sort((jkey, ent), dimension=-1, num_keys=1, is_stable=True)
 
+    def flat(kdt):
+        def f(idx):
+            jkey, ent = rows(idx)
+            row0 = jnp.arange(B * G, dtype=jnp.int32)[:, None] * (Ts + 1)
+            ks, e = lax.sort(((row0 + jkey).reshape(-1).astype(kdt), ent.reshape(-1)),
+                             dimension=0, num_keys=1, is_stable=True)
+            return ks.reshape(B * G, TN).astype(jnp.int32) - row0, e.reshape(B * G, TN)
+        return f
+
     fns = {"inverted_index": lambda i: inverted_index(i, T, Ts, chunk, CFG.sel_block),
-           "sort_one_int32_key": one_key, "sort_uint16_key_value": u16_pair,
-           "sort_int32_key_value": i32_pair}
+           "rows_one_int32_key": one_key, "rows_uint16_key_value": u16_pair,
+           "rows_int32_key_value": i32_pair, "flat_uint16_key_value": flat(jnp.uint16),
+           "flat_uint32_key_value": flat(jnp.uint32)}
     outs = {k: jax.jit(f)(idxs[0]) for k, f in fns.items() if k != "inverted_index"}
-    ref_e = outs["sort_one_int32_key"][1]
-    for k in ("sort_uint16_key_value", "sort_int32_key_value"):
+    ref_j, ref_e = outs["rows_one_int32_key"]
+    for k in list(outs)[1:]:
         same = bool(jnp.all(outs[k][1] == ref_e)) and bool(
-            jnp.all(outs[k][0].astype(jnp.int32) == outs["sort_one_int32_key"][0]))
-        print(f"  {k}: same order as the one-key sort: {same}")
+            jnp.all(outs[k][0].astype(jnp.int32) == ref_j))
+        print(f"  {k}: same order as rows_one_int32_key: {same}")
     for k, f in fns.items():
         fj = jax.jit(f)
         n_sorts = fj.lower(idxs[0]).compile().as_text().count(" sort(")
         print(f"  {k:24s} {timed(fj, [(i,) for i in idxs], a.reps):8.3f} ms  "
-              f"(XLA sort ops left in the HLO: {n_sorts})", flush=True)
+              f"(XLA's own sorts in the HLO: {n_sorts})", flush=True)
 
 
 if __name__ == "__main__":

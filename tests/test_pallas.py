@@ -329,12 +329,15 @@ def test_count_below_is_searchsorted():
         np.testing.assert_array_equal(g[1:], np.searchsorted(r, np.arange(nv), side="right"))
 
 
-@pytest.mark.parametrize("one_key", [True, False])
-def test_inverted_index_covers_every_selection_once(monkeypatch, one_key):
-    """Both sorts: one packed int32 (block, entry) key, and two keys where it would not fit;
-    an item's base is its block's first key."""
+@pytest.mark.parametrize("sort", ["flat16", "flat32", "rows"])
+def test_inverted_index_covers_every_selection_once(monkeypatch, sort):
+    """Every sort: one flat stable sort of (row, range) keys carrying the entry, 16-bit or 32-bit
+    keys, and the per-row two-key sort where the flat keys would not fit; an item's base is its
+    block's first key, and each item lists its queries in ascending order."""
     import nsa_jax.pallas.selection as sel
-    if not one_key:
+    if sort == "flat32":
+        monkeypatch.setattr(sel, "SHORT_KEY_MAX", 0)
+    if sort == "rows":
         monkeypatch.setattr(sel, "ONE_KEY_MAX", 0)
     rng = np.random.default_rng(1)
     B, T, G, n, Ts, chunk, l_sel = 2, 40, 3, 4, 5, 7, 8
@@ -344,7 +347,9 @@ def test_inverted_index_covers_every_selection_once(monkeypatch, one_key):
     got = []
     for b, g, base, start, count in meta:
         assert 0 <= count <= chunk
-        got += [(b, g, base, t) for t in qt[b, g, start:start + count]]
+        ts = qt[b, g, start:start + count]
+        assert (np.diff(ts) >= 0).all(), ts      # a stable sort keeps entry order in a block
+        got += [(b, g, base, t) for t in ts]
     want = [(b, g, idx[b, t, g, s] * l_sel, t) for b in range(B) for t in range(T)
             for g in range(G) for s in range(n) if idx[b, t, g, s] >= 0]
     assert sorted(got) == sorted(want)

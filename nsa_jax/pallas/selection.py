@@ -168,7 +168,8 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
             plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv)
 
 
-ONE_KEY_MAX = 2 ** 31 - 1   # largest (range, entry) key inverted_index packs into one int32
+ONE_KEY_MAX = 2 ** 31 - 1   # most flat (row, range) keys inverted_index sorts in one sort
+SHORT_KEY_MAX = 2 ** 16     # ... as 16-bit keys
 
 
 def num_ranges(Ts: int, packed: bool) -> int:
@@ -240,14 +241,19 @@ def inverted_index(idx, T: int, Ts: int, chunk: int, l_sel: int, doc_start=None,
     nr = num_ranges(Ts, packed)
     jkey = slot_keys(idx, T, Ts, doc_start, l_sel)
     TN = T * n
-    # entry e = t*n + slot, in (b, g) rows; sorted by (range, e) through one int32 key when it
-    # fits (a single-operand sort: XLA runs a radix sort), else by two keys
+    # entry e = t*n + slot, in (b, g) rows, sorted by (range, e): one stable sort of the flat
+    # (row, range) keys carrying e. Flat, so XLA hands it to CUB's radix sort (a batch of rows it
+    # sorts itself, ~10x slower on an H100 at the bench shape: bench/NOTES.md, sixteenth
+    # session), and with 16-bit keys where the (row, range) pairs fit (2 radix passes)
     jkey = jkey.transpose(0, 2, 1, 3).reshape(B * G, TN)
     ent = jnp.broadcast_to(jnp.arange(TN, dtype=jnp.int32), (B * G, TN))
-    if (nr + 1) * TN - 1 <= ONE_KEY_MAX:
-        ks = lax.sort(jkey * TN + ent, dimension=-1)
-        jsort = ks // TN
-        esort = ks - jsort * TN
+    n_keys = B * G * (nr + 1)
+    if n_keys <= ONE_KEY_MAX:
+        kdt = jnp.uint16 if n_keys <= SHORT_KEY_MAX else jnp.uint32
+        row0 = jnp.arange(B * G, dtype=jnp.int32)[:, None] * (nr + 1)
+        ks, esort = lax.sort(((row0 + jkey).reshape(-1).astype(kdt), ent.reshape(-1)),
+                             dimension=0, num_keys=1, is_stable=True)
+        jsort = ks.reshape(B * G, TN).astype(jnp.int32) - row0
     else:
         jsort, esort = lax.sort((jkey, ent), dimension=-1, num_keys=2)
     jsort, esort = jsort.reshape(B, G, TN), esort.reshape(B, G, TN)
