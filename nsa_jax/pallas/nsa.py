@@ -250,6 +250,7 @@ def _nsa_bwd(st: _Static, resid, dout):
         dq = dq + dq_c
     if "slc" in res:
         idx, o_s, lse_s, index = res["slc"]
+        dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
         sel_bwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
                                     q.dtype)[1]
         kw = {}
@@ -257,15 +258,9 @@ def _nsa_bwd(st: _Static, resid, dout):
             kw = {"index": index[0]}           # the forward's indices, one per slot pass
         elif index and len(index[0]) == 1 and not atomic_mode(st.choices):
             kw = {"index": index[0][0]}        # query dQ + inverted dK/dV: one pass's index
-        if sel_bwd is sel_backward:            # its dQ kernel forms rowsum(O * dO): the gate's
-            kw["return_rowsum"] = True         # gradient, no XLA pass over O and dO
-        else:
-            dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
-        dq_s, dks, dvs, *rs = sel_bwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, o_s,
-                                      lse_s, dop, g[..., 1], cfg, bs, scale, interpret,
-                                      choices=st.choices, seg=seg, **kw)
-        if rs:
-            dgates[1] = rs[0]
+        dq_s, dks, dvs = sel_bwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, o_s, lse_s,
+                                 dop, g[..., 1], cfg, bs, scale, interpret, choices=st.choices,
+                                 seg=seg, **kw)
         dq = dq + dq_s
     dq = dq[..., :Dk]
     if "win" in res:

@@ -297,7 +297,7 @@ def dkv_rows(T: int, Ts: int, l_sel: int, bk: int, n_sub: int, packed: bool) -> 
 
 def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, scale: float,
                  interpret: bool, *, choices: KernelChoices | None = None, seg=None,
-                 index=None, return_rowsum: bool = False):
+                 index=None):
     """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
     dK/dV by ``choices.sel_bwd`` ("inverted" or "atomic"). ``index``: the block -> query index
     of the forward (``selection_block.sel_forward_block(return_index=True)``: (meta, qt[, pt])
@@ -307,8 +307,6 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     ``do`` [B,T,Hq,Dv] is the cotangent as it arrives (bf16 stays bf16: it feeds the dots
     unrounded) and ``gs`` [B,T,Hq] float32 a per-row scale (the branch gate; None = 1) applied in
     float32 after the dots. ``seg``: packed rows' layout (document-relative idx).
-    ``return_rowsum``: also return rowsum(O * dO) float32 [B,T,Hq] (without gs), which the dQ
-    kernel forms for the softmax backward (delta = gs * rowsum) and the gate gradient reuses.
     """
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
@@ -323,14 +321,13 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     if atomic:  # the per-query dQ kernel adds its tiles in its own steps (sel_q_keys)
         T_acc = max(T_acc, dkv_rows(T, Ts, cfg.sel_block,
                                     *sel_sub_tiles(cfg.sel_block, bs.sel_q_keys), packed))
-    gs = jnp.ones(o.shape[:3], jnp.float32) if gs is None else gs.astype(jnp.float32)
+    gs, delta = grad_scales(o, do, gs)
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
     if atomic:
-        dq, rs, dk, dv = sel_dq(q, k, v, idx, do, gs, lse, o, cfg, bs, prec, scale, interpret,
-                                seg=seg, acc=acc)
+        dq, dk, dv = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret,
+                            seg=seg, acc=acc)
     else:
-        dq, rs = sel_dq(q, k, v, idx, do, gs, lse, o, cfg, bs, prec, scale, interpret, seg=seg)
-        delta = gs * rs
+        dq = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret, seg=seg)
         rows, chunk = item_tiles(bs, h)
         n_slots = 0
         if index is not None:
@@ -352,8 +349,7 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
             compiler_params=compiler_params(bs.sel_bwd_warps or bs.num_warps, bs.num_stages),
             interpret=interpret, name="nsa_sel_bwd_dkv",
         )(meta, *qt, q, k, v, do, gs, lse, delta, *acc)
-    out = dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
-    return out + (rs,) if return_rowsum else out
+    return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
 
 
 # ---- custom VJP ---------------------------------------------------------------------------------

@@ -126,27 +126,22 @@ def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, inte
 
 
 # ---- backward: dQ (and dK/dV in "atomic" mode) -------------------------------------------------
-def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, o_ref, *refs, h, n_sel,
+def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_ref, *refs, h, n_sel,
                   l_sel, bk, n_sub, scale, prec, atomic, packed=False):
     if packed:
         st_ref, *refs = refs
     if atomic:
-        _dk_in, _dv_in, dq_ref, rs_ref, dk_ref, dv_ref = refs
+        _dk_in, _dv_in, dq_ref, dk_ref, dv_ref = refs
     else:
-        dq_ref, rs_ref = refs
+        (dq_ref,) = refs
     (t, g, b), row_ok, head, dk_, q = _query_rows(q_ref, h)
     hp, Dk, Dv = q.shape[0], q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
     dv_ = jnp.arange(Dv)
-    do32 = load(do_ref.at[b, t, head[:, None], dv_[None, :]], row_ok[:, None]).astype(jnp.float32)
-    do = do32.astype(cdt)
+    do = load(do_ref.at[b, t, head[:, None], dv_[None, :]], row_ok[:, None]).astype(cdt)
     gs = load(gs_ref.at[b, t, head], row_ok)
     lse = load(lse_ref.at[b, t, head], row_ok, POS_INF)
-    # rowsum(O * dO) of the softmax backward, formed here from the rows this program loads anyway
-    # (an XLA pass over O and dO before), stored for the dK/dV kernel and the gate's gradient
-    o = load(o_ref.at[b, t, head[:, None], dv_[None, :]], row_ok[:, None]).astype(jnp.float32)
-    rs = jnp.sum(o * do32, axis=1)
-    delta = gs * rs
+    delta = load(delta_ref.at[b, t, head], row_ok)
     c = scale * LOG2E
     start = st_ref[b, t] if packed else None
 
@@ -171,16 +166,13 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, o_ref, 
     dq = lax.fori_loop(0, n_sel * n_sub, step, jnp.zeros((hp, Dk), jnp.float32))
     head_st = jnp.where(row_ok, head, dq_ref.shape[2])
     store(dq_ref.at[b, t, head_st[:, None], dk_[None, :]], dq * scale, row_ok[:, None])
-    store(rs_ref.at[b, t, head_st], rs, row_ok)
 
 
-def sel_dq(q, k, v, idx, do, gs, lse, o, cfg: NSAConfig, bs: BlockSizes, prec, scale: float,
+def sel_dq(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, bs: BlockSizes, prec, scale: float,
            interpret: bool, *, seg=None, acc=None):
-    """-> (dQ float32 [B,T,Hq,Dk], rowsum(O * dO) float32 [B,T,Hq]) of the selection branch, for
-    the output cotangent ``gs[..., None] * do`` (``gs`` float32 [B,T,Hq]; ``o`` the forward's
-    output, any float dtype); the kernel forms delta = gs * rowsum(O * dO) itself. With ``acc``
-    (float32 dK, dV accumulators) the "atomic" variant: -> (dq, rowsum, dk_acc, dv_acc) with every
-    selected block's dK/dV tiles added."""
+    """dQ float32 [B,T,Hq,Dk] of the selection branch (``gs``, ``delta`` from
+    ``selection.grad_scales``); with ``acc`` (float32 dK, dV accumulators) the "atomic" variant:
+    -> (dq, dk_acc, dv_acc) with every selected block's dK/dV tiles added."""
     B, T, Hq, Dk = q.shape
     G = k.shape[2]
     bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_q_keys)
@@ -188,16 +180,15 @@ def sel_dq(q, k, v, idx, do, gs, lse, o, cfg: NSAConfig, bs: BlockSizes, prec, s
     kern = functools.partial(_bwd_q_kernel, h=Hq // G, n_sel=idx.shape[-1], l_sel=cfg.sel_block,
                              bk=bk, n_sub=n_sub, scale=scale, prec=prec, atomic=acc is not None,
                              packed=seg is not None)
-    outs = [jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),
-            jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)]
+    dq_shape = jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32)
     params = dict(grid=(T, G, B), interpret=interpret,
                   compiler_params=compiler_params(bs.sel_warps, bs.sel_stages))
-    args = (q, k, v, idx, do, gs.astype(jnp.float32), lse, o, *segs)
+    args = (q, k, v, idx, do, gs, lse, delta, *segs)
     if acc is None:
-        return tuple(pl.pallas_call(kern, out_shape=outs, name="nsa_sel_bwd_dq", **params)(*args))
+        return pl.pallas_call(kern, out_shape=dq_shape, name="nsa_sel_bwd_dq", **params)(*args)
     n_in = len(args)
-    return tuple(pl.pallas_call(
-        kern, out_shape=outs + [jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
-                                jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
-        input_output_aliases={n_in: 2, n_in + 1: 3}, name="nsa_sel_bwd_atomic", **params,
-    )(*args, *acc))
+    return pl.pallas_call(
+        kern, out_shape=[dq_shape, jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
+                         jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
+        input_output_aliases={n_in: 1, n_in + 1: 2}, name="nsa_sel_bwd_atomic", **params,
+    )(*args, *acc)
