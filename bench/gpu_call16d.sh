@@ -3,6 +3,8 @@
 # against the tree before (.old/pre16 = b95b4d3, carried), each process started inside its tree with
 # `python3 -P` (no working directory on sys.path), alternating: the selection backward, the dQ kernel alone
 # and the NSA op fwd+bwd at the bench shape, 64k; the index sort variants; GPU parity of the gather path.
+# (As run, the per-tree driver and the peers lines were inline here; they were moved unchanged into
+# bench/ab_sel.py and bench/peers_run.sh afterwards.)
 set -u
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; rc=0; ROOT=$PWD
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
@@ -15,20 +17,8 @@ fi
 timeout 120 python3 -P bench/index_sort.py --T 65536 > "$OUT/index_sort.log" 2>&1 || rc=1
 grep -v "^\s*$" "$OUT/index_sort.log" | tail -11
 for tree in .old/pre16 . .old/pre16 .; do
-  (cd "$ROOT/$tree" && PYTHONPATH=.:bench timeout 150 python3 -P -c "
-import jax, jax.numpy as jnp, nsa_jax
-import kernels as k
-from nsa_jax.nsa import nsa_attention
-print('$tree', 'nsa_jax from', nsa_jax.__file__, flush=True)
-k.SWEEP = {'sel_bwd': [{}, {}], 'sel_dq': [{}]}
-k.sweep('bench', 65536, 20, lambda s: print('$tree', s, flush=True))
-sets = [k.make_inputs(s, 65536, 64, 4, 128) for s in (0, 1)]
-def loss(*a):
-    return jnp.sum(nsa_attention(*a[:8], k.CFG, impl='pallas').astype(jnp.float32)
-                   * a[8].astype(jnp.float32))
-f = jax.jit(jax.grad(loss, argnums=tuple(range(8))))
-print('$tree', '  nsa_fwd_bwd', round(k.timed(f, sets, 20), 3), 'ms', flush=True)
-") >> "$OUT/ab.log" 2>&1 || rc=1
+  (cd "$ROOT/$tree" && PYTHONPATH=.:bench timeout 150 python3 -P "$ROOT/bench/ab_sel.py" "$tree") \
+    >> "$OUT/ab.log" 2>&1 || rc=1
 done
 grep -E "ms|Error|from" "$OUT/ab.log"
 exit $rc
