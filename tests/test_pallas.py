@@ -320,7 +320,7 @@ def test_inverted_index_covers_every_selection_once(monkeypatch, sort):
 
 
 def test_packed_inverted_index_lists_each_pair_once_under_a_range_holding_its_keys(monkeypatch):
-    """Packed rows, slot payloads (the block-major forward's index): the one-key and the
+    """Packed rows, slot payloads (the block-major forward's index): the flat and the
     two-key sorts give the same index; every (query, slot) is listed once, under an l'-key
     range [base, base + l') that holds every key the query sees of its block, whose ranges are
     aligned blocks or start at a block's first key (at most 2 Ts - 1 distinct ranges), and all

@@ -23,7 +23,8 @@ Hq=64, G=4, D=128, l'=64, n=16): the whole selection backward takes 35.3 ms inve
 6.9e10 float32 atomic adds (~275 GB of read-modify-write, neighbouring queries hitting the same
 addresses) and forms dK/dV from 16-row tiles; the inverted one issues
 (T*n*G/sel_chunk + Ts*G) * l' * (Dk + Dv) ≈ 1.3e8 and uses 128-row tiles. Its index costs one
-sort of T*n*G pairs (2.4 ms at that shape). Indices are not differentiable.
+sort of T*n*G pairs (2.4 ms at that shape then; 0.31 ms on an H100 since it is one flat radix sort,
+``inverted_index``). Indices are not differentiable.
 
 Packed documents (``seg``, a ``semantics.SegmentLayout``; None compiles the unpacked kernels):
 ids are document-relative, so block j of the query at t is the keys [p, p + l'),
