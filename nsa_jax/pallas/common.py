@@ -216,10 +216,11 @@ class BlockSizes:
                   bench/NOTES.md, fourteenth and fifteenth sessions).
     sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
     sel_bwd_warps: warps of the inverted selection dK/dV kernel (``nsa_sel_bwd_dkv``; None:
-                  ``num_warps``). With bf16 128-wide heads its tiles are 64 rows at 4 warps: on an H100 at the bench
-                  shape, 64k, 128 rows at 8 warps held one program per SM (215 registers per
-                  thread, 182 KB of shared memory; Nsight Compute) and the selection backward
-                  took 37.0 ms against 33.7 (bench/NOTES.md, fifteenth session).
+                  ``num_warps``). With bf16 128-wide heads its tiles are 64 rows at 4 warps: on
+                  an H100 at the bench shape, 64k, 128 rows at 8 warps held one program per SM
+                  (215 registers per thread, 182 KB of shared memory; Nsight Compute) and the
+                  selection backward took 37.0 ms against 33.7 (bench/NOTES.md, fifteenth
+                  session).
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
     sel_dq_rows:  (query, head) rows per tile in the block-major backward that forms dQ with
                   dK/dV (``KernelChoices.sel_dq = "block"``; it holds a dQ tile more than the
@@ -267,25 +268,19 @@ class BlockSizes:
     topn_warps: int = 1
 
     def __post_init__(self):
+        unset_ok = ("cmp_bwd_rows", "sel_bwd_warps", "cmp_bwd_warps")   # None: the shared field
         for f in ("cmp_rows", "cmp_keys", "score_sel", "score_q", "sel_keys", "sel_q_keys",
-                  "sel_rows", "cmp_bwd_keys", "sel_tile_q", "win_q", "win_keys", "sel_dq_rows",
-                  "topn_elems"):
+                  "sel_rows", "cmp_bwd_keys", "cmp_bwd_rows", "sel_tile_q", "win_q", "win_keys",
+                  "sel_dq_rows", "topn_elems"):
             v = getattr(self, f)
-            if v < MIN_DOT or v & (v - 1):
+            if (v is not None or f not in unset_ok) and (v < MIN_DOT or v & (v - 1)):
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
-        if self.cmp_bwd_rows is not None and (self.cmp_bwd_rows < MIN_DOT
-                                              or self.cmp_bwd_rows & (self.cmp_bwd_rows - 1)):
-            raise ValueError(f"BlockSizes.cmp_bwd_rows: None or a power of two >= {MIN_DOT}, "
-                             f"got {self.cmp_bwd_rows}")
-        for f in ("sel_bwd_warps", "cmp_bwd_warps"):   # a kernel's own warps; None: num_warps
-            if getattr(self, f) not in (None, 1, 2, 4, 8, 16):
-                raise ValueError(f"BlockSizes.{f}: None, 1, 2, 4, 8 or 16, got "
-                                 f"{getattr(self, f)}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
-        for f in ("num_warps", "sel_warps", "score_warps", "topn_warps"):
+        for f in ("num_warps", "sel_warps", "score_warps", "topn_warps", "sel_bwd_warps",
+                  "cmp_bwd_warps"):
             v = getattr(self, f)
-            if v not in (1, 2, 4, 8, 16):
+            if (v is not None or f not in unset_ok) and v not in (1, 2, 4, 8, 16):
                 raise ValueError(f"BlockSizes.{f}: 1, 2, 4, 8 or 16, got {v}")
         for f in ("num_stages", "sel_stages"):
             if getattr(self, f) < 1:

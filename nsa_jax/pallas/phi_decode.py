@@ -6,9 +6,9 @@ last position, :mod:`nsa_jax.nsa.rope`), and both are written to the compressed 
 index i. The caller passes every row, with the caches' never-visible scratch slot as the index of
 a row where no block ends (:mod:`nsa_jax.cache_update`). XLA ran that as ~10 small kernels per
 layer (the position embedding add, two GEMMs per φ, SiLU, bias adds, RoPE and a cache-write
-kernel); here it is two
-launches per layer: φ's hidden layer over (K or V) x (row tiles) x (hidden-unit tiles) programs,
-then its output layer, the key's RoPE and the write over (K or V) x (row tiles).
+kernel); here it is two launches per layer: φ's hidden layer over (K or V) x (row tiles) x
+(hidden-unit tiles) programs, then its output layer, the key's RoPE and the write over (K or V) x
+(row tiles).
 
 A block ends at t for one step in d, so most steps emit nothing: rows bound for the scratch
 slot are neither computed nor written (the slot is never read), and a program whose row tile

@@ -22,9 +22,10 @@ Hq=64, G=4, D=128, l'=64, n=16): the whole selection backward takes 35.3 ms inve
 399.5 ms atomic (11x; 8.9x at T=8192). The atomic variant issues n * l' * (Dk + Dv) * T * G ≈
 6.9e10 float32 atomic adds (~275 GB of read-modify-write, neighbouring queries hitting the same
 addresses) and forms dK/dV from 16-row tiles; the inverted one issues
-(T*n*G/sel_chunk + Ts*G) * l' * (Dk + Dv) ≈ 1.3e8 and uses 128-row tiles. Its index costs one
-sort of T*n*G pairs (2.4 ms at that shape then; 0.31 ms on an H100 since it is one flat radix sort,
-``inverted_index``). Indices are not differentiable.
+(T*n*G/sel_chunk + Ts*G) * l' * (Dk + Dv) ≈ 1.3e8 and uses 128-row tiles (64 rows at 4 warps
+for bf16 128-wide heads since, ``BlockSizes.for_shape``). Its index costs one sort of T*n*G pairs
+(2.4 ms at that shape then; 0.31 ms on an H100 as one flat radix sort, ``inverted_index``).
+Indices are not differentiable.
 
 Packed documents (``seg``, a ``semantics.SegmentLayout``; None compiles the unpacked kernels):
 ids are document-relative, so block j of the query at t is the keys [p, p + l'),
