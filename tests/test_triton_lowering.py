@@ -134,11 +134,10 @@ def test_bench_shape_backward_tiles_lower_to_triton():
             "nsa_sel_bwd_dkv"} <= names, names
 
 
-@pytest.mark.parametrize("layout,sel_block", [("rows", 64), ("loop", 64), ("loop", 48),
-                                              ("dot", 64), ("dot2", 64)])
+@pytest.mark.parametrize("layout,sel_block", [("rows", 64), ("loop", 64), ("loop", 48)])
 def test_scoring_layouts_lower_to_triton(monkeypatch, layout, sel_block):
-    """The scoring tile layouts (``KernelChoices.score_heads``), the loop one on the fast path
-    (l'/d = 4) and the general path (l'/d = 3: float32 dots), the dot head sums (fast path)."""
+    """Both scoring tile layouts (``KernelChoices.score_heads``), the loop one on the fast path
+    (l'/d = 4) and the general path (l'/d = 3: float32 dots)."""
     cfg = NSAConfig(sel_block=sel_block)
     Tc = cfg.num_cmp_blocks(T)
     compiled_kernels(monkeypatch)

@@ -14,7 +14,7 @@ SEL_FWDS = ("auto", "query", "block")
 SEL_DQS = ("auto", "query", "block")
 SEL_FWD_BLOCK_MAX_H = 8   # sel_fwd "auto": block-major forward for groups of at most 8 heads
 SCORE_DOTS = ("ieee", "tf32x3")
-SCORE_HEADS = ("auto", "rows", "loop", "dot", "dot2")
+SCORE_HEADS = ("auto", "rows", "loop")
 F32_DOTS = ("ieee", "tf32")
 CMP_ATTNS = ("auto", "pallas", "cudnn", "xla")
 

@@ -20,11 +20,6 @@ Two tile layouts (``KernelChoices.score_heads``):
   loop inside each key step (one K load, h dots): p of every head lands in the same [queries,
   keys] layout and is summed there. No padded head slots (h = 6 runs 6 of 8 in "rows") and no
   head reshape; the block sums are the same as the rows layout's, on one row per query.
-* "dot" (fast path only): the rows layout's tile, transposed: s^T = K q^T puts the keys on the
-  rows, so p^T is already the left operand of a dot, and the head sum (Eq. 10) is that dot with
-  the tile's 0/1 [(query, head), query] matrix, on the tensor cores instead of a reshape through
-  shared memory. p^T enters it as two bf16 terms (hi + lo, from float32), which carry p to
-  2^-17 of itself; only the small [keys, queries] sum is transposed for the block sums.
 
 Packed documents (``seg``): one pass per document of a query tile, each the unpacked
 computation in that document's coordinates (slot lo + i is its block i, the query's position is
@@ -41,7 +36,7 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
-from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, cdiv,
+from nsa_jax.pallas.common import (LOG2E, MIN_DOT, POS_INF, BlockSizes, cdiv,
                                    choices_or_default, compiler_params, dot, dot_precision, idiv,
                                    load, next_pow2, probs, score_precision, store)
 from nsa_jax.pallas.compressed import _load_rows, _num_visible, _rows, _tile_rows
@@ -54,49 +49,12 @@ def _overlap(i, j, d: int, l: int, l_sel: int):
     return jnp.maximum(hi - lo, 0).astype(jnp.float32) / d
 
 
-def _visible(rmask, imask, ii, tv, d: int, l: int, causal: bool, packed: bool, partial: bool,
-             keys_first: bool):
-    """Which (row, compressed key) pairs of a scoring step count ([rows, keys], or [keys, rows]
-    with ``keys_first``): the row mask, the step's real keys (when the step is ``partial``, or
-    wherever ``causal``) and, if ``causal``, Eq. 8's i*d + l - 1 <= t. Steps visible to every
-    row skip the rest (``scores``' docstring)."""
-    rm = rmask[None, :] if keys_first else rmask[:, None]
-    im = imask[:, None] if keys_first else imask[None, :]
-    if causal:
-        end = ii * d + (l - 1)
-        seen = end[:, None] <= tv[None, :] if keys_first else end[None, :] <= tv[:, None]
-        return rm & im & seen
-    if packed:
-        return rm & im if partial else rm
-    return im if partial else True
-
-
-def _bf16_terms(x, n: int):
-    """x (float32) as n bf16 terms whose float32 sum is x to ~2^-8n of itself (each term
-    rounds what the ones before left)."""
-    terms = []
-    for i in range(n):
-        t = x.astype(jnp.bfloat16)
-        terms.append(t)
-        if i + 1 < n:
-            x = x - t.astype(jnp.float32)
-    return terms
-
-
-def _probs_t(sT, mask, lse):
-    """``common.probs`` of a tile with the keys on the rows: exp2(s^T - lse) per column."""
-    return jnp.exp2(jnp.where(mask, sT, NEG_INF) - lse[None, :])
-
-
 def score_layout(h: int, Dk: int, itemsize: int, choices: KernelChoices | None,
-                 score_q: int, fast: bool = True) -> str:
+                 score_q: int) -> str:
     """``KernelChoices.score_heads`` resolved: "auto" -> "loop" when h is not a power of two
     (the rows layout pads it) and the h query tiles a program keeps (``score_q`` queries x Dk
-    each) fit 48 KB, else "rows". "dot" needs the fast path (l'/d a power of two)."""
+    each) fit 48 KB, else "rows"."""
     c = choices_or_default(choices).score_heads
-    if c in ("dot", "dot2") and not fast:
-        raise ValueError("kernel.score_heads: 'dot' sums the heads on the fast path only, which "
-                         "needs sel_block / stride_d to be a power of two")
     if c != "auto":
         return c
     fits = h * score_q * Dk * itemsize <= 48 * 1024
@@ -104,13 +62,12 @@ def score_layout(h: int, Dk: int, itemsize: int, choices: KernelChoices | None,
 
 
 def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d, l, l_sel,
-                  scale, prec, sprec, fast, loop, hdot=0, packed=False):
+                  scale, prec, sprec, fast, loop, packed=False):
     """Eq. 8-10 for one tile of queries x the h heads of group g (module docstring).
 
     Rows layout: query qi = row // hs, head = row % hs. Loop layout (``loop``): row = query,
-    hs = 1, and the h heads are loaded as h query tiles. Dot layout (``hdot``): the rows
-    layout's rows, the tile transposed and the head sum a dot. A step's spill into the next
-    step's first block is carried as a vector.
+    hs = 1, and the h heads are loaded as h query tiles. A step's spill into the next step's
+    first block is carried as a vector.
 
     Packed (refs start with cmp_lo, rel, start [B,T]): one pass per document of the tile, each
     the unpacked computation in that document's coordinates over the rows of that document
@@ -124,7 +81,7 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
     T, Tc, Dk = q_ref.shape[1], k_ref.shape[1], q_ref.shape[-1]
     Ts = sc_ref.shape[-1]
     bq = rows // hs
-    nq = bq if (fast or loop) and not hdot else max(MIN_DOT, next_pow2(bq))  # score tile rows
+    nq = bq if fast or loop else max(MIN_DOT, next_pow2(bq))  # query rows of a score tile
     qi, head, t, ok = _rows(qt, g, h, rows, T, hs)   # loop: hs = 1, one row per query
     if loop:   # h tiles of one head each (head = g*h here): the group's heads g*h + e
         heads = [(_load_rows(q_ref, b, t, head + e, ok, Dk),
@@ -143,8 +100,6 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
     if not (fast or loop):
         # A[u, row] = 1 iff the row belongs to query u of the tile: the head sum (Eq. 10).
         A = ((u[:, None] == qi[None, :]) & ok[None, :]).astype(jnp.float32)
-    if hdot:   # its transpose, the right operand of the head sum's dot
-        E = ((qi[:, None] == u[None, :]) & ok[:, None]).astype(jnp.bfloat16)
     if fast:
         shift = (col[:, None] + 1 == col[None, :]).astype(jnp.float32)  # [S, S]: column c -> c+1
 
@@ -166,23 +121,25 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
             ii = kt * step + jnp.arange(bks)
             imask = (jnp.arange(bks) < step) & (ii < n_vis)
             k = load(k_ref.at[b, pl.ds(kbase(kt), bks), g, :], imask[:, None])
-            vis = _visible(rmask, imask, ii, tv, d, l, causal, packed, bks != step, hdot)
-            if hdot:   # keys on the rows: p^T (Eq. 8), summed over the heads by a dot (Eq. 10)
-                pT = _probs_t(dot(k, q, trans_b=True, precision=prec) * c, vis, lse)
-                p = sum(dot(x, E) for x in _bf16_terms(pT, hdot)).T   # [nq, bks]
-            elif loop:   # p_cmp (Eq. 8) of each head, summed over the group in place (Eq. 10)
+            if causal:
+                vis = rmask[:, None] & imask[None, :] & (ii[None, :] * d + (l - 1) <= tv[:, None])
+            elif packed:
+                vis = rmask[:, None] & imask[None, :] if bks != step else rmask[:, None]
+            else:
+                vis = imask[None, :] if bks != step else True
+            if loop:   # p_cmp (Eq. 8) of each head, summed over the group in place (Eq. 10)
                 p = sum(probs(dot(qh, k, trans_b=True, precision=prec) * c, vis, lh)
                         for qh, lh in heads)
             else:
                 p = probs(dot(q, k, trans_b=True, precision=prec) * c, vis, lse)  # Eq. 8
             first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
             if fast:
-                pg = p if loop or hdot else jnp.sum(p.reshape(bq, hs, bks), axis=1)  # [nq, step]
+                pg = p if loop else jnp.sum(p.reshape(bq, hs, bks), axis=1)  # [bq, step]
                 js = kt * S + idiv(jnp.arange(bks), r)  # block each compressed block starts in
                 w_main = _overlap(ii, js, d, l, l_sel)
                 w_next = _overlap(ii, js + 1, d, l, l_sel)
-                main = jnp.sum((pg * w_main[None, :]).reshape(nq, S, r), axis=2)
-                nxt = jnp.sum((pg * w_next[None, :]).reshape(nq, S, r), axis=2)  # owed to col + 1
+                main = jnp.sum((pg * w_main[None, :]).reshape(bq, S, r), axis=2)
+                nxt = jnp.sum((pg * w_next[None, :]).reshape(bq, S, r), axis=2)  # owed to col + 1
                 moved = jnp.sum(nxt[:, :, None] * shift[None, :, :], axis=1)
                 put(kt, main + moved + first)
                 return jnp.sum(jnp.where(col[None, :] == S - 1, nxt, 0.0), axis=1)
@@ -249,8 +206,7 @@ def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, i
     r = cfg.sel_block // cfg.stride_d
     step = S * r
     fast = r & (r - 1) == 0
-    layout = score_layout(h, Dk, jnp.dtype(q.dtype).itemsize, choices, bs.score_q, fast)
-    loop = layout == "loop"
+    loop = score_layout(h, Dk, jnp.dtype(q.dtype).itemsize, choices, bs.score_q) == "loop"
     if loop:
         hs, rows = 1, bs.score_q
     elif fast:
@@ -263,7 +219,7 @@ def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, i
         bks=max(MIN_DOT, next_pow2(step)), d=cfg.stride_d, l=cfg.block_l, l_sel=cfg.sel_block,
         scale=scale, prec=dot_precision(q.dtype, interpret, choices),
         sprec=score_precision(choices_or_default(choices).score_dot, interpret), fast=fast,
-        loop=loop, hdot={"dot": 3, "dot2": 2}.get(layout, 0), packed=seg is not None)
+        loop=loop, packed=seg is not None)
     return pl.pallas_call(
         kern, grid=(cdiv(T, rows // hs), G, B),
         out_shape=jax.ShapeDtypeStruct((B, T, G, Ts), jnp.float32),
