@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: 125M training tok/s of NSA and dense at the given points, one process per point
-# (a 64k pair takes ~2 min in a fresh process, an 8k or 2k pair ~1.5 min), so a call of 10 minutes
-# holds ~4 points. Refreshes the README's training table point by point; JSON per point under $OUT.
+# (a 64k pair took ~2 min in a fresh process on an H200, an 8k or 2k pair ~1.5 min; on a fresh H100 in the
+# seventeenth session an NSA point alone took ~2.5 min, ~100 s of it outside the step's compile), so a call
+# of 10 minutes holds 2-4 points. Refreshes the README's training table point by point; JSON per point under $OUT.
 # Usage: bash bench/gpu_train_refresh.sh "65536:1 8192:4" [per-point timeout s, default 170]
 set -u
 OUT=${OUT:-/tmp/nsa_train_refresh}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1 PYTHONPATH=.

@@ -3,7 +3,7 @@
 # (bench/decode_kernels.py): the tree before ($1), this tree with tile variants, and three copies of
 # this tree with one part of the scoring kernel taken out (a profile by ablation: the image has no
 # ncu): norank (no rank count), nolse (no merge of the splits' lse), onehead (1 of the h heads).
-# Usage: bash bench/gpu_score12.sh OLD_TREE ["variant ..."]; JSON and logs under $OUT.
+# Usage: bash bench/calls/gpu_score12.sh OLD_TREE ["variant ..."]; JSON and logs under $OUT.
 set -u
 OLD=$1
 VARS=${2:-"default sel_chunk=64 sel_chunk=256 slc_per=2 slc_per=4"}

@@ -2,7 +2,7 @@
 # One device call (eleventh session, last): the 125M training table at HEAD for the given points
 # (bench/gpu_train_refresh.sh: NSA and dense in one process per point), then a decode profile at
 # 128k context, batch 64 (bench/decode.py --profile, both models). JSON and logs under $OUT.
-# Usage: bash bench/gpu_final11.sh ["65536:1 8192:4"] [per-point timeout s]
+# Usage: bash bench/calls/gpu_final11.sh ["65536:1 8192:4"] [per-point timeout s]
 set -u
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1 PYTHONPATH=.; rc=0
 OUT=$OUT bash bench/gpu_train_refresh.sh "${1:-65536:1 8192:4}" "${2:-190}" || rc=1

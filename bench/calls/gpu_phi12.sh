@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (issue 14, twelfth session): GPU decode tests; the decode step before ($1, NSA only) and
 # now (NSA + dense) at 128k/B=64 (with a profile) and 64k/B=8, under XLA's default command buffers and with
-# them off. Usage: bash bench/gpu_phi12.sh OLD_TREE; JSON and logs under $OUT.
+# them off. Usage: bash bench/calls/gpu_phi12.sh OLD_TREE; JSON and logs under $OUT.
 set -u
 OLD=$1
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; rc=0

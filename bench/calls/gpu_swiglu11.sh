@@ -4,7 +4,7 @@
 # the tree before (a copy of nsa_jax, configs and the bench script in
 # OLD, carried) and after in the same call, NSA and dense in each
 # process, one process per tree. Logs and JSON under $OUT.
-# Usage: bash bench/gpu_swiglu11.sh OLD_TREE [T:B] [per-run train timeout s] [OLD_TAG, default before]
+# Usage: bash bench/calls/gpu_swiglu11.sh OLD_TREE [T:B] [per-run train timeout s] [OLD_TAG, default before]
 #   call 1: .old/pre11 65536:1 200 (the tree before the custom VJP)
 #   call 2: .old/flip 65536:1 200 flip (the select/reverse formulation of the backward)
 #   call 8: .old/pre11c 65536:1 200 two_sigmoid (e7fd9ec vs one sigmoid per element)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (issue 15, eleventh session): RoPE's custom VJP. 125M training with the tree before
 # (a copy in OLD, carried) and after in the same call: NSA at 64k and 8k in each tree, dense at 64k
-# after (for the ratio). JSON and logs under $OUT. Usage: bash bench/gpu_rope11.sh OLD_TREE
+# after (for the ratio). JSON and logs under $OUT. Usage: bash bench/calls/gpu_rope11.sh OLD_TREE
 set -u
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; rc=0
 OLD=${1:?old tree}; HERE=$PWD

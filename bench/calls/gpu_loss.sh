@@ -2,7 +2,7 @@
 # One device call (issue 15, ninth session): the fused LM-head cross-entropy (nsa_jax/loss.py) and
 # the histogram inverted index. Optional GPU checks ("tests"), then 125M training tok/s of NSA and
 # dense before (.old/pre9, carried) and after (this tree) in the same call; JSON under $OUT.
-# Usage: bash bench/gpu_loss.sh "65536:1" [tests]
+# Usage: bash bench/calls/gpu_loss.sh "65536:1" [tests]
 set -u
 OUT=${OUT:-/tmp/nsa_loss9}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1
 POINTS=${1:-"65536:1"}; TESTS=${2:-}

@@ -3,7 +3,7 @@
 # timed per layout and tile (bench/score_topn.py, 125M and bench shapes), and NSA training at one
 # point with exec.kernel.score_heads rows vs auto (loop at the 125M shape) in the same tree, one
 # process per run. Logs and JSON under $OUT.
-# Usage: bash bench/gpu_scoring10.sh [pytest -k expression] [T:B] [per-run train timeout s]
+# Usage: bash bench/calls/gpu_scoring10.sh [pytest -k expression] [T:B] [per-run train timeout s]
 #   call 2: -k "scores_and_selection or (bf16_matches and 125m and 8192)", 65536:1, 140
 #   call 3: -k "packed_bf16 or whatever_the_global_precision or (no_nan and auto) or
 #           (bf16_matches and 125m and 2048)", 8192:4, 100 (both 8k runs timed out: give 8k ~170 s)

@@ -2,7 +2,7 @@
 # One device call (eleventh session): GPU tests through the inverted index, then 125M training with
 # the tree before (a copy in OLD, carried) and after the change to selection._count_below, in the
 # same call: NSA at 64k before/after, dense at 64k (for the ratio), both models at 8k after.
-# Usage: bash bench/gpu_index11.sh OLD_TREE
+# Usage: bash bench/calls/gpu_index11.sh OLD_TREE
 set -u
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; rc=0
 OLD=${1:?old tree}; HERE=$PWD

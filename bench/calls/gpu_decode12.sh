@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (issue 14, twelfth session): GPU decode tests; the decode kernels alone, tree
 # before ($1) and now (bench/decode_kernels.py); the whole decode step at 128k/B=64 before (NSA only)
-# and now (NSA + dense, with a profile). Usage: bash bench/gpu_decode12.sh OLD_TREE; JSON under $OUT.
+# and now (NSA + dense, with a profile). Usage: bash bench/calls/gpu_decode12.sh OLD_TREE; JSON under $OUT.
 set -u
 OLD=$1
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; rc=0

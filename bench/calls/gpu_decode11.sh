@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (issue 14, eleventh session): GPU decode tests, then the decode kernels alone per
 # tile / pipeline variant of the compressed kernel (bench/decode_kernels.py) at 128k/B=64 and
-# 64k/B=8. Usage: bash bench/gpu_decode11.sh "variant ..."; JSON and logs under $OUT.
+# 64k/B=8. Usage: bash bench/calls/gpu_decode11.sh "variant ..."; JSON and logs under $OUT.
 set -u
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1 PYTHONPATH=.; rc=0
 VARS=${1:-"default cmp_stages=3 cmp_stages=4 cmp_keys=128 cmp_keys=128,cmp_stages=3 cmp_keys=32,cmp_stages=4"}
