@@ -221,3 +221,13 @@ def test_cache_write_kernel_lowers_to_triton():
     names = triton_kernels(k, bufs, S(Bq, nq + 6 * G * D + 3 * G * h), S(Bq, dtype=jnp.int32),
                            S(Bq, D // 2, dtype=jnp.float32))
     assert names == {"nsa_cache_write"}, names
+
+
+def test_topn_kernel_lowers_to_triton():
+    """Top-n at T = 16k (Ts = 256): the narrow buckets' rounds and the wide buckets' two-phase
+    threshold (``topn._threshold``: the [rows, width / GROUPS, GROUPS] reductions) lower."""
+    from nsa_jax.pallas.topn import topn_pallas
+    Ts = CFG.num_sel_blocks(16384)
+    names = triton_kernels(lambda s: topn_pallas(s, CFG, False), S(1, 16384, G, Ts,
+                                                                    dtype=jnp.float32))
+    assert names == {"nsa_topn"}, names
