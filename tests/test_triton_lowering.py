@@ -1,15 +1,19 @@
 """Every Pallas kernel lowers to Triton for a CUDA GPU, checked on the CPU.
 
 ``jax.export`` with ``platforms=["cuda"]`` runs the Pallas -> Triton lowering (the Triton IR is
-built in Python and embedded in the exported module) without a GPU; PTX compilation is not
+built in Python and embedded in the exported module) without a GPU, and every module it builds
+is run through the MLIR verifier, as XLA's parse of it on the GPU would; PTX compilation is not
 covered (the ``gpu``-marked tests do that on a device). This catches a kernel that only works
 in interpret mode (an op without a Triton lowering rule, a non-power-of-two block, a bad dot
-shape) before GPU time is spent.
+shape, a loop whose bounds differ in type) before GPU time is spent.
 """
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import pytest
 from jax import export
+from jax._src.pallas.triton import lowering as triton_lowering
 
 import nsa_jax.pallas.decode as pdecode
 import nsa_jax.pallas.local as plocal
@@ -26,10 +30,33 @@ def compiled_kernels(monkeypatch):
         monkeypatch.setattr(mod, "use_interpret", lambda: False)
 
 
+@contextlib.contextmanager
+def _verified_modules():
+    """Run the MLIR verifier on each Triton module Pallas builds (jax's own lowering hook:
+    ``lower_jaxpr_to_triton_module``, whose result's ``module`` the call then serializes)."""
+    build = triton_lowering.lower_jaxpr_to_triton_module
+    failed = []
+
+    def checked(*args, **kw):
+        result = build(*args, **kw)
+        if not result.module.operation.verify():
+            failed.append(getattr(getattr(args[0], "debug_info", None), "func_name", "?"))
+        return result
+
+    triton_lowering.lower_jaxpr_to_triton_module = checked
+    try:
+        yield failed
+    finally:
+        triton_lowering.lower_jaxpr_to_triton_module = build
+
+
 def triton_kernels(f, *shapes) -> set[str]:
-    """Names of the Triton kernels in f lowered for CUDA (raises if any kernel cannot lower)."""
-    exp = export.export(jax.jit(f), platforms=["cuda"],
-                        disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON)])(*shapes)
+    """Names of the Triton kernels in f lowered for CUDA (raises if any kernel cannot lower or
+    its module fails the MLIR verifier)."""
+    with _verified_modules() as failed:
+        exp = export.export(jax.jit(f), platforms=["cuda"], disabled_checks=[
+            export.DisabledSafetyCheck.custom_call(TRITON)])(*shapes)
+    assert not failed, f"Triton modules failing the MLIR verifier: {failed}"
     text = exp.mlir_module()
     assert TRITON in text
     return {part.split('"')[0] for part in text.split('name = "')[1:]}

@@ -127,9 +127,9 @@ def _topn_kernel(sc_ref, *refs, rows, width, t0, n_bucket, T, G, k, n_sel, n_ini
         room = rounds - jnp.sum(above.astype(jnp.int32), axis=1)     # ties taken, lowest first
         tie_rank = jnp.cumsum(tie.astype(jnp.int32), axis=1) - 1
         fast = sel | above | (tie & (tie_rank < room[:, None]))
-        ok = jnp.min((exact | ~r_ok).astype(jnp.int32)) > 0   # (no reduce_and in Triton)
-        _, slow = lax.fori_loop(0, jnp.where(ok, 0, rounds), pick, (s, sel))
-        sel = jnp.where(ok, fast, slow)
+        ok = jnp.min((exact | ~r_ok).astype(jnp.int32))     # 1 iff exact (no reduce_and in Triton)
+        _, slow = lax.fori_loop(0, (1 - ok) * rounds, pick, (s, sel))   # a strong int32 bound
+        sel = jnp.where(ok > 0, fast, slow)
     elif rounds:
         _, sel = lax.fori_loop(0, rounds, pick, (s, sel))
     seli = sel.astype(jnp.int32)
