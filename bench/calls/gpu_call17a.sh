@@ -3,7 +3,8 @@
 # for all points: 64k B=1, 8k B=4, 2k B=16; the first version, one process per point, ran out of its 600 s
 # after the first point), and the NSA step of the tree before the flat index sort
 # (.old/pre17 = git archive of b95b4d3: nsa_jax, configs, bench/train_throughput.py; carried) at 64k and 8k,
-# each process started inside its tree with `python3 -P`.
+# each process started inside its tree with `python3 -P`. As run (call 2), the 420 s and 170 s limits cut this
+# tree's 2k pair and the tree before's 8k point; call 8 (gpu_call17e.sh) ran the 2k pair.
 set -u
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; rc=0; ROOT=$PWD
 dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -d ' '); echo "device $dev"
