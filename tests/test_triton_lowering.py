@@ -32,20 +32,18 @@ def compiled_kernels(monkeypatch):
 
 @contextlib.contextmanager
 def _verified_modules():
-    """Run the MLIR verifier on each Triton module Pallas builds (jax's own lowering hook:
-    ``lower_jaxpr_to_triton_module``, whose result's ``module`` the call then serializes)."""
+    """Run the MLIR verifier (it raises on a bad module) on each Triton module Pallas builds,
+    through jax's own lowering hook ``lower_jaxpr_to_triton_module``."""
     build = triton_lowering.lower_jaxpr_to_triton_module
-    failed = []
 
     def checked(*args, **kw):
         result = build(*args, **kw)
-        if not result.module.operation.verify():
-            failed.append(getattr(getattr(args[0], "debug_info", None), "func_name", "?"))
+        result.module.operation.verify()
         return result
 
     triton_lowering.lower_jaxpr_to_triton_module = checked
     try:
-        yield failed
+        yield
     finally:
         triton_lowering.lower_jaxpr_to_triton_module = build
 
@@ -53,10 +51,9 @@ def _verified_modules():
 def triton_kernels(f, *shapes) -> set[str]:
     """Names of the Triton kernels in f lowered for CUDA (raises if any kernel cannot lower or
     its module fails the MLIR verifier)."""
-    with _verified_modules() as failed:
+    with _verified_modules():
         exp = export.export(jax.jit(f), platforms=["cuda"], disabled_checks=[
             export.DisabledSafetyCheck.custom_call(TRITON)])(*shapes)
-    assert not failed, f"Triton modules failing the MLIR verifier: {failed}"
     text = exp.mlir_module()
     assert TRITON in text
     return {part.split('"')[0] for part in text.split('name = "')[1:]}

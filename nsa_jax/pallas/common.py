@@ -273,14 +273,16 @@ class BlockSizes:
                   "sel_rows", "cmp_bwd_keys", "cmp_bwd_rows", "sel_tile_q", "win_q", "win_keys",
                   "sel_dq_rows", "topn_elems"):
             v = getattr(self, f)
-            if (v is not None or f not in unset_ok) and (v < MIN_DOT or v & (v - 1)):
+            if v is None and f in unset_ok:
+                continue
+            if v < MIN_DOT or v & (v - 1):
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
         for f in ("num_warps", "sel_warps", "score_warps", "topn_warps", "sel_bwd_warps",
                   "cmp_bwd_warps"):
             v = getattr(self, f)
-            if (v is not None or f not in unset_ok) and v not in (1, 2, 4, 8, 16):
+            if not (v is None and f in unset_ok) and v not in (1, 2, 4, 8, 16):
                 raise ValueError(f"BlockSizes.{f}: 1, 2, 4, 8 or 16, got {v}")
         for f in ("num_stages", "sel_stages"):
             if getattr(self, f) < 1:
