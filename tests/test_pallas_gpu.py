@@ -108,13 +108,15 @@ def test_sel_fwd_block_bf16_matches_f32_reference(shape, T):
         cmp_attn="pallas", sel_impl="gather", sel_fwd="block", sel_dq="block"))
 
 
+@pytest.mark.parametrize("sel_dq", ["block", "ds"])
 @pytest.mark.parametrize("shape,T", [("bench", 1027), ("bench", 2048)])
-def test_sel_dq_block_with_query_forward_bf16_matches_f32_reference(shape, T):
-    """The per-query forward with dQ formed in the block-major dK/dV kernel
-    (KernelChoices.sel_fwd="query", sel_dq="block": the backward builds its own index) on the
-    GPU, bf16 against the float32 reference."""
+def test_sel_dq_with_query_forward_bf16_matches_f32_reference(shape, T, sel_dq):
+    """The per-query forward with dQ formed from the inverted dK/dV kernel
+    (KernelChoices.sel_fwd="query"; sel_dq="block": per-slot dQ partials, "ds": the dS stored in
+    entry order and the dQ-from-dS kernel; the backward builds its own index) on the GPU, bf16
+    against the float32 reference."""
     test_bf16_matches_f32_reference(shape, T, choices=KernelChoices(
-        cmp_attn="pallas", sel_impl="gather", sel_fwd="query", sel_dq="block"))
+        cmp_attn="pallas", sel_impl="gather", sel_fwd="query", sel_dq=sel_dq))
 
 
 def test_sel_block_passes_bf16_matches_f32_reference():

@@ -158,6 +158,27 @@ def test_bench_shape_backward_tiles_lower_to_triton():
             "nsa_sel_bwd_dkv"} <= names, names
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_ds_backward_lowers_to_triton(dtype):
+    """The selection backward with ``sel_dq="ds"`` at the bench shape's group (h = 16, D = 128,
+    the tiles ``BlockSizes.for_shape`` gives it): the inverted dK/dV kernel storing dS in entry
+    order and the dQ-from-dS kernel, and no per-query dQ kernel."""
+    from nsa_jax.pallas import BlockSizes
+    from nsa_jax.pallas.selection import sel_backward
+    Hq, Gb, Db = 16, 1, 128
+    bs = BlockSizes.for_shape(Hq // Gb, Db, jnp.dtype(dtype).itemsize)
+    ch = KernelChoices(sel_impl="gather", sel_dq="ds")
+
+    def f(q, k, v, idx, o, lse, do):
+        return sel_backward(q, k, v, idx, o, lse, do, None, CFG, bs, 0.1, False, choices=ch)
+    names = triton_kernels(f, S(B, T, Hq, Db, dtype=dtype), S(B, T, Gb, Db, dtype=dtype),
+                           S(B, T, Gb, Db, dtype=dtype), S(B, T, Gb, CFG.n_sel, dtype=jnp.int32),
+                           S(B, T, Hq, Db, dtype=jnp.float32), S(B, T, Hq, dtype=jnp.float32),
+                           S(B, T, Hq, Db, dtype=dtype))
+    assert {"nsa_sel_bwd_dkv", "nsa_sel_bwd_dq_ds"} <= names, names
+    assert "nsa_sel_bwd_dq" not in names, names
+
+
 @pytest.mark.parametrize("layout,sel_block", [("rows", 64), ("loop", 64), ("loop", 48)])
 def test_scoring_layouts_lower_to_triton(monkeypatch, layout, sel_block):
     """Both scoring tile layouts (``KernelChoices.score_heads``), the loop one on the fast path

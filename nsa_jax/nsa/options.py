@@ -11,7 +11,7 @@ import dataclasses
 SEL_IMPLS = ("auto", "gather", "tiled")
 SEL_BWDS = ("inverted", "atomic")
 SEL_FWDS = ("auto", "query", "block")
-SEL_DQS = ("auto", "query", "block")
+SEL_DQS = ("auto", "query", "block", "ds")
 SEL_FWD_BLOCK_MAX_H = 8   # sel_fwd "auto": block-major forward for groups of at most 8 heads
 SCORE_DOTS = ("ieee", "tf32x3")
 SCORE_HEADS = ("auto", "rows", "loop")
@@ -45,6 +45,17 @@ class KernelChoices:
                         sel_fwd's "auto" rule, so both share one index, and sel_bwd is
                         "inverted"; query otherwise). On an H200 at h = 6, bf16: NSA fwd+bwd
                         20.42 -> 18.56 ms at 64k, even at 8k.
+                        "ds": the inverted dK/dV kernel also stores each (query, slot)'s dS
+                        [h, l'] in the input dtype (what the dQ dot takes anyway), in the index's
+                        entry order so that each tile's dS is one contiguous store, and a
+                        query-major kernel forms dQ = sum over slots of dS K, loading only K: half
+                        the per-query kernel's K/V bytes, no dO, lse or p recomputed
+                        (``selection.sel_backward``). Unpacked rows, sel_bwd "inverted"; the dS
+                        buffer is B*T*Hq*n*l' values (8.6 GB at the bench shape, 64k, bf16). On an
+                        H100 there the selection backward took 31.0-31.9 ms against 32.3-34.1
+                        for "query" (the dS stores share the dK/dV kernel's DRAM, which its
+                        gathers already run at 72% of peak), so "auto" never takes it
+                        (bench/NOTES.md, eighteenth session).
     sel_partial_mib:    largest per-slot partial buffer, in MiB, of one block-major selection
                         pass (sel_fwd / sel_dq "block": the forward's o_i and the fused
                         backward's dQ_i, B*T*n*Hq*D values in the stored dtype). More slots run
@@ -111,8 +122,8 @@ class KernelChoices:
             fail("sel_fwd", f"one of {list(SEL_FWDS)}, got {self.sel_fwd!r}")
         if self.sel_dq not in SEL_DQS:
             fail("sel_dq", f"one of {list(SEL_DQS)}, got {self.sel_dq!r}")
-        if self.sel_dq == "block" and self.sel_bwd == "atomic":
-            fail("sel_dq", "'block' forms dQ in the inverted dK/dV kernel; it needs "
+        if self.sel_dq in ("block", "ds") and self.sel_bwd == "atomic":
+            fail("sel_dq", f"{self.sel_dq!r} forms dQ from the inverted dK/dV kernel; it needs "
                  "kernel.sel_bwd: inverted, got 'atomic'")
         if self.score_dot not in SCORE_DOTS:
             fail("score_dot", f"one of {list(SCORE_DOTS)}, got {self.score_dot!r}")

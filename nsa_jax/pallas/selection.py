@@ -53,8 +53,9 @@ from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, POS_INF, BlockSizes, cdiv, choices_or_default,
                                    compiler_params, dot, dot_precision, dscores, idiv, load,
-                                   next_pow2, probs, sel_sub_tiles)
-from nsa_jax.pallas.selection_query import sel_dq, sel_forward  # noqa: F401 (re-exported)
+                                   next_pow2, probs, sel_sub_tiles, store)
+from nsa_jax.pallas.selection_query import (sel_dq, sel_dq_from_ds,  # noqa: F401 (re-exported)
+                                            sel_forward)
 
 
 def grad_scales(o, do, gs):
@@ -131,12 +132,16 @@ def item_mask(row_ok, kvalid, kpos, t, p0, l_sel: int):
 
 
 def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, prec,
-                   packed=False, n_slots=0):
+                   packed=False, n_slots=0, store_ds=False):
+    """dK/dV of one work item (a key block and a chunk of its queries); with ``store_ds`` also
+    each tile's dS, rounded to the input dtype, at its entries' rows of the [B*G, T*n*h + pad,
+    L] buffer (entry-order layout: ``sel_backward``)."""
     if packed:
         pt_ref, *refs = refs
     (q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref,
-     dv_ref) = refs
+     dv_ref, *ds_ref) = refs
     b, g, base, start, count, qi, head = work_item(meta_ref, h, rows)
+    G = q_ref.shape[2] // h
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
     bq = rows // h
@@ -157,8 +162,12 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
             p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
             p = probs(s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel), lse)
             dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-            ds = dscores(p, do, v, gs, delta, prec)
-            dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
+            ds = dscores(p, do, v, gs, delta, prec).astype(cdt)
+            if store_ds:   # the tile's entries are consecutive: one contiguous [rows, bk] block
+                r0 = (start + it * bq) * h
+                store(ds_ref[0].at[b * G + g, pl.ds(r0, rows), pl.ds(sub * bk, bk)], ds,
+                      row_ok[:, None])
+            dk = dk + dot(ds, q, trans_a=True, precision=prec)
             return dk, dv
 
         dk, dv = lax.fori_loop(0, n_tiles, tile, (jnp.zeros((bk, Dk), jnp.float32),
@@ -328,30 +337,58 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     if atomic:
         dq, dk, dv = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret,
                             seg=seg, acc=acc)
-    else:
+        return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
+    use_ds = ds_mode(choices, packed)
+    if not use_ds:
         dq = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret, seg=seg)
-        rows, chunk = item_tiles(bs, h)
-        n_slots = 0
-        if index is not None:
-            meta, *qt = index
-            qt = tuple(qt)
-            n_slots = n
-        else:
-            meta, *qt = inverted_index(idx, T, Ts, chunk, cfg.sel_block,
-                                       seg.start if packed else None)
-            qt = tuple(qt)
-        kern = functools.partial(_bwd_kv_kernel, h=h, rows=rows, l_sel=cfg.sel_block, bk=bk,
-                                 n_sub=n_sub, scale=scale, prec=prec, packed=packed,
-                                 n_slots=n_slots)
-        dk, dv = pl.pallas_call(
-            kern, grid=(meta.shape[0],),
-            out_shape=[jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
-                       jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
-            input_output_aliases={8 + len(qt): 0, 9 + len(qt): 1},
-            compiler_params=compiler_params(bs.sel_bwd_warps or bs.num_warps, bs.num_stages),
-            interpret=interpret, name="nsa_sel_bwd_dkv",
-        )(meta, *qt, q, k, v, do, gs, lse, delta, *acc)
+    rows, chunk = item_tiles(bs, h)
+    if index is not None:           # the block-major forward's: slot payloads t*n + slot
+        meta, *qt = index
+        n_slots = n
+    else:
+        meta, *qt = inverted_index(idx, T, Ts, chunk, cfg.sel_block,
+                                   seg.start if packed else None, slots=use_ds)
+        n_slots = n if use_ds else 0
+    qt = tuple(qt)
+    kern = functools.partial(_bwd_kv_kernel, h=h, rows=rows, l_sel=cfg.sel_block, bk=bk,
+                             n_sub=n_sub, scale=scale, prec=prec, packed=packed,
+                             n_slots=n_slots, store_ds=use_ds)
+    out_shape = [jax.ShapeDtypeStruct(acc[0].shape, jnp.float32),
+                 jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)]
+    if use_ds:   # rows past T*n*h: the last tile's masked rows address them (never written)
+        out_shape.append(jax.ShapeDtypeStruct((B * G, T * n * h + rows, n_sub * bk), q.dtype))
+    dk, dv, *ds = pl.pallas_call(
+        kern, grid=(meta.shape[0],), out_shape=out_shape,
+        input_output_aliases={8 + len(qt): 0, 9 + len(qt): 1},
+        compiler_params=compiler_params(bs.sel_bwd_warps or bs.num_warps, bs.num_stages),
+        interpret=interpret, name="nsa_sel_bwd_dkv",
+    )(meta, *qt, q, k, v, do, gs, lse, delta, *acc)
+    if use_ds:
+        dq = sel_dq_from_ds(k, idx, ds[0], entry_positions(qt[0]), h, cfg, bs, prec, scale,
+                            interpret)
     return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
+
+
+def entry_positions(qt):
+    """The inverse of the index's sort: qt [B,G,T*n] with slot payloads (t*n + slot, each once
+    per (b, g) row) -> int32 [B,G,T*n], the position in qt of entry t*n + slot (one scatter of
+    unique targets)."""
+    B, G, TN = qt.shape
+    pos = jnp.broadcast_to(jnp.arange(TN, dtype=jnp.int32), qt.shape)
+    return jnp.zeros_like(pos).at[jnp.arange(B)[:, None, None], jnp.arange(G)[None, :, None],
+                                  qt].set(pos, unique_indices=True)
+
+
+def ds_mode(choices: KernelChoices | None, packed: bool) -> bool:
+    """Whether the inverted backward forms dQ from the dK/dV kernel's stored dS
+    (``KernelChoices.sel_dq = "ds"``). Packed rows never do: a packed work item's key range need
+    not start at the query's block, so an entry's dS columns would not be its block's keys
+    (explicit "ds" is refused)."""
+    ch = choices_or_default(choices)
+    if ch.sel_dq == "ds" and packed:
+        raise ValueError("kernel.sel_dq: 'ds' takes unpacked rows only; packed documents "
+                         "(segment_ids) need 'query' or 'block'")
+    return ch.sel_dq == "ds"
 
 
 # ---- custom VJP ---------------------------------------------------------------------------------

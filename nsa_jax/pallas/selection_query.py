@@ -192,3 +192,56 @@ def sel_dq(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, bs: BlockSizes, pre
                          jax.ShapeDtypeStruct(acc[1].shape, jnp.float32)],
         input_output_aliases={n_in: 1, n_in + 1: 2}, name="nsa_sel_bwd_atomic", **params,
     )(*args, *acc)
+
+
+# ---- backward: dQ from the inverted dK/dV kernel's dS (KernelChoices.sel_dq = "ds") -----------
+def _dq_ds_kernel(k_ref, idx_ref, pos_ref, ds_ref, dq_ref, *, h, n_sel, l_sel, bk, n_sub, scale,
+                  prec):
+    """dQ of one (query t, group g, row b) = sum over its selected blocks of dS K (the gradient
+    of Eq. 10's selected-block attention through the scores), dS [h, l'] per slot as the dK/dV
+    kernel stored it (the input dtype: the rounding the per-query kernel's dot takes) at rows
+    pos*h .. of the (b, g) buffer, pos = the entry's place in the index. Slots that kernel never
+    wrote (unused, or a block starting past t) are masked, not read."""
+    t, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    G = dq_ref.shape[2] // h
+    hp = _head_rows(h)
+    r = jnp.arange(hp)
+    row_ok = r < h
+    dk_ = jnp.arange(k_ref.shape[-1])
+
+    def step(i, dq):
+        j, base, sub = _step_block(idx_ref, b, t, g, i, n_sub, l_sel, None)
+        si = i if n_sub == 1 else idiv(i, n_sub)
+        off = sub * bk + jnp.arange(bk)
+        kmask = (j >= 0) & (base <= t) & (off < l_sel) & (base + off <= t)
+        k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
+        # rows p*h .. p*h + hp - 1 (the padded head rows masked; the buffer's pad keeps them in
+        # bounds): contiguous and aligned, as the dK/dV kernel stored them
+        row = pos_ref[b, g, t * n_sel + si] * h
+        ds = load(ds_ref.at[b * G + g, pl.ds(row, hp), pl.ds(sub * bk, bk)],
+                  row_ok[:, None] & kmask[None, :])
+        return dq + dot(ds, k, precision=prec)
+
+    dq = lax.fori_loop(0, n_sel * n_sub, step, jnp.zeros((hp, k_ref.shape[-1]), jnp.float32))
+    head_st = jnp.where(row_ok, g * h + r, dq_ref.shape[2])
+    store(dq_ref.at[b, t, head_st[:, None], dk_[None, :]], dq * scale, row_ok[:, None])
+
+
+def sel_dq_from_ds(k, idx, ds, pos, h: int, cfg: NSAConfig, bs: BlockSizes, prec, scale: float,
+                   interpret: bool):
+    """dQ float32 [B,T,G*h,Dk] from ``ds`` [B*G, T*n*h + pad, L] (``selection.sel_backward`` with
+    ``KernelChoices.sel_dq = "ds"``: entry p of the (b, g) index row at rows p*h .. p*h + h - 1,
+    columns in the dK/dV kernel's ``bs.sel_keys`` sub-tiles) and ``pos`` [B,G,T*n], each (query,
+    slot) entry's place in the index. Loads each selected block's K once per (query, group): half
+    the per-query dQ kernel's tile bytes (no V), and no p recomputed."""
+    B, T, G, n = idx.shape
+    Dk = k.shape[-1]
+    bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_keys)
+    kern = functools.partial(_dq_ds_kernel, h=h, n_sel=n, l_sel=cfg.sel_block, bk=bk,
+                             n_sub=n_sub, scale=scale, prec=prec)
+    return pl.pallas_call(
+        kern, grid=(T, G, B),
+        out_shape=jax.ShapeDtypeStruct((B, T, G * h, Dk), jnp.float32),
+        compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
+        interpret=interpret, name="nsa_sel_bwd_dq_ds",
+    )(k, idx, pos, ds)
