@@ -224,17 +224,6 @@ def test_parity_atomic_dkv_with_steps_wider_than_sel_keys():
     _assert_parity(args, cot, cfg, block_sizes=BlockSizes(sel_keys=16), choices=ch)
 
 
-@pytest.mark.parametrize("sel_dq", ["query", "ds"])
-def test_parity_inverted_dkv_by_query_spans(sel_dq):
-    """The inverted dK/dV kernel's index in query spans (``BlockSizes.sel_span`` = 16 at T = 53:
-    four spans, the last partial; a block's queries split over several items), with the
-    per-query dQ and with dQ from the stored dS: values and all 8 gradients."""
-    args, cot = _inputs(14, 2, 53, 4, 2, TINY)
-    ch = KernelChoices(sel_impl="gather", sel_fwd="query", sel_dq=sel_dq)
-    _assert_parity(args, cot, TINY, block_sizes=BlockSizes(sel_span=16, sel_chunk=8),
-                   choices=ch)
-
-
 @pytest.mark.parametrize("sel_impl", ["auto", "gather"])
 def test_parity_head_dims_not_powers_of_two(sel_impl):
     """Head dims padded to 32 / 64 inside the kernels, through the tiled selection kernels
@@ -304,14 +293,11 @@ def test_count_below_is_searchsorted():
         np.testing.assert_array_equal(g[1:], np.searchsorted(r, np.arange(nv), side="right"))
 
 
-@pytest.mark.parametrize("sort,span", [("flat16", None), ("flat32", None), ("rows", None),
-                                       ("flat16", 16), ("rows", 16), ("flat16", 64)])
-def test_inverted_index_covers_every_selection_once(monkeypatch, sort, span):
+@pytest.mark.parametrize("sort", ["flat16", "flat32", "rows"])
+def test_inverted_index_covers_every_selection_once(monkeypatch, sort):
     """Every sort: one flat stable sort of (row, range) keys carrying the entry, 16-bit or 32-bit
     keys, and the per-row two-key sort where the flat keys would not fit; an item's base is its
-    block's first key, and each item lists its queries in ascending order. With query spans
-    (``BlockSizes.sel_span``; 64 >= T: none) an item's queries lie in one span, and the items
-    run span by span within each (b, g)."""
+    block's first key, and each item lists its queries in ascending order."""
     import nsa_jax.pallas.selection as sel
     if sort == "flat32":
         monkeypatch.setattr(sel, "SHORT_KEY_MAX", 0)
@@ -320,22 +306,14 @@ def test_inverted_index_covers_every_selection_once(monkeypatch, sort, span):
     rng = np.random.default_rng(1)
     B, T, G, n, Ts, chunk, l_sel = 2, 40, 3, 4, 5, 7, 8
     idx = rng.integers(-1, Ts, size=(B, T, G, n)).astype(np.int32)
-    meta, qt = jax.jit(lambda i: inverted_index(i, T, Ts, chunk, l_sel, span=span))(
-        jnp.asarray(idx))
+    meta, qt = jax.jit(lambda i: inverted_index(i, T, Ts, chunk, l_sel))(jnp.asarray(idx))
     meta, qt = np.asarray(meta), np.asarray(qt)
-    got, order = [], []
+    got = []
     for b, g, base, start, count in meta:
         assert 0 <= count <= chunk
         ts = qt[b, g, start:start + count]
         assert (np.diff(ts) >= 0).all(), ts      # a stable sort keeps entry order in a block
         got += [(b, g, base, t) for t in ts]
-        if count:
-            sp = ts // (span or T)
-            assert (sp == sp[0]).all(), ts       # one span per item
-            order.append((b, g, sp[0]))
-    assert order == sorted(order)
-    if span == 16:
-        assert len({o[2] for o in order}) == 3   # T = 40: spans 0, 1, 2
     want = [(b, g, idx[b, t, g, s] * l_sel, t) for b in range(B) for t in range(T)
             for g in range(G) for s in range(n) if idx[b, t, g, s] >= 0]
     assert sorted(got) == sorted(want)

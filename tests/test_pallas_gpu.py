@@ -5,7 +5,6 @@ relative RMSE <= 5e-3 for the output and the gradient of every input. Both sides
 block indices (near-tied block scores may rank differently in bf16), and the reference is
 evaluated one KV group at a time to bound its O(T^2) memory.
 """
-import dataclasses
 import math
 
 import jax
@@ -15,7 +14,7 @@ import pytest
 
 from nsa_jax.nsa import KernelChoices, NSAConfig, nsa_attention
 from nsa_jax.nsa import reference as ref
-from nsa_jax.pallas import BlockSizes, block_scores_pallas, select_blocks_pallas
+from nsa_jax.pallas import block_scores_pallas, select_blocks_pallas
 
 pytestmark = pytest.mark.gpu
 
@@ -117,17 +116,6 @@ def test_sel_dq_with_query_forward_bf16_matches_f32_reference(shape, T, sel_dq):
     entry order and the dQ-from-dS kernel; the backward builds its own index) on the GPU, bf16
     against the float32 reference."""
     test_bf16_matches_f32_reference(shape, T, choices=KernelChoices(
-        cmp_attn="pallas", sel_impl="gather", sel_fwd="query", sel_dq=sel_dq))
-
-
-@pytest.mark.parametrize("sel_dq", ["query", "ds"])
-def test_sel_span_bf16_matches_f32_reference(sel_dq):
-    """The inverted dK/dV kernel's index by query spans (BlockSizes.sel_span = 512 at T = 2048:
-    four spans) on the GPU, with the per-query dQ and with dQ from the stored dS, bf16 against
-    the float32 reference."""
-    Hq, G, D = SHAPES["bench"]
-    bs = dataclasses.replace(BlockSizes.for_shape(Hq // G, D), sel_span=512)
-    test_bf16_matches_f32_reference("bench", 2048, block_sizes=bs, choices=KernelChoices(
         cmp_attn="pallas", sel_impl="gather", sel_fwd="query", sel_dq=sel_dq))
 
 

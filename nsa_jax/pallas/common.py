@@ -222,9 +222,6 @@ class BlockSizes:
                   selection backward took 37.0 ms against 33.7 (bench/NOTES.md, fifteenth
                   session).
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
-    sel_span:     query positions per span of the inverted dK/dV kernel's own index (None: all
-                  T): its work items run span by span, so the q / dO rows they gather at one time
-                  are one span's (``selection.inverted_index``).
     sel_dq_rows:  (query, head) rows per tile in the block-major backward that forms dQ with
                   dK/dV (``KernelChoices.sel_dq = "block"``; it holds a dQ tile more than the
                   dK/dV kernel: on an H200 at the 125M shape, 64k, 64 rows took 5.1 ms and
@@ -254,7 +251,6 @@ class BlockSizes:
     sel_q_keys: int = 64
     sel_rows: int = 128
     sel_chunk: int = 1024
-    sel_span: int | None = None
     sel_dq_rows: int = 64
     sel_tile_q: int = 64
     cmp_bwd_keys: int = 64
@@ -283,8 +279,6 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
-        if self.sel_span is not None and self.sel_span < 1:
-            raise ValueError(f"BlockSizes.sel_span: None or positive, got {self.sel_span}")
         for f in ("num_warps", "sel_warps", "score_warps", "topn_warps", "sel_bwd_warps",
                   "cmp_bwd_warps"):
             v = getattr(self, f)

@@ -148,32 +148,33 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
     c = scale * LOG2E
     n_tiles = idiv(count + (bq - 1), bq)
 
-    @pl.when(count > 0)   # an empty item (the index's static bound) loads no K/V tile
-    def _item():
-        for sub in range(n_sub):
-            k, v, kpos, kvalid = block_kv(k_ref, v_ref, b, g, base, sub, bk, l_sel)
+    for sub in range(n_sub):
+        k, v, kpos, kvalid = block_kv(k_ref, v_ref, b, g, base, sub, bk, l_sel)
 
-            def tile(it, carry, k=k, v=v, kpos=kpos, kvalid=kvalid):
-                dk, dv = carry
-                row_ok, ent, t = item_entries(qt_ref, b, g, start, count, it, qi, bq)
-                if n_slots:   # an index built with slots (the block-major forward's): t*n + slot
-                    t = idiv(t, n_slots)
-                q, do, gs, lse, delta = item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, t,
-                                                  head, row_ok, cdt)
-                s = dot(q, k, trans_b=True, precision=prec) * c
-                p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
-                p = probs(s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel), lse)
-                dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-                ds = dscores(p, do, v, gs, delta, prec).astype(cdt)
-                if store_ds:   # the tile's entries are consecutive: one contiguous [rows, bk] block
-                    r0 = (start + it * bq) * h
-                    store(ds_ref[0].at[b * G + g, pl.ds(r0, rows), pl.ds(sub * bk, bk)], ds,
-                          row_ok[:, None])
-                dk = dk + dot(ds, q, trans_a=True, precision=prec)
-                return dk, dv
+        def tile(it, carry, k=k, v=v, kpos=kpos, kvalid=kvalid):
+            dk, dv = carry
+            row_ok, ent, t = item_entries(qt_ref, b, g, start, count, it, qi, bq)
+            if n_slots:   # an index built with slots (the block-major forward's): t*n + slot
+                t = idiv(t, n_slots)
+            q, do, gs, lse, delta = item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, t,
+                                              head, row_ok, cdt)
+            s = dot(q, k, trans_b=True, precision=prec) * c
+            p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
+            p = probs(s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel), lse)
+            dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
+            ds = dscores(p, do, v, gs, delta, prec).astype(cdt)
+            if store_ds:   # the tile's entries are consecutive: one contiguous [rows, bk] block
+                r0 = (start + it * bq) * h
+                store(ds_ref[0].at[b * G + g, pl.ds(r0, rows), pl.ds(sub * bk, bk)], ds,
+                      row_ok[:, None])
+            dk = dk + dot(ds, q, trans_a=True, precision=prec)
+            return dk, dv
 
-            dk, dv = lax.fori_loop(0, n_tiles, tile, (jnp.zeros((bk, Dk), jnp.float32),
-                                                      jnp.zeros((bk, Dv), jnp.float32)))
+        dk, dv = lax.fori_loop(0, n_tiles, tile, (jnp.zeros((bk, Dk), jnp.float32),
+                                                  jnp.zeros((bk, Dv), jnp.float32)))
+
+        @pl.when(count > 0)
+        def _add(dk=dk, dv=dv, sub=sub):
             plgpu.atomic_add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)), dk * scale)
             plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv)
 
@@ -229,7 +230,7 @@ def _count_below(rows, nv: int):
 
 
 def inverted_index(idx, T: int, Ts: int, chunk: int, l_sel: int, doc_start=None,
-                   slots: bool = False, span: int | None = None):
+                   slots: bool = False):
     """Block -> query index of a selection, split into work items of <= ``chunk`` queries.
 
     idx [B,T,G,n] (block ids, -1 unused) -> (meta int32 [NC, 5] rows (b, g, base, start,
@@ -245,24 +246,12 @@ def inverted_index(idx, T: int, Ts: int, chunk: int, l_sel: int, doc_start=None,
 
     ``slots``: qt holds t*n + i instead of t, where i < n is the entry's slot (its position in
     idx's last axis), so a kernel can write a result per (query, slot) (``selection_block``).
-
-    ``span`` (``BlockSizes.sel_span``): list each key range once per span of ``span`` query
-    positions, the spans outermost: items run (b, g, span, range), so the programs that run at
-    one time gather the q / dO rows of one span of queries, which the L2 can hold, instead of
-    queries from all of T (each query's rows are gathered once per selected block). More items
-    (each span's part of a range is its own), each ending in its own dK/dV atomic add.
     """
     B, _, G, n = idx.shape
     packed = doc_start is not None
-    nr0 = num_ranges(Ts, packed)
+    nr = num_ranges(Ts, packed)
     jkey = slot_keys(idx, T, Ts, doc_start, l_sel)
     TN = T * n
-    nr = nr0
-    if span is not None and span < T:   # key (query span, range); unused slots last
-        n_spans = cdiv(T, span)
-        tpos = jnp.arange(T, dtype=jnp.int32)[None, :, None, None]
-        jkey = jnp.where(jkey < nr0, (tpos // span) * nr0 + jkey, n_spans * nr0)
-        nr = n_spans * nr0
     # entry e = t*n + slot, in (b, g) rows, sorted by (range, e): one stable sort of the flat
     # (row, range) keys carrying e. Flat, so XLA hands it to CUB's radix sort (a batch of rows it
     # sorts itself, ~10x slower on an H100 at the bench shape: bench/NOTES.md, sixteenth
@@ -301,7 +290,7 @@ def inverted_index(idx, T: int, Ts: int, chunk: int, l_sel: int, doc_start=None,
     start = first[blk] + within * chunk
     count = jnp.where(live, jnp.clip(cnt[blk] - within * chunk, 0, chunk), 0)
     bb, rem = blk // (G * nr), blk % (G * nr)
-    g, r = rem // nr, rem % nr0      # r: the key range (within its query span)
+    g, r = rem // nr, rem % nr
     base = r * l_sel
     if packed:   # a crossing range starts at its entries' (common) first key
         p_first = psort.reshape(-1)[(bb * G + g) * TN + jnp.clip(start, 0, TN - 1)]
@@ -358,8 +347,7 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
         n_slots = n
     else:
         meta, *qt = inverted_index(idx, T, Ts, chunk, cfg.sel_block,
-                                   seg.start if packed else None, slots=use_ds,
-                                   span=bs.sel_span)
+                                   seg.start if packed else None, slots=use_ds)
         n_slots = n if use_ds else 0
     qt = tuple(qt)
     kern = functools.partial(_bwd_kv_kernel, h=h, rows=rows, l_sel=cfg.sel_block, bk=bk,
