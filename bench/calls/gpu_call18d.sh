@@ -3,6 +3,7 @@
 # (BlockSizes.sel_span) against none, with "query" and "ds", bench shape, 64k, one process
 # (bench/sel_dq_ab.py); the tree before (.old/pre18 = git archive of b41f05d: nsa_jax, bench/kernels.py;
 # carried) in its own process for the count > 0 guard; GPU parity of the span path.
+# (sel_span and its GPU test exist only in commit fe9dcb7, reverted in the next commit: run it there.)
 set -u
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; rc=0; ROOT=$PWD
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
