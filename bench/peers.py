@@ -87,7 +87,10 @@ LABELS = {
     "ours.public.sel_fwd_bwd": "nsa_attention(branches=[slc], block_idx) fwd+bwd, gates = 1",
     "ours.sel_fwd": "selection forward kernel (KernelChoices default: auto)",
     "ours.sel_bwd": "selection backward kernels from saved o, lse (index building included)",
+    "ours.sel_bwd_ds": "the same with KernelChoices.sel_dq = 'ds' (opt-in: dQ from a stored dS)",
 }
+# our opt-in variants -> the peer entry each is set against (a second line per peer in the table)
+OPTIONS = {"ours.sel_bwd_ds": ("xunhao.internal.sel_bwd", "fla.internal.sel_bwd")}
 
 
 def need_peers():
@@ -192,6 +195,7 @@ def bench_point(shape, T, reps, xunhao, log):
     from nsa_jax.pallas import BlockSizes, selection_kernels
     from nsa_jax.pallas.compressed import cmp_backward, cmp_forward
     from nsa_jax.pallas.scoring import cmp_block_scores
+    from nsa_jax.pallas.selection import sel_backward
     from nsa_jax.pallas.topn import topn_pallas
 
     Hq, G, D = SHAPES[shape]
@@ -227,6 +231,12 @@ def bench_point(shape, T, reps, xunhao, log):
                                                         scale, False, choices=ch))
     run("ours.sel_bwd", time_jax, sel_b,
         [(a[0], a[3], a[4], i, o, lse, a[8]) for a, i, (o, lse) in zip(sets, idxs, fw)])
+    if bwd is sel_backward:        # the inverted backward: also with the opt-in dS variant
+        ch_ds = dataclasses.replace(ch, sel_dq="ds")
+        sel_ds = jax.jit(lambda q, k, v, i, o, lse, do: sel_backward(
+            q, k, v, i, o, lse, do, None, CFG, bs, scale, False, choices=ch_ds))
+        run("ours.sel_bwd_ds", time_jax, sel_ds,
+            [(a[0], a[3], a[4], i, o, lse, a[8]) for a, i, (o, lse) in zip(sets, idxs, fw)])
     slc_cfg = dataclasses.replace(CFG, branches=("slc",))
     ones = jnp.ones(sets[0][7].shape, sets[0][7].dtype)
 
@@ -396,6 +406,9 @@ def bench_point(shape, T, reps, xunhao, log):
     torch.cuda.empty_cache()
     ratios = {k: round(res[k]["ms"] / res[v]["ms"], 3) for k, v in COUNTERPART.items()
               if k in res and v in res and res[v]["ms"] > 0}
+    ratios.update({f"{peer}@{ours}": round(res[peer]["ms"] / res[ours]["ms"], 3)
+                   for ours, peers in OPTIONS.items() for peer in peers
+                   if ours in res and peer in res and res[ours]["ms"] > 0})
     return {"shape": shape, "Hq": Hq, "G": G, "D": D, "T": T, "B": 1, "ms": res,
             "ratio_peer_over_ours": ratios, "errors": err, "check": check}
 
@@ -414,6 +427,12 @@ def print_table(results):
             print(f"{r['shape']:6s} {r['T']:6d} {name:36s} {v['ms']:10.3f}  {o or '-':28s} "
                   f"{om if om is not None else float('nan'):9.3f} "
                   f"{ratio if ratio is not None else float('nan'):7.3f}")
+        for ours, peers in OPTIONS.items():
+            for name in peers:
+                ratio = r["ratio_peer_over_ours"].get(f"{name}@{ours}")
+                if ratio is not None:
+                    print(f"{r['shape']:6s} {r['T']:6d} {name:36s} {r['ms'][name]['ms']:10.3f}  "
+                          f"{ours:28s} {r['ms'][ours]['ms']:9.3f} {ratio:7.3f}")
         for name, e in sorted(r["errors"].items()):
             print(f"{r['shape']:6s} {r['T']:6d} {name:36s} {'failed':>10s}  {e[:60]}")
         for name, c in sorted(r["check"].items()):
