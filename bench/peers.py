@@ -229,14 +229,13 @@ def bench_point(shape, T, reps, xunhao, log):
     fw = [sel_f(a[0], a[3], a[4], i) for a, i in zip(sets, idxs)]
     sel_b = jax.jit(lambda q, k, v, i, o, lse, do: bwd(q, k, v, i, o, lse, do, None, CFG, bs,
                                                         scale, False, choices=ch))
-    run("ours.sel_bwd", time_jax, sel_b,
-        [(a[0], a[3], a[4], i, o, lse, a[8]) for a, i, (o, lse) in zip(sets, idxs, fw)])
+    bargs = [(a[0], a[3], a[4], i, o, lse, a[8]) for a, i, (o, lse) in zip(sets, idxs, fw)]
+    run("ours.sel_bwd", time_jax, sel_b, bargs)
     if bwd is sel_backward:        # the inverted backward: also with the opt-in dS variant
         ch_ds = dataclasses.replace(ch, sel_dq="ds")
-        sel_ds = jax.jit(lambda q, k, v, i, o, lse, do: sel_backward(
-            q, k, v, i, o, lse, do, None, CFG, bs, scale, False, choices=ch_ds))
-        run("ours.sel_bwd_ds", time_jax, sel_ds,
-            [(a[0], a[3], a[4], i, o, lse, a[8]) for a, i, (o, lse) in zip(sets, idxs, fw)])
+        run("ours.sel_bwd_ds", time_jax, jax.jit(lambda q, k, v, i, o, lse, do: sel_backward(
+            q, k, v, i, o, lse, do, None, CFG, bs, scale, False, choices=ch_ds)), bargs)
+    del bargs
     slc_cfg = dataclasses.replace(CFG, branches=("slc",))
     ones = jnp.ones(sets[0][7].shape, sets[0][7].dtype)
 

@@ -3,7 +3,8 @@
     PYTHONPATH=.:bench python3 bench/sel_dq_ab.py [--shape bench] [--T 65536] [--modes query ds]
         [--rounds 2] [--reps 20] [--op] [--out bench/results/sel_dq_ab.json]
 
-A mode is a ``sel_dq`` value, optionally with ``BlockSizes`` fields: ``ds:num_stages=3,sel_stages=2``.
+A mode is "query" or "ds" (the ``sel_dq`` values ``selection.sel_backward`` takes), optionally
+with ``BlockSizes`` fields: ``ds:num_stages=3,sel_stages=2``.
 
 At one head shape of ``bench/kernels.py`` (B = 1, bf16, its NSA config) and block ids from the
 kernels' own scoring + top-n on random inputs, it times ``selection.sel_backward`` (index, dQ and
@@ -59,9 +60,13 @@ def main(argv=None):
         x[0], x[3], x[4], i) for x, i in zip(sets, idxs)]
     argsets = [(x[0], x[3], x[4], i, o, lse, x[8], x[7][..., 1])
                for x, i, (o, lse) in zip(sets, idxs, fw)]
+
     def parse(mode):
         """"ds:num_stages=3" -> (KernelChoices with sel_dq "ds", BlockSizes with the fields)."""
         name, _, spec = mode.partition(":")
+        if name not in ("query", "ds"):
+            raise SystemExit(f"bench/sel_dq_ab.py: --modes takes 'query' or 'ds' (with ':' and "
+                             f"BlockSizes fields), got {mode!r}")
         tiles = K.fields([x for x in spec.split(",") if x], BlockSizes)
         return (KernelChoices(sel_impl="gather", sel_dq=name),
                 dataclasses.replace(bs, **tiles))

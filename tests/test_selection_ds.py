@@ -6,13 +6,14 @@ h in {1, 2, 6, 16}, the index built here or taken from the block-major forward; 
 it matches the reference (values and all 8 gradients); the entry positions invert the sort; the
 inputs it refuses."""
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nsa_jax.nsa import KernelChoices
+from nsa_jax.nsa import KernelChoices, nsa_attention
 from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas.selection import (ds_mode, entry_positions, inverted_index, sel_backward,
                                       sel_forward)
@@ -66,9 +67,17 @@ def test_entry_positions_invert_the_index():
 
 def test_op_with_ds_matches_reference():
     """The op with sel_dq "ds" (per-query forward, inverted dK/dV storing dS, dQ from dS):
-    values and all 8 gradients against the reference, odd T, B = 2."""
+    values and all 8 gradients against the reference, odd T, B = 2; the op's backward runs the
+    dQ-from-dS kernel and not the per-query dQ kernel."""
     args, cot = _inputs(33, 2, 75, 4, 2, TINY)
     _assert_parity(args, cot, TINY, block_sizes=SMALL, choices=DS)
+
+    def loss(*a):
+        return jnp.sum(nsa_attention(*a, TINY, impl="pallas", choices=DS, block_sizes=SMALL)
+                       * cot)
+    text = str(jax.make_jaxpr(jax.grad(loss, argnums=tuple(range(8))))(*args))
+    assert set(re.findall(r"nsa_sel_[a-z_]+", text)) == {
+        "nsa_sel_fwd", "nsa_sel_bwd_dkv", "nsa_sel_bwd_dq_ds"}
 
 
 def test_ds_is_explicit_and_refuses_packed_rows_and_the_atomic_backward():

@@ -43,19 +43,20 @@ class KernelChoices:
                         summed in XLA; ``selection_block.sel_backward_block``; needs sel_bwd
                         "inverted") or "auto" (block where the forward resolves to "block" by
                         sel_fwd's "auto" rule, so both share one index, and sel_bwd is
-                        "inverted"; query otherwise). On an H200 at h = 6, bf16: NSA fwd+bwd
-                        20.42 -> 18.56 ms at 64k, even at 8k.
-                        "ds": the inverted dK/dV kernel also stores each (query, slot)'s dS
-                        [h, l'] in the input dtype (what the dQ dot takes anyway), in the index's
-                        entry order so that each tile's dS is one contiguous store, and a
-                        query-major kernel forms dQ = sum over slots of dS K, loading only K: half
-                        the per-query kernel's K/V bytes, no dO, lse or p recomputed
-                        (``selection.sel_backward``). Unpacked rows, sel_bwd "inverted"; the dS
-                        buffer is B*T*Hq*n*l' values (8.6 GB at the bench shape, 64k, bf16). On an
-                        H100 there the selection backward took 31.0-31.9 ms against 32.3-34.1
-                        for "query" (the dS stores share the dK/dV kernel's DRAM, which its
-                        gathers already run at 72% of peak), so "auto" never takes it
-                        (bench/NOTES.md, eighteenth session).
+                        "inverted"; query otherwise; never "ds"). On an H200 at h = 6, bf16: NSA
+                        fwd+bwd 20.42 -> 18.56 ms at 64k, even at 8k. "ds" (opt-in): the inverted
+                        dK/dV kernel also stores each (query, slot)'s dS [h, l'] in the input
+                        dtype (what the dQ dot takes anyway), in the index's entry order so that
+                        each tile's dS is one contiguous store, and a query-major kernel forms
+                        dQ = sum over slots of dS K, loading only K: half the per-query kernel's
+                        K/V bytes, no dO, lse or p recomputed (``selection.sel_backward``).
+                        Unpacked rows, sel_bwd "inverted"; the dS buffer holds about
+                        B*T*Hq*n*l' values (8.6 GB at the bench shape, 64k, bf16). On an H100
+                        there the selection backward took 31.0-31.9 ms against 32.3-34.1 for
+                        "query" at random selections (the dS stores share the dK/dV kernel's
+                        DRAM, which its gathers already run at 72% of peak) and 1.4-2.1 ms more
+                        than "query" where neighbouring queries share blocks (bench/NOTES.md,
+                        eighteenth session).
     sel_partial_mib:    largest per-slot partial buffer, in MiB, of one block-major selection
                         pass (sel_fwd / sel_dq "block": the forward's o_i and the fused
                         backward's dQ_i, B*T*n*Hq*D values in the stored dtype). More slots run

@@ -98,9 +98,10 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
     faster: groups of ``h`` <= 8 heads and a 16-bit ``dtype`` (h or dtype None = unknown:
     "query"), for packed rows as for unpacked ones (their index lists each selected block once,
     ``selection`` module docstring; measured in bench/NOTES.md, eighth session). The gather
-    backward's dQ follows ``choices.sel_dq``: "auto" takes the fused block-major backward (``sel_backward_block``) where the forward
-    resolved to "block" under the same rule and ``sel_bwd`` is "inverted" (the two share one
-    index), else the per-query dQ kernel (``sel_backward``)."""
+    backward's dQ follows ``choices.sel_dq``: "auto" takes the fused block-major backward
+    (``sel_backward_block``) where the forward resolved to "block" under the same rule and
+    ``sel_bwd`` is "inverted" (the two share one index), else ``sel_backward`` (its per-query dQ
+    kernel, or with "ds" dQ from the dK/dV kernel's stored dS)."""
     ch = choices_or_default(choices)
     tiled = ch.sel_impl == "tiled" or (ch.sel_impl == "auto" and T <= ch.sel_tiled_max_t)
     if tiled:

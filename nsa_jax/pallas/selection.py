@@ -15,7 +15,12 @@ from the queries that selected it. Two ways are implemented (``KernelChoices.sel
   chunks to keep programs balanced, and the chunks of one block meet in the atomic add).
   dQ then comes from ``selection_query.sel_dq`` (recompute p from the saved lse,
   dS = P * (dO V^T - delta), dQ = dS K); with ``KernelChoices.sel_dq = "block"`` it is formed
-  instead inside the inverted dK/dV kernel (``selection_block.sel_backward_block``).
+  instead inside the inverted dK/dV kernel (``selection_block.sel_backward_block``); with
+  ``"ds"`` (opt-in) the dK/dV kernel also stores each tile's dS, rounded to the input dtype, in
+  the index's entry order (entry p of a (b, g) row at rows p*h .. p*h + h - 1 of a [B*G,
+  T*n*h + rows, L] buffer: a tile's entries are consecutive, so its dS is one contiguous store),
+  and ``selection_query.sel_dq_from_ds`` sums dS K over each query's slots, finding a (query,
+  slot)'s rows through the inverse of the index's sort (``entry_positions``).
 
 Why inverted is the default, by measurement (bench/kernels.py, one H200, bf16, B=1, T=65536,
 Hq=64, G=4, D=128, l'=64, n=16): the whole selection backward takes 35.3 ms inverted against
@@ -151,7 +156,7 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
     for sub in range(n_sub):
         k, v, kpos, kvalid = block_kv(k_ref, v_ref, b, g, base, sub, bk, l_sel)
 
-        def tile(it, carry, k=k, v=v, kpos=kpos, kvalid=kvalid):
+        def tile(it, carry, k=k, v=v, kpos=kpos, kvalid=kvalid, sub=sub):
             dk, dv = carry
             row_ok, ent, t = item_entries(qt_ref, b, g, start, count, it, qi, bq)
             if n_slots:   # an index built with slots (the block-major forward's): t*n + slot
@@ -310,10 +315,11 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
                  interpret: bool, *, choices: KernelChoices | None = None, seg=None,
                  index=None):
     """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
-    dK/dV by ``choices.sel_bwd`` ("inverted" or "atomic"). ``index``: the block -> query index
-    of the forward (``selection_block.sel_forward_block(return_index=True)``: (meta, qt[, pt])
-    with slot payloads t*n + slot), reused by the inverted dK/dV instead of
-    a second sort.
+    dK/dV by ``choices.sel_bwd`` ("inverted" or "atomic"), dQ by ``choices.sel_dq``: the
+    per-query kernel, or with "ds" from the dS the inverted dK/dV kernel stores (module
+    docstring). ``index``: the block -> query index of a one-pass block-major forward
+    (``selection_block.sel_forward_block(return_index=True)``: (meta, qt[, pt]) with slot
+    payloads t*n + slot), reused by the inverted dK/dV (and "ds") instead of a second sort.
 
     ``do`` [B,T,Hq,Dv] is the cotangent as it arrives (bf16 stays bf16: it feeds the dots
     unrounded) and ``gs`` [B,T,Hq] float32 a per-row scale (the branch gate; None = 1) applied in

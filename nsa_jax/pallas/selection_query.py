@@ -6,7 +6,9 @@ tensor cores), walks the group's n selected blocks of l' keys (ids from ``idx [B
 unused slot) with an online softmax and keeps keys s <= t. The forward writes o (float32) and
 the base-2 log-sum-exp per (t, head) for the backward; the dQ kernel recomputes p from that lse,
 dS = P * (dO V^T - delta), dQ = dS K, and in ``atomic`` mode (``KernelChoices.sel_bwd``) also
-forms each selected block's dK/dV tile and adds it atomically to a float32 accumulator.
+forms each selected block's dK/dV tile and adds it atomically to a float32 accumulator. With
+``KernelChoices.sel_dq = "ds"`` dQ = dS K comes instead from the dS the inverted dK/dV kernel
+stored (``sel_dq_from_ds``: K loaded, no V, dO, lse or p).
 
 Packed documents (``seg``): ids are document-relative, block j of the query at t is the keys
 [p, p + l'), p = start(t) + j*l' (an unaligned ``pl.ds`` load), kept where s <= t.
@@ -200,8 +202,8 @@ def _dq_ds_kernel(k_ref, idx_ref, pos_ref, ds_ref, dq_ref, *, h, n_sel, l_sel, b
     """dQ of one (query t, group g, row b) = sum over its selected blocks of dS K (the gradient
     of Eq. 10's selected-block attention through the scores), dS [h, l'] per slot as the dK/dV
     kernel stored it (the input dtype: the rounding the per-query kernel's dot takes) at rows
-    pos*h .. of the (b, g) buffer, pos = the entry's place in the index. Slots that kernel never
-    wrote (unused, or a block starting past t) are masked, not read."""
+    pos*h .. of the (b, g) buffer, pos = the entry's place in the index. Unused slots (never
+    written) and blocks starting past t (written as zeros) are masked, not read."""
     t, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     G = dq_ref.shape[2] // h
     hp = _head_rows(h)
@@ -216,7 +218,7 @@ def _dq_ds_kernel(k_ref, idx_ref, pos_ref, ds_ref, dq_ref, *, h, n_sel, l_sel, b
         kmask = (j >= 0) & (base <= t) & (off < l_sel) & (base + off <= t)
         k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
         # rows p*h .. p*h + hp - 1 (the padded head rows masked; the buffer's pad keeps them in
-        # bounds): contiguous and aligned, as the dK/dV kernel stored them
+        # bounds): contiguous, as the dK/dV kernel stored them
         row = pos_ref[b, g, t * n_sel + si] * h
         ds = load(ds_ref.at[b * G + g, pl.ds(row, hp), pl.ds(sub * bk, bk)],
                   row_ok[:, None] & kmask[None, :])
