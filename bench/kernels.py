@@ -82,6 +82,13 @@ def make_inputs(seed, T, Hq, G, D, dtype=jnp.bfloat16, B=1):
             n(ks[8], (B, T, Hq, D)))
 
 
+def setup(shape, T):
+    """One head shape at T -> (Hq, G, D, its BlockSizes, the softmax scale, two input sets)."""
+    Hq, G, D = SHAPES[shape]
+    return (Hq, G, D, BlockSizes.for_shape(Hq // G, D), 1.0 / math.sqrt(D),
+            [make_inputs(s, T, Hq, G, D) for s in (0, 1)])
+
+
 def flops(T, Hq, D, cfg=CFG):
     """Matmul FLOPs (2 per multiply-add) of the forward passes, causal work only."""
     n_keys_sel = cfg.n_sel * cfg.sel_block

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 
 import jax
 import jax.numpy as jnp
@@ -47,11 +46,12 @@ def main(argv=None):
     p.add_argument("--op", action="store_true", help="also time the whole op fwd+bwd per mode")
     p.add_argument("--out")
     a = p.parse_args(argv)
-    Hq, G, D = K.SHAPES[a.shape]
+    for mode in a.modes:              # before any compute
+        if mode.partition(":")[0] not in ("query", "ds"):
+            raise SystemExit(f"bench/sel_dq_ab.py: --modes takes 'query' or 'ds' (with ':' and "
+                             f"BlockSizes fields), got {mode!r}")
+    Hq, G, D, bs, scale, sets = K.setup(a.shape, a.T)
     cfg, interp = K.CFG, K.INTERP
-    bs = BlockSizes.for_shape(Hq // G, D)
-    scale = 1.0 / math.sqrt(D)
-    sets = [K.make_inputs(s, a.T, Hq, G, D) for s in (0, 1)]
     select = jax.jit(lambda q, kc: topn_pallas(cmp_block_scores(
         q, kc, cmp_forward(q, kc, None, cfg, bs, scale, interp)[1], cfg, bs, scale, interp),
         cfg, interp))
@@ -64,9 +64,6 @@ def main(argv=None):
     def parse(mode):
         """"ds:num_stages=3" -> (KernelChoices with sel_dq "ds", BlockSizes with the fields)."""
         name, _, spec = mode.partition(":")
-        if name not in ("query", "ds"):
-            raise SystemExit(f"bench/sel_dq_ab.py: --modes takes 'query' or 'ds' (with ':' and "
-                             f"BlockSizes fields), got {mode!r}")
         tiles = K.fields([x for x in spec.split(",") if x], BlockSizes)
         return (KernelChoices(sel_impl="gather", sel_dq=name),
                 dataclasses.replace(bs, **tiles))

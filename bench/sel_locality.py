@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import jax
 import jax.numpy as jnp
 import kernels as K
 
 from nsa_jax.nsa import KernelChoices
-from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas.selection import sel_backward, sel_forward
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
 
@@ -82,11 +80,8 @@ def main(argv=None):
     p.add_argument("--max-union", type=int, default=64)
     p.add_argument("--out")
     a = p.parse_args(argv)
-    Hq, G, D = K.SHAPES[a.shape]
+    Hq, G, D, bs, scale, sets = K.setup(a.shape, a.T)
     cfg, interp = K.CFG, K.INTERP
-    bs = BlockSizes.for_shape(Hq // G, D)
-    scale = 1.0 / math.sqrt(D)
-    sets = [K.make_inputs(s, a.T, Hq, G, D) for s in (0, 1)]
     q_ch = KernelChoices(sel_impl="gather", sel_dq="query")
     ds_ch = KernelChoices(sel_impl="gather", sel_dq="ds")
     fns = {

@@ -60,6 +60,19 @@ def test_block_forward_equals_query_forward(h, G, bs, ch):
     _check(args[0], args[3], args[4], idx, TINY, bs, ch)
 
 
+def backward_case(seed: int, h: int, G: int, cfg, bs, T: int = 53):
+    """A selection backward's inputs at B = 2, odd T: (q, k, v, idx, o, lse, do, gs), with o and
+    lse from the per-query forward (jitted, as inside the op: one compile per kernel set, not
+    op-by-op glue) and a per-row scale gs."""
+    args, _ = _inputs(50 + seed, 2, T, h * G, G, cfg)
+    idx = _random_idx(7 + seed, 2, T, G, cfg)
+    q, k, v = args[0], args[3], args[4]
+    o, lse = jax.jit(lambda *a: sel_forward(*a, cfg, bs, 0.3, True))(q, k, v, idx)
+    do = jax.random.normal(jax.random.PRNGKey(h), o.shape)
+    gs = jax.random.uniform(jax.random.PRNGKey(h + 1), o.shape[:3], minval=0.2)
+    return q, k, v, idx, o, lse, do, gs
+
+
 @pytest.mark.parametrize("h,G,cfg,bs,ch", [
     (6, 1, TINY, SMALL, None),
     (2, 2, TINY, dataclasses.replace(SMALL, sel_dq_rows=32), None),  # dQ tiles > items' tiles
@@ -71,14 +84,7 @@ def test_fused_backward_equals_query_backward(h, G, cfg, bs, ch):
     """dQ as per-slot partials of the dK/dV kernel == the per-query dQ kernel; dK/dV unchanged;
     with its own index and with the block forward's (slot payloads; items cut for sel_rows
     tiles, walked in sel_dq_rows tiles)."""
-    T = 53
-    args, _ = _inputs(50 + h, 2, T, h * G, G, cfg)
-    idx = _random_idx(7 + h, 2, T, G, cfg)
-    q, k, v = args[0], args[3], args[4]
-    # jitted (as inside the op): one compile per kernel set, not op-by-op glue (test speed)
-    o, lse = jax.jit(lambda *a: sel_forward(*a, cfg, bs, 0.3, True))(q, k, v, idx)
-    do = jax.random.normal(jax.random.PRNGKey(h), o.shape)
-    gs = jax.random.uniform(jax.random.PRNGKey(h + 1), o.shape[:3], minval=0.2)
+    q, k, v, idx, o, lse, do, gs = backward_case(h, h, G, cfg, bs)
     want = jax.jit(lambda *a: sel_backward(*a, cfg, bs, 0.3, True))(q, k, v, idx, o, lse, do,
                                                                      gs)
     index = jax.jit(lambda *a: sel_forward_block(*a, cfg, bs, 0.3, True, return_index=True,

@@ -15,11 +15,10 @@ import pytest
 
 from nsa_jax.nsa import KernelChoices, nsa_attention
 from nsa_jax.pallas import BlockSizes
-from nsa_jax.pallas.selection import (ds_mode, entry_positions, inverted_index, sel_backward,
-                                      sel_forward)
+from nsa_jax.pallas.selection import ds_mode, entry_positions, inverted_index, sel_backward
 from nsa_jax.pallas.selection_block import sel_forward_block
 from test_pallas import TINY, _assert_parity, _inputs, _rel
-from test_selection_block import SMALL, _random_idx
+from test_selection_block import SMALL, _random_idx, backward_case
 
 DS = KernelChoices(sel_impl="gather", sel_fwd="query", sel_dq="ds")
 QUERY = KernelChoices(sel_impl="gather", sel_fwd="query", sel_dq="query")
@@ -32,13 +31,7 @@ QUERY = KernelChoices(sel_impl="gather", sel_fwd="query", sel_dq="query")
     # two key sub-tiles per block (l' = 32, 16-key tiles): dS columns stored per sub-tile
     (2, 1, dataclasses.replace(TINY, sel_block=32), dataclasses.replace(SMALL, sel_rows=32))])
 def test_ds_backward_equals_query_backward(h, G, cfg, bs):
-    T = 53                                               # not a multiple of l'
-    args, _ = _inputs(60 + h, 2, T, h * G, G, cfg)
-    idx = _random_idx(9 + h, 2, T, G, cfg)
-    q, k, v = args[0], args[3], args[4]
-    o, lse = jax.jit(lambda *a: sel_forward(*a, cfg, bs, 0.3, True))(q, k, v, idx)
-    do = jax.random.normal(jax.random.PRNGKey(h), o.shape)
-    gs = jax.random.uniform(jax.random.PRNGKey(h + 1), o.shape[:3], minval=0.2)
+    q, k, v, idx, o, lse, do, gs = backward_case(10 + h, h, G, cfg, bs)   # T = 53: odd
     bwd = lambda ch, ix=None: jax.jit(lambda *a: sel_backward(  # noqa: E731
         *a, cfg, bs, 0.3, True, choices=ch, index=ix))(q, k, v, idx, o, lse, do, gs)
     want = bwd(QUERY)
