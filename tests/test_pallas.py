@@ -455,4 +455,3 @@ def test_topn_kernel_equals_semantics_with_ties(T, cfg, packed, bs):
         want = semantics.topn_from_scores(scores, jnp.arange(T)[None, :, None], cfg)
     got = jax.jit(lambda s, r: topn_pallas(s, cfg, True, r, bs))(scores, rel)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-

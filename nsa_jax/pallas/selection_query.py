@@ -44,33 +44,39 @@ def _head_rows(h: int):
     return max(MIN_DOT, next_pow2(h))
 
 
-def _query_rows(q_ref, h: int):
+def _query_rows(q_ref, h: int, load_q: bool = True):
     """This program's (t, g, b), its tile rows (row_ok, head index per row: the group's h heads,
-    padded rows masked), the key-dim range and its query tile q [hp, Dk]."""
+    padded rows masked), the key-dim range and its query tile q [hp, Dk] (None without
+    ``load_q``: ``q_ref`` then only gives the key dim, and may be the dQ output)."""
     t, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     r = jnp.arange(_head_rows(h))
     row_ok = r < h
     head = g * h + jnp.where(row_ok, r, 0)
     dk_ = jnp.arange(q_ref.shape[-1])
-    q = load(q_ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None])
+    q = load(q_ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None]) if load_q else None
     return (t, g, b), row_ok, head, dk_, q
 
 
 def _step_block(idx_ref, b, t, g, i, n_sub: int, l_sel: int, start):
     """Step i of the (block, sub-tile) loop -> (block id j (-1 = unused slot), the block's first
-    key, sub-tile index)."""
+    key, sub-tile index, slot index)."""
     si, sub = (i, 0) if n_sub == 1 else (idiv(i, n_sub), lax.rem(i, jnp.int32(n_sub)))
     j = idx_ref[b, t, g, si]
     base = jnp.maximum(j, 0) * l_sel
-    return j, base if start is None else start + base, sub
+    return j, base if start is None else start + base, sub, si
+
+
+def _key_mask(t, base, valid, sub, bk: int, l_sel: int):
+    """[bk] keys of sub-tile ``sub`` of the block starting at ``base`` that the query at t sees:
+    valid, inside the block, s <= t."""
+    off = sub * bk + jnp.arange(bk)
+    return valid & (off < l_sel) & (base + off <= t)
 
 
 def _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk: int, l_sel: int, c, prec):
     """Sub-tile ``sub`` of the block starting at key ``base`` for the query at t -> (key mask
-    [bk]: valid, inside the block, s <= t; k, v [bk, D] (0 where masked); scaled logits
-    [hp, bk], unmasked)."""
-    off = sub * bk + jnp.arange(bk)
-    kmask = valid & (off < l_sel) & (base + off <= t)
+    [bk], ``_key_mask``; k, v [bk, D] (0 where masked); scaled logits [hp, bk], unmasked)."""
+    kmask = _key_mask(t, base, valid, sub, bk, l_sel)
     k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
     v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
     return kmask, k, v, dot(q, k, trans_b=True, precision=prec) * c
@@ -91,7 +97,7 @@ def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub,
 
     def step(i, carry):
         m, l, acc = carry
-        j, base, sub = _step_block(idx_ref, b, t, g, i, n_sub, l_sel, start)
+        j, base, sub, _ = _step_block(idx_ref, b, t, g, i, n_sub, l_sel, start)
         kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, t, base, j >= 0, sub, bk, l_sel, c,
                                    prec)
         s = jnp.where(kmask[None, :], s, NEG_INF)
@@ -148,7 +154,7 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
     start = st_ref[b, t] if packed else None
 
     def step(i, dq):
-        j, base, sub = _step_block(idx_ref, b, t, g, i, n_sub, l_sel, start)
+        j, base, sub, _ = _step_block(idx_ref, b, t, g, i, n_sub, l_sel, start)
         # a block starting past t has no visible key; its (zero) atomic tiles go to 0, not past
         # the accumulator (a caller's block_idx may name one)
         valid = (j >= 0) & (base <= t)
@@ -204,18 +210,13 @@ def _dq_ds_kernel(k_ref, idx_ref, pos_ref, ds_ref, dq_ref, *, h, n_sel, l_sel, b
     kernel stored it (the input dtype: the rounding the per-query kernel's dot takes) at rows
     pos*h .. of the (b, g) buffer, pos = the entry's place in the index. Unused slots (never
     written) and blocks starting past t (written as zeros) are masked, not read."""
-    t, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    (t, g, b), row_ok, head, dk_, _ = _query_rows(dq_ref, h, load_q=False)
     G = dq_ref.shape[2] // h
-    hp = _head_rows(h)
-    r = jnp.arange(hp)
-    row_ok = r < h
-    dk_ = jnp.arange(k_ref.shape[-1])
+    hp = row_ok.shape[0]
 
     def step(i, dq):
-        j, base, sub = _step_block(idx_ref, b, t, g, i, n_sub, l_sel, None)
-        si = i if n_sub == 1 else idiv(i, n_sub)
-        off = sub * bk + jnp.arange(bk)
-        kmask = (j >= 0) & (base <= t) & (off < l_sel) & (base + off <= t)
+        j, base, sub, si = _step_block(idx_ref, b, t, g, i, n_sub, l_sel, None)
+        kmask = _key_mask(t, base, j >= 0, sub, bk, l_sel)   # a block past t: all masked
         k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
         # rows p*h .. p*h + hp - 1 (the padded head rows masked; the buffer's pad keeps them in
         # bounds): contiguous, as the dK/dV kernel stored them
@@ -225,7 +226,7 @@ def _dq_ds_kernel(k_ref, idx_ref, pos_ref, ds_ref, dq_ref, *, h, n_sel, l_sel, b
         return dq + dot(ds, k, precision=prec)
 
     dq = lax.fori_loop(0, n_sel * n_sub, step, jnp.zeros((hp, k_ref.shape[-1]), jnp.float32))
-    head_st = jnp.where(row_ok, g * h + r, dq_ref.shape[2])
+    head_st = jnp.where(row_ok, head, dq_ref.shape[2])
     store(dq_ref.at[b, t, head_st[:, None], dk_[None, :]], dq * scale, row_ok[:, None])
 
 
