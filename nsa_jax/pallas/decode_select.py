@@ -2,8 +2,9 @@
 block scores from the compressed kernel's logits and the top-n, as two kernels. Used by
 :func:`nsa_jax.pallas.decode.nsa_decode_pallas` (its module docstring has the whole step).
 
-``split_lse`` merges the compressed kernel's per-split lse into each head's (XLA);
-``_score_kernel`` (grid B x G x chunks of selection blocks) forms the group-summed block scores
+``split_lse`` merges the compressed kernel's per-split lse into each head's (the jax.numpy twin
+of the merge every scoring program does itself); ``_score_kernel`` (grid B x G x chunks of
+selection blocks) merges the splits' lse, forms the group-summed block scores
 (Eq. 9-10) from the logits (one row load and one small tail gather per head) and keeps each
 chunk's top-n with the forced blocks (Eq. 11); ``_topn_merge_kernel`` (grid B x G x candidate
 slices) picks the top-n of the chunks' candidates. Both rank by counting (a candidate's rank is
@@ -39,11 +40,22 @@ def default_chunk(B: int, G: int, Ts: int) -> int:
 def split_lse(own):
     """The compressed kernel's per-split lse [B,G,splits,h] (base 2, -inf for a split without a
     visible key) merged into each head's lse [B,G,h] (-inf where no key is visible: the scoring
-    kernel then reads no logit of that head), in XLA (two small kernels per layer, as a
-    log-add-exp reducer also ran; bench/NOTES.md, thirteenth session)."""
+    kernel then reads no logit of that head). The jax.numpy twin of ``_merged_lse``, which the
+    scoring kernel runs instead (XLA ran this as two small kernels per layer)."""
     M = jnp.max(own, axis=2)
     safe = jnp.where(M == NEG_INF, 0.0, M)[:, :, None]
     return M + jnp.log2(jnp.sum(jnp.exp2(own - safe), axis=2))
+
+
+def _merged_lse(lse_ref, b, g, hh, spp):
+    """``split_lse`` of one head inside a kernel: its per-split lse (axis 2 of ``lse_ref``
+    [B,G,splits,h]) merged by log-add-exp into one base-2 lse (-inf: no visible key)."""
+    S = lse_ref.shape[2]
+    sp = jnp.arange(spp)
+    own = load(lse_ref.at[b, g, jnp.minimum(sp, S - 1), hh], sp < S, NEG_INF)
+    M = jnp.max(own)
+    safe = jnp.where(M == NEG_INF, 0.0, M)
+    return M + jnp.log2(jnp.sum(jnp.exp2(own - safe)))
 
 
 def _ahead(v, i, vj, ij):
@@ -53,7 +65,7 @@ def _ahead(v, i, vj, ij):
 
 
 def _score_kernel(t_ref, s_ref, lse_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp, n_sel,
-                  n_init, n_local, l_cmp, d_cmp, l_sel, ts):
+                  n_init, n_local, l_cmp, d_cmp, l_sel, ts, spp):
     """Group-summed block scores (Eq. 9-10) of one chunk of selection blocks of one (row, group),
     forced / non-candidate blocks at +-inf (Eq. 11), and the chunk's top-n (value, id) pairs.
 
@@ -64,8 +76,9 @@ def _score_kernel(t_ref, s_ref, lse_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp,
     of r overlapping [cs, mm] loads (each tail logit is also its own block's, so it is read twice,
     the rest once).
 
-    ``lse_ref`` [B,G,h]: each head's base-2 lse of the compressed logits (the splits merged
-    once in XLA, not by every chunk's program).
+    ``lse_ref`` [B,G,splits,h]: the compressed kernel's per-split base-2 lse, merged per head
+    here (``_merged_lse``, ``spp`` = splits padded to a power of two): a few hundred bytes per
+    program instead of two XLA kernels per layer between the compressed and the scoring kernel.
 
     The chunk's top-n is a rank count, not n rounds of argmax: block i's rank is the number of
     blocks of the chunk ahead of it (``_ahead``), one [cs, cs] comparison and one reduction; the
@@ -90,7 +103,7 @@ def _score_kernel(t_ref, s_ref, lse_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp,
     tail = jnp.clip(tail, 0, Tc - 1)
     score = jnp.zeros((cs,), jnp.float32)
     for hh in range(h):
-        lse_h = lse_ref[b, g, hh]
+        lse_h = _merged_lse(lse_ref, b, g, hh, spp)
         sv = load(s_ref.at[b, g, hh, own], ok_own, NEG_INF)
         part = jnp.where(ok_own, jnp.exp2(sv - lse_h) * w_own, 0.0)
         if r > 1:
@@ -160,13 +173,13 @@ def select_ids(t, s, lse, cfg, Ts, sel_chunk, merge_tile, interpret):
     kern = functools.partial(_score_kernel, h=h, r=r, mm=mm, cs=cs, mmp=next_pow2(mm),
                              n_sel=cfg.n_sel, n_init=cfg.n_init,
                              n_local=cfg.n_local, l_cmp=cfg.block_l, d_cmp=cfg.stride_d,
-                             l_sel=cfg.sel_block, ts=Ts)
+                             l_sel=cfg.sel_block, ts=Ts, spp=next_pow2(lse.shape[2]))
     vals, idx = pl.pallas_call(
         kern, grid=(B, G, C),
         out_shape=[jax.ShapeDtypeStruct((B, G, K), jnp.float32),
                    jax.ShapeDtypeStruct((B, G, K), jnp.int32)],
         compiler_params=compiler_params(4, 1), interpret=interpret, name="nsa_decode_score",
-    )(t, s, split_lse(lse))
+    )(t, s, lse)
     kt = min(merge_tile, next_pow2(K))
     merge = functools.partial(_topn_merge_kernel, n_sel=cfg.n_sel, kt=kt)
     return pl.pallas_call(
