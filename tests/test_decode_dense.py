@@ -126,7 +126,7 @@ def test_gpu_kernels_bf16_match_their_f32_twins(M):
     cases = [
         (lambda *a: dd.norm_matmul(*a, eps=1e-6), dd.norm_matmul_reference, (x, scale, wp)),
         (lambda *a: dd.norm_matmul(*a, eps=1e-6, glu=True),
-         lambda *a: dd.norm_matmul_reference(*a, glu=True), (x, scale, wi)),
+         lambda *a, eps: dd.norm_matmul_reference(*a, eps=eps, glu=True), (x, scale, wi)),
     ]
     for kern, twin, args in cases:
         got = jax.jit(kern)(*(a.astype(bf) for a in args))

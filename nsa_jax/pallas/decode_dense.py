@@ -50,7 +50,7 @@ def _rows(i, bm, M):
     return jnp.where(r < M, r, 0), r < M
 
 
-def _x_chunk(x_ref, rr, rok, c, bk, K):
+def _x_chunk(x_ref, rr, rok, c: int, bk, K):
     kk = c * bk + jnp.arange(bk)
     kok = kk < K
     kc = jnp.where(kok, kk, 0)
@@ -81,28 +81,26 @@ def _norm_matmul_kernel(x_ref, s_ref, w_ref, o_ref, *, K, N, bm, bn, bk, eps, gl
     rr, rok = _rows(i, bm, M)
     nk = cdiv(K, bk)
 
-    def sumsq(c, ss):
-        x, _, _ = _x_chunk(x_ref, rr, rok, c, bk, K)
-        return ss + jnp.sum(x * x, axis=1)
-
-    # flax.nnx.RMSNorm: var = mean(x^2) in float32, y = x * (rsqrt(var + eps) * scale)
-    inv = lax.rsqrt(lax.fori_loop(0, nk, sumsq, jnp.zeros((bm,), jnp.float32)) / K + eps)
     cols = j * bn + jnp.arange(bn)
     nok = cols < N
     cc = jnp.where(nok, cols, 0)
-
-    def step(c, acc):
-        x, kc, kok = _x_chunk(x_ref, rr, rok, c, bk, K)
-        s = load(s_ref.at[kc], kok, 0.0).astype(jnp.float32)
-        xn = (x * (inv[:, None] * s[None, :])).astype(dt)
-        a = acc[0] + dot(xn, _w_tile(w_ref, kc, kok, cc, nok), precision=prec)
-        if not glu:
-            return (a,)
-        return a, acc[1] + dot(xn, _w_tile(w_ref, kc, kok, cc + N, nok), precision=prec)
-
-    zero = jnp.zeros((bm, bn), jnp.float32)
-    acc = lax.fori_loop(0, nk, step, (zero, zero) if glu else (zero,))
-    out = _silu_gate(_round(acc[0], dt), _round(acc[1], dt), dt) if glu else acc[0]
+    # Every load is issued up front (the K loop unrolled, no loop-carried address): the
+    # program's time is then one round trip to memory, not one per K step (a fori_loop took
+    # 2-4x XLA's GEMM time; bench/NOTES.md, nineteenth session).
+    xs = [_x_chunk(x_ref, rr, rok, c, bk, K) for c in range(nk)]
+    ss = [load(s_ref.at[kc], kok, 0.0).astype(jnp.float32) for _, kc, kok in xs]
+    wa = [_w_tile(w_ref, kc, kok, cc, nok) for _, kc, kok in xs]
+    wb = [_w_tile(w_ref, kc, kok, cc + N, nok) for _, kc, kok in xs] if glu else []
+    # flax.nnx.RMSNorm: var = mean(x^2) in float32, y = x * (rsqrt(var + eps) * scale)
+    inv = lax.rsqrt(sum(jnp.sum(x * x, axis=1) for x, _, _ in xs) / K + eps)
+    acc_a = jnp.zeros((bm, bn), jnp.float32)
+    acc_b = jnp.zeros((bm, bn), jnp.float32)
+    for c, (x, _, _) in enumerate(xs):
+        xn = (x * (inv[:, None] * ss[c][None, :])).astype(dt)
+        acc_a += dot(xn, wa[c], precision=prec)
+        if glu:
+            acc_b += dot(xn, wb[c], precision=prec)
+    out = _silu_gate(_round(acc_a, dt), _round(acc_b, dt), dt) if glu else acc_a
     ri = i * bm + jnp.arange(bm)
     store(o_ref.at[jnp.where(rok, ri, M)[:, None], jnp.where(nok, cols, N)[None, :]], out,
           rok[:, None] & nok[None, :])
@@ -155,16 +153,18 @@ def _matmul_add_kernel(a_ref, w_ref, r_ref, o_ref, *, K, N, bm, bn, bk, prec):
     nok = cols < N
     cc = jnp.where(nok, cols, 0)
 
-    def step(c, acc):
+    ok = rok[:, None] & nok[None, :]
+    res = load(r_ref.at[rr[:, None], cc[None, :]], ok, 0.0).astype(jnp.float32)
+    tiles = []                       # all loads up front, as in _norm_matmul_kernel
+    for c in range(cdiv(K, bk)):
         kk = c * bk + jnp.arange(bk)
         kok = kk < K
         kc = jnp.where(kok, kk, 0)
-        a = load(a_ref.at[rr[:, None], kc[None, :]], rok[:, None] & kok[None, :], 0.0)
-        return acc + dot(a, _w_tile(w_ref, kc, kok, cc, nok), precision=prec)
-
-    acc = lax.fori_loop(0, cdiv(K, bk), step, jnp.zeros((bm, bn), jnp.float32))
-    ok = rok[:, None] & nok[None, :]
-    res = load(r_ref.at[rr[:, None], cc[None, :]], ok, 0.0).astype(jnp.float32)
+        tiles.append((load(a_ref.at[rr[:, None], kc[None, :]], rok[:, None] & kok[None, :], 0.0),
+                      _w_tile(w_ref, kc, kok, cc, nok)))
+    acc = jnp.zeros((bm, bn), jnp.float32)
+    for a, w in tiles:
+        acc += dot(a, w, precision=prec)
     out = res + _round(acc, w_ref.dtype)          # nnx.Linear's output, then the add
     ri = i * bm + jnp.arange(bm)
     store(o_ref.at[jnp.where(rok, ri, M)[:, None], jnp.where(nok, cols, N)[None, :]], out, ok)
