@@ -46,20 +46,26 @@ def _tiles(M: int, K: int, N: int, bn: int | None, bk: int | None):
 
 
 def _rows(i, bm, M):
-    r = i * bm + jnp.arange(bm)
-    return jnp.where(r < M, r, 0), r < M
+    return i * bm + jnp.arange(bm) < M
 
 
-def _x_chunk(x_ref, rr, rok, c: int, bk, K):
-    kk = c * bk + jnp.arange(bk)
-    kok = kk < K
-    kc = jnp.where(kok, kk, 0)
-    x = load(x_ref.at[rr[:, None], kc[None, :]], rok[:, None] & kok[None, :], 0.0)
-    return x.astype(jnp.float32), kc, kok
+def _x_chunk(x_ref, i, rok, c: int, bm, bk, K):
+    """Rows i*bm.. and columns c*bk.. of x as float32 (``pl.ds`` slices: contiguous, so the
+    loads vectorise; indices built from clamped index arrays made Triton load element by element)."""
+    kok = c * bk + jnp.arange(bk) < K
+    k0 = _start(c * bk, i)
+    x = load(x_ref.at[pl.ds(i * bm, bm), pl.ds(k0, bk)], rok[:, None] & kok[None, :], 0.0)
+    return x.astype(jnp.float32), k0, kok
 
 
-def _w_tile(w_ref, kc, kok, cc, nok):
-    return load(w_ref.at[kc[:, None], cc[None, :]], kok[:, None] & nok[None, :], 0.0)
+def _start(k0: int, i):
+    """A static slice start as a traced value (+ 0 * a program id): the last K step may reach
+    past K, which a static ``pl.ds`` refuses at trace time; the load's mask covers it."""
+    return k0 + 0 * i
+
+
+def _w_tile(w_ref, k0, kok, c0, nok, bn):
+    return load(w_ref.at[pl.ds(k0, kok.shape[0]), pl.ds(c0, bn)], kok[:, None] & nok[None, :], 0.0)
 
 
 def _round(x, dtype):
@@ -78,19 +84,18 @@ def _norm_matmul_kernel(x_ref, s_ref, w_ref, o_ref, *, K, N, bm, bn, bk, eps, gl
     i, j = pl.program_id(0), pl.program_id(1)
     M = x_ref.shape[0]
     dt = w_ref.dtype
-    rr, rok = _rows(i, bm, M)
+    rok = _rows(i, bm, M)
     nk = cdiv(K, bk)
 
     cols = j * bn + jnp.arange(bn)
     nok = cols < N
-    cc = jnp.where(nok, cols, 0)
     # Every load is issued up front (the K loop unrolled, no loop-carried address): the
     # program's time is then one round trip to memory, not one per K step (a fori_loop took
     # 2-4x XLA's GEMM time; bench/NOTES.md, nineteenth session).
-    xs = [_x_chunk(x_ref, rr, rok, c, bk, K) for c in range(nk)]
-    ss = [load(s_ref.at[kc], kok, 0.0).astype(jnp.float32) for _, kc, kok in xs]
-    wa = [_w_tile(w_ref, kc, kok, cc, nok) for _, kc, kok in xs]
-    wb = [_w_tile(w_ref, kc, kok, cc + N, nok) for _, kc, kok in xs] if glu else []
+    xs = [_x_chunk(x_ref, i, rok, c, bm, bk, K) for c in range(nk)]
+    ss = [load(s_ref.at[pl.ds(k0, bk)], kok, 0.0).astype(jnp.float32) for _, k0, kok in xs]
+    wa = [_w_tile(w_ref, k0, kok, j * bn, nok, bn) for _, k0, kok in xs]
+    wb = [_w_tile(w_ref, k0, kok, N + j * bn, nok, bn) for _, k0, kok in xs] if glu else []
     # flax.nnx.RMSNorm: var = mean(x^2) in float32, y = x * (rsqrt(var + eps) * scale)
     inv = lax.rsqrt(sum(jnp.sum(x * x, axis=1) for x, _, _ in xs) / K + eps)
     acc_a = jnp.zeros((bm, bn), jnp.float32)
@@ -148,20 +153,19 @@ def norm_matmul_reference(x, scale, w, *, eps: float, glu: bool = False):
 def _matmul_add_kernel(a_ref, w_ref, r_ref, o_ref, *, K, N, bm, bn, bk, prec):
     i, j = pl.program_id(0), pl.program_id(1)
     M = a_ref.shape[0]
-    rr, rok = _rows(i, bm, M)
+    rok = _rows(i, bm, M)
     cols = j * bn + jnp.arange(bn)
     nok = cols < N
-    cc = jnp.where(nok, cols, 0)
 
     ok = rok[:, None] & nok[None, :]
-    res = load(r_ref.at[rr[:, None], cc[None, :]], ok, 0.0).astype(jnp.float32)
+    res = load(r_ref.at[pl.ds(i * bm, bm), pl.ds(j * bn, bn)], ok, 0.0).astype(jnp.float32)
     tiles = []                       # all loads up front, as in _norm_matmul_kernel
     for c in range(cdiv(K, bk)):
-        kk = c * bk + jnp.arange(bk)
-        kok = kk < K
-        kc = jnp.where(kok, kk, 0)
-        tiles.append((load(a_ref.at[rr[:, None], kc[None, :]], rok[:, None] & kok[None, :], 0.0),
-                      _w_tile(w_ref, kc, kok, cc, nok)))
+        kok = c * bk + jnp.arange(bk) < K
+        k0 = _start(c * bk, i)
+        tiles.append((load(a_ref.at[pl.ds(i * bm, bm), pl.ds(k0, bk)],
+                           rok[:, None] & kok[None, :], 0.0),
+                      _w_tile(w_ref, k0, kok, j * bn, nok, bn)))
     acc = jnp.zeros((bm, bn), jnp.float32)
     for a, w in tiles:
         acc += dot(a, w, precision=prec)
