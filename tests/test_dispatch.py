@@ -6,7 +6,7 @@ import sys
 import jax.numpy as jnp
 import pytest
 
-from nsa_jax.attention_layers import resolve_nsa_impl
+from nsa_jax.model import resolve_nsa_impl
 from nsa_jax.nsa import Backend, KernelChoices, NSAConfig, nsa_attention, resolve_impl, select_blocks
 from nsa_testutil import ROOT, random_inputs
 

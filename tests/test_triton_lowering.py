@@ -275,22 +275,3 @@ def test_topn_kernel_lowers_to_triton():
     names = triton_kernels(lambda s: topn_pallas(s, CFG, False), S(1, 16384, G, Ts,
                                                                     dtype=jnp.float32))
     assert names == {"nsa_topn"}, names
-
-
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-def test_decode_dense_kernels_lower_to_triton(monkeypatch, dtype):
-    """The decode step's norm + matmul (+ SwiGLU) and matmul + residual kernels
-    (``pallas.decode_dense``) at the 125M shape, B = 8 and B = 70 (two row tiles)."""
-    from nsa_jax.pallas import decode_dense as dd
-    monkeypatch.setattr(dd, "use_interpret", lambda: False)
-
-    def f(x, s, wp, wi, wo):
-        p = dd.norm_matmul(x, s, wp, eps=1e-6)
-        u = dd.norm_matmul(x, s, wi, eps=1e-6, glu=True)
-        return p, dd.matmul_add(u, wo, x)
-    for M in (8, 70):
-        names = triton_kernels(f, S(M, 768, dtype=dtype), S(768, dtype=dtype),
-                               S(768, 1572, dtype=dtype), S(768, 4096, dtype=dtype),
-                               S(2048, 768, dtype=dtype))
-        assert names == {"nsa_decode_norm_matmul", "nsa_decode_norm_glu",
-                         "nsa_decode_matmul_add"}, names

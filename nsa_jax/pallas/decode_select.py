@@ -47,15 +47,19 @@ def split_lse(own):
     return M + jnp.log2(jnp.sum(jnp.exp2(own - safe), axis=2))
 
 
-def _merged_lse(lse_ref, b, g, hh, spp):
-    """``split_lse`` of one head inside a kernel: its per-split lse (axis 2 of ``lse_ref``
-    [B,G,splits,h]) merged by log-add-exp into one base-2 lse (-inf: no visible key)."""
+def _merged_lse(lse_ref, b, g, h, spp):
+    """``split_lse`` inside a kernel for all h heads of (b, g) at once: the per-split lse (axis 2
+    of ``lse_ref`` [B,G,splits,h]) as one [spp, hp] load, merged by log-add-exp over the splits
+    -> [hp] base-2 lse (-inf: no visible key; padded heads -inf)."""
     S = lse_ref.shape[2]
     sp = jnp.arange(spp)
-    own = load(lse_ref.at[b, g, jnp.minimum(sp, S - 1), hh], sp < S, NEG_INF)
-    M = jnp.max(own)
+    hr = jnp.arange(next_pow2(h))
+    ok = (sp < S)[:, None] & (hr < h)[None, :]
+    own = load(lse_ref.at[b, g, jnp.minimum(sp, S - 1)[:, None], jnp.minimum(hr, h - 1)[None, :]],
+               ok, NEG_INF)
+    M = jnp.max(own, axis=0)
     safe = jnp.where(M == NEG_INF, 0.0, M)
-    return M + jnp.log2(jnp.sum(jnp.exp2(own - safe)))
+    return M + jnp.log2(jnp.sum(jnp.exp2(own - safe[None, :]), axis=0)), hr
 
 
 def _ahead(v, i, vj, ij):
@@ -77,8 +81,9 @@ def _score_kernel(t_ref, s_ref, lse_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp,
     the rest once).
 
     ``lse_ref`` [B,G,splits,h]: the compressed kernel's per-split base-2 lse, merged per head
-    here (``_merged_lse``, ``spp`` = splits padded to a power of two): a few hundred bytes per
-    program instead of two XLA kernels per layer between the compressed and the scoring kernel.
+    here for all heads in one load before the head loop (``_merged_lse``, ``spp`` = splits padded
+    to a power of two): a few hundred bytes per program instead of two XLA kernels per layer
+    between the compressed and the scoring kernel (bench/NOTES.md, nineteenth session).
 
     The chunk's top-n is a rank count, not n rounds of argmax: block i's rank is the number of
     blocks of the chunk ahead of it (``_ahead``), one [cs, cs] comparison and one reduction; the
@@ -102,8 +107,9 @@ def _score_kernel(t_ref, s_ref, lse_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp,
     w_tail = jnp.minimum(r - e, mm).astype(jnp.float32)[None, :]
     tail = jnp.clip(tail, 0, Tc - 1)
     score = jnp.zeros((cs,), jnp.float32)
+    lse, hr = _merged_lse(lse_ref, b, g, h, spp)      # one load for all heads, before the loop
     for hh in range(h):
-        lse_h = _merged_lse(lse_ref, b, g, hh, spp)
+        lse_h = jnp.sum(jnp.where(hr == hh, lse, 0.0))
         sv = load(s_ref.at[b, g, hh, own], ok_own, NEG_INF)
         part = jnp.where(ok_own, jnp.exp2(sv - lse_h) * w_own, 0.0)
         if r > 1:
