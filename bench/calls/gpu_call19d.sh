@@ -15,14 +15,15 @@ PYTHONPATH=. timeout 150 python3 bench/decode.py --contexts 65536 --batches 8 --
   --profile 65536:8 --out "$OUT/new.json" > "$OUT/new.log" 2>&1 || rc=1
 echo "== before"; grep -E "^(nsa|dense)_125m|loop profile|Error" "$OUT/old.log"
 echo "== now"; grep -E "^(nsa|dense)_125m|loop profile|Error" "$OUT/new.log"
-python3 - "$OUT/new.json" <<'PY'
+python3 - "$OUT/old.json" "$OUT/new.json" <<'PY'
 import json, sys
-d = json.load(open(sys.argv[1]))
-for p in d["points"]:
+for f in sys.argv[1:]:
+  d = json.load(open(f)); print("==", f.split("/")[-1])
+  for p in d["points"]:
     pr = p.get("profile")
-    if pr:
+    if pr and p["model"] == "nsa_125m":
         print(p["model"], f"busy {pr['device_busy_ms_per_step']:.3f} ms")
-        for o in pr["top_ops"][:12]:
+        for o in pr["top_ops"][:20]:
             print(f"  {o['name'][:34]:34s} {1e3 * o['ms_per_step'] / max(o['calls_per_step'], 1):6.1f} us x{o['calls_per_step']:.0f}")
 PY
 exit $rc
