@@ -213,7 +213,7 @@ def test_f32_matches_reference_whatever_the_global_precision(shape, T, sel_impl)
 def test_dense_packed_cudnn_matches_masked_xla(T):
     """Packed documents on the dense path: cuDNN's packed (THD) layout == an explicit
     same-document causal mask (issue #16), values and gradients, bf16."""
-    from nsa_jax.model import dense_packed_attention
+    from nsa_jax.dense_packed import dense_packed_attention
     rng = np.random.default_rng(0)
     lengths = [1, 31, 64, 700, 5]
     lengths.append(T - sum(lengths))
@@ -236,7 +236,7 @@ def test_dense_packed_pallas_matches_masked_xla(T):
     """Packed documents on the dense path through the document-local kernel (the model's choice
     on a GPU) == an explicit same-document causal mask in float32, values and gradients, bf16
     inputs: relative RMSE <= 5e-3 (issue #16)."""
-    from nsa_jax.model import dense_packed_attention
+    from nsa_jax.dense_packed import dense_packed_attention
     rng = np.random.default_rng(0)
     lengths = [1, 31, 64, 700, 5]
     lengths.append(T - sum(lengths))
