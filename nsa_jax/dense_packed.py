@@ -18,8 +18,8 @@ def dense_packed_attention(q, k, v, segment_ids, impl: str):
     [B,1,T,T] same-document mask, O(T^2) memory.
     ``cudnn``: cuDNN's packed (THD) layout, one segment per document: per-row segment lengths
     and offsets [B, M] padded with -1, M = T; no [T, T] mask. NOT used by the model: on an H200
-    with jax 0.11.2 its output was 0.90 (relative) away from the masked path (GPU test below,
-    marked as a known failure) and the cause is not found yet."""
+    with jax 0.11.2 its output was 0.90 (relative) away from the masked path (GPU test in
+    tests/test_pallas_gpu.py, marked as a known failure) and the cause is not found yet."""
     if impl == "pallas":
         from nsa_jax.pallas.local import local_attention
         return local_attention(q, k, v, semantics.document_starts(segment_ids)).astype(q.dtype)

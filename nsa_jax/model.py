@@ -433,10 +433,6 @@ class NSALM(nnx.Module):
             n = jnp.full((B,), S, jnp.int32) if lengths is None else jnp.asarray(lengths,
                                                                                  jnp.int32)
         x = self.embed(tokens)
-        if S == 1 and fused_writes(self.xcfg.decode_impl) is not None:
-            from nsa_jax.decode_step import fused_step
-            h, layers = fused_step(self, x, pos, n, cache["layers"])
-            return h, {"pos": pos + n, "layers": layers}
         layers = []
         for blk, kv in zip(self.blocks, cache["layers"]):
             x, lc = blk(x, positions, kvcache.LayerCache(kv=kv, pos=pos, n=n))

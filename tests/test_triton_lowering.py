@@ -275,16 +275,3 @@ def test_topn_kernel_lowers_to_triton():
     names = triton_kernels(lambda s: topn_pallas(s, CFG, False), S(1, 16384, G, Ts,
                                                                     dtype=jnp.float32))
     assert names == {"nsa_topn"}, names
-
-
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-def test_add_norm_kernel_lowers_to_triton(monkeypatch, dtype):
-    """A decode step's residual add + RMSNorm (``pallas.add_norm``), the 125M dim, B = 8 and 70."""
-    import nsa_jax.pallas.add_norm as an
-    monkeypatch.setattr(an, "use_interpret", lambda: False)
-    for M in (8, 70):
-        names = triton_kernels(lambda x, a, s: (an.add_rms_norm(x, a, s, eps=1e-6, dtype=dtype),
-                                                an.add_rms_norm(x, None, s, eps=1e-6,
-                                                                dtype=dtype)),
-                               S(M, 768, dtype=dtype), S(M, 768, dtype=dtype), S(768, dtype=dtype))
-        assert names == {"nsa_decode_add_norm", "nsa_decode_norm"}, names
