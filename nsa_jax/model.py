@@ -72,17 +72,6 @@ def _no_packed_cache(cache, segment_ids):
                          "(decoding runs one document per row)")
 
 
-STEP_ALIGN = 128   # columns of the decode step's fused projection are padded to a multiple
-
-
-def step_columns(n: int) -> int:
-    """Columns of the fused decode-step projection ``w_step`` for n used ones: a multiple of
-    ``STEP_ALIGN``. XLA's GEMM for the 125M model's 1572 columns took 5.1 us per layer at
-    64k / B=8, against 3.4-3.7 us for the MLP's larger matrices (bench/NOTES.md, nineteenth
-    session)."""
-    return -(-n // STEP_ALIGN) * STEP_ALIGN
-
-
 def _normal(std):
     return nnx.initializers.normal(stddev=std)
 
@@ -162,13 +151,11 @@ class NSAAttention(nnx.Module):
         return (gates * jnp.asarray(self.ncfg.branch_mask())).astype(self.dtype)
 
     def fuse_step_weights(self):
-        """Add ``w_step`` = [wq | wkv | wg | 0] [dim, step_columns(H*D + 6*G*D + 3H)], the decode
-        step's three projections as one matrix (:func:`nsa_jax.decode.step_state`, on a copy of
-        the model used for the decode steps only; training and prefill never see it), zero
-        columns to a multiple of ``STEP_ALIGN`` (nothing reads them)."""
-        w = jnp.concatenate([self.wq.kernel[...], self.wkv.kernel[...], self.wg.kernel[...]],
-                            axis=1)
-        self.w_step = StepWeight(jnp.pad(w, ((0, 0), (0, step_columns(w.shape[1]) - w.shape[1]))))
+        """Add ``w_step`` = [wq | wkv | wg] [dim, H*D + 6*G*D + 3H], the decode step's three
+        projections as one matrix (:func:`nsa_jax.decode.step_state`, on a copy of the model used
+        for the decode steps only; training and prefill never see it)."""
+        self.w_step = StepWeight(jnp.concatenate(
+            [self.wq.kernel[...], self.wkv.kernel[...], self.wg.kernel[...]], axis=1))
 
     def project_step(self, x, t, fused: bool = False):
         """The decode step's projections (x [B,1,dim] at positions t [B]), un-rotated: q [B,H,D];

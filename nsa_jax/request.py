@@ -69,9 +69,7 @@ def decoder_copy_bytes(model) -> int:
     weights = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model)))
     item = np.dtype(model.dtype).itemsize
     copy = 0 if model.dtype == jnp.float32 else weights * item // 4
-    from nsa_jax.model import step_columns
-    return copy + sum(m.wq.kernel.shape[0] * step_columns(
-        m.wq.kernel.shape[1] + m.wkv.kernel.shape[1] + m.wg.kernel.shape[1]) * item
+    return copy + sum((m.wq.kernel.size + m.wkv.kernel.size + m.wg.kernel.size) * item
                       for _, m in nnx.iter_modules(model) if hasattr(m, "fuse_step_weights"))
 
 

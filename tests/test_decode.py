@@ -365,23 +365,6 @@ def test_step_state_casts_phi_and_changes_no_step():
         np.testing.assert_array_equal(np.asarray(dec.step(toks[:, t])), want, err_msg=f"t={t}")
 
 
-def test_step_weight_is_the_three_projections_padded_with_zeros():
-    """``w_step`` = [wq | wkv | wg] then zero columns up to a multiple of ``STEP_ALIGN``; the
-    decoder's memory budget counts its padded size."""
-    from nsa_jax.model import STEP_ALIGN
-    from nsa_jax.request import decoder_copy_bytes
-    model = _model()
-    attn = model.blocks[0].attn
-    attn.fuse_step_weights()
-    w = np.asarray(attn.w_step[...])
-    parts = np.concatenate([np.asarray(m.kernel[...]) for m in (attn.wq, attn.wkv, attn.wg)], 1)
-    assert w.shape[1] % STEP_ALIGN == 0 and w.shape[1] - parts.shape[1] < STEP_ALIGN
-    np.testing.assert_array_equal(w[:, :parts.shape[1]], parts)
-    assert not w[:, parts.shape[1]:].any()
-    del attn.w_step
-    assert decoder_copy_bytes(model) == len(model.blocks) * w.size * 4   # float32 model
-
-
 def test_static_graph_is_hashed_once_and_shares_the_jit_cache(monkeypatch):
     """The steps' GraphDef goes to jit as ``decode_loop.StaticGraph``: its hash is computed once
     (nnx walks the whole graph per hash, on every jitted call otherwise), one instance serves
