@@ -2,9 +2,8 @@
 block scores from the compressed kernel's logits and the top-n, as two kernels. Used by
 :func:`nsa_jax.pallas.decode.nsa_decode_pallas` (its module docstring has the whole step).
 
-``split_lse`` merges the compressed kernel's per-split lse into each head's (the jax.numpy twin
-of the merge every scoring program does itself); ``_score_kernel`` (grid B x G x chunks of
-selection blocks) merges the splits' lse, forms the group-summed block scores
+``_score_kernel`` (grid B x G x chunks of selection blocks) merges the compressed kernel's
+per-split lse into each head's, forms the group-summed block scores
 (Eq. 9-10) from the logits (one row load and one small tail gather per head) and keeps each
 chunk's top-n with the forced blocks (Eq. 11); ``_topn_merge_kernel`` (grid B x G x candidate
 slices) picks the top-n of the chunks' candidates. Both rank by counting (a candidate's rank is
@@ -37,20 +36,11 @@ def default_chunk(B: int, G: int, Ts: int) -> int:
     return int(min(hi, max(lo, next_pow2(cdiv(Ts * B * G, TARGET_PROGRAMS)))))
 
 
-def split_lse(own):
-    """The compressed kernel's per-split lse [B,G,splits,h] (base 2, -inf for a split without a
-    visible key) merged into each head's lse [B,G,h] (-inf where no key is visible: the scoring
-    kernel then reads no logit of that head). The jax.numpy twin of ``_merged_lse``, which the
-    scoring kernel runs instead (XLA ran this as two small kernels per layer)."""
-    M = jnp.max(own, axis=2)
-    safe = jnp.where(M == NEG_INF, 0.0, M)[:, :, None]
-    return M + jnp.log2(jnp.sum(jnp.exp2(own - safe), axis=2))
-
-
 def _merged_lse(lse_ref, b, g, h, spp):
-    """``split_lse`` inside a kernel for all h heads of (b, g) at once: the per-split lse (axis 2
-    of ``lse_ref`` [B,G,splits,h]) as one [spp, hp] load, merged by log-add-exp over the splits
-    -> [hp] base-2 lse (-inf: no visible key; padded heads -inf)."""
+    """The per-split lse of all h heads of (b, g) (axis 2 of ``lse_ref`` [B,G,splits,h]: base 2,
+    -inf for a split without a visible key) as one [spp, hp] load, merged by log-add-exp over
+    the splits -> [hp] base-2 lse (-inf where no key is visible, so the scoring kernel reads no
+    logit of that head; padded heads -inf). XLA ran this merge as two kernels per layer."""
     S = lse_ref.shape[2]
     sp = jnp.arange(spp)
     hr = jnp.arange(next_pow2(h))

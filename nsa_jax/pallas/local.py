@@ -7,8 +7,8 @@ s > t - w (``semantics.window_visible``). Two users:
 * the NSA sliding-window branch of packed rows (§3.3.3; keys t - w < s <= t of t's document),
   ``window.window_attention`` with ``seg``; also float32 inputs on a GPU, where cuDNN does not
   apply;
-* the dense model's attention over packed documents (``dense_packed.dense_packed_attention``, no window):
-  causal attention inside each document without a [T, T] mask.
+* the dense model's attention over packed documents (``dense_packed.dense_packed_attention``, no
+  window): causal attention inside each document without a [T, T] mask.
 
 Kernels (``start`` int32 [B,T] non-decreasing along a row, as document starts are):
 
