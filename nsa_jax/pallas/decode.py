@@ -121,8 +121,8 @@ def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, o_ref, lse_ref,
 
     state = lax.fori_loop(lo, hi, tile, softmax_init(hp, v_ref.shape[-1]))
     _store_state(m_ref, l_ref, o_ref, b, g, sp, state, h)
-    m, l, _ = state                               # the split's own lse (-inf: no key), for
-    own = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), NEG_INF)   # decode_select._merged_lse
+    m, l, _ = state          # the split's own lse (-inf: no key), for decode_select._merged_lse
+    own = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), NEG_INF)
     store(lse_ref.at[b, g, sp, rs], own, r < h)
 
 
