@@ -426,24 +426,29 @@ def test_f32_dot_choice_sets_every_float32_matmul_precision():
         KernelChoices(f32_dot="bf16")
 
 
-@pytest.mark.parametrize("T,cfg,packed,bs", [
-    (700, TINY, False, None),       # Ts = 44 -> width buckets 16, 32, 64; B = 2 rows
-    (700, TINY, True, None),        # packed: the same buckets, document-relative t
+WIDE = dataclasses.replace(TINY, n_sel=16, n_init=1, n_local=2)
+
+
+@pytest.mark.parametrize("T,cfg,packed,bs,distinct", [
+    (700, TINY, False, None, False),       # Ts = 44 -> width buckets 16, 32, 64; B = 2 rows
+    (700, TINY, True, None, False),        # packed: the same buckets, document-relative t
     (300, dataclasses.replace(TINY, n_sel=6, n_init=2, n_local=3), False,
-     BlockSizes(topn_elems=256, topn_warps=2)),   # several rows per program
-    (40, dataclasses.replace(TINY, n_sel=6, n_init=2, n_local=3), False, None),  # k=3 < 5 forced
-    (4200, dataclasses.replace(TINY, n_sel=16, n_init=1, n_local=2), False, None),  # Ts = 263:
-                                                      # every bucket width up to 512 columns
+     BlockSizes(topn_elems=256, topn_warps=2), False),   # several rows per program
+    (40, dataclasses.replace(TINY, n_sel=6, n_init=2, n_local=3), False, None, False),  # k=3 < 5
+    (4200, WIDE, False, None, False),   # Ts = 263: every bucket width up to 512 columns
+    (4200, WIDE, False, None, True),    # the same, distinct scores (no ties)
 ])
-def test_topn_kernel_equals_semantics_with_ties(T, cfg, packed, bs):
+def test_topn_kernel_equals_semantics_with_ties(T, cfg, packed, bs, distinct):
     """``topn_pallas`` (forced blocks marked up front, width buckets) == ``lax.top_k`` rule:
-    scores drawn from 4 values, so most rows hold ties (lower index wins)."""
+    scores drawn from 4 values, so most rows hold ties (lower index wins), or ``distinct``
+    ones."""
     from nsa_jax.nsa import semantics
     from nsa_jax.pallas.topn import topn_pallas
     B, G = 2, 2
     Ts = cfg.num_sel_blocks(T)
     rng = np.random.default_rng(T)
-    scores = jnp.asarray(rng.integers(0, 4, (B, T, G, Ts)).astype(np.float32) / 4)
+    scores = rng.random((B, T, G, Ts)) if distinct else rng.integers(0, 4, (B, T, G, Ts)) / 4
+    scores = jnp.asarray(scores.astype(np.float32))
     if packed:
         starts = np.sort(rng.choice(np.arange(1, T), 5, replace=False))
         rel = np.stack([np.arange(T) - np.concatenate([[0], starts])[
