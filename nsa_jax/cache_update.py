@@ -97,7 +97,9 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, q, rope,
     ``interpret`` not None (the Pallas decode path): the rotations, the token writes and the ring
     readout in one Pallas kernel that reads ``rows`` whole (``pallas.cache_write``), and the
     emission either by ``emit(k_cmp, v_cmp, kb, vb, offset, idx, interpret)`` -> (k_cmp, v_cmp)
-    (φ, RoPE and the write: ``pallas.phi_decode``) or by ``compress`` and a second write kernel;
+    (φ, RoPE and the write: ``pallas.phi_decode``; with ``sync=kv["sync"]`` where the cache has
+    the completion counters, one launch, -> (k_cmp, v_cmp, sync)) or by ``compress`` and a
+    second write kernel;
     else XLA. Same values up to float rounding."""
     kv = dict(kv)
     l, d = cfg.block_l, cfg.stride_d
@@ -135,7 +137,11 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, q, rope,
         ends = (start >= 0) & (jnp.mod(start, d) == 0)              # a block ends at t
         scratch = kv["k_cmp"].shape[2] - 1        # never visible: see cache_sizes
         i = jnp.where(ends, jnp.maximum(start, 0) // d, scratch)
-        if emit is not None:                      # the model gives one only with interpret set
+        if emit is not None and "sync" in kv:     # the counters of the one-launch φ kernel
+            kv["k_cmp"], kv["v_cmp"], kv["sync"] = emit(kv["k_cmp"], kv["v_cmp"], kb, vb,
+                                                        jnp.maximum(start, 0), i, interpret,
+                                                        sync=kv["sync"])
+        elif emit is not None:                    # the model gives one only with interpret set
             kv["k_cmp"], kv["v_cmp"] = emit(kv["k_cmp"], kv["v_cmp"], kb, vb,
                                             jnp.maximum(start, 0), i, interpret)
         else:

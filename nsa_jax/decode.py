@@ -28,6 +28,7 @@ from flax import nnx
 from nsa_jax.decode_loop import (StaticGraph, decode_loop_jit, flat_state, prefill_jit,
                                 put_rows_jit, step_jit)
 from nsa_jax.nsa import NSAConfig
+from nsa_jax.nsa.decoding import SYNC_SLOTS
 
 Cache = dict[str, Any]
 
@@ -108,6 +109,7 @@ def init_cache(model, batch: int, max_len: int) -> Cache:
             lc.update(k_slc=z(sz["slc"]), v_slc=z(sz["slc"]))
         if need_win:
             lc.update(k_win=z(sz["win"]), v_win=z(sz["win"]))
+        lc["sync"] = jnp.zeros((batch, G, SYNC_SLOTS), jnp.int32)   # Pallas completion counters
         layers.append(lc)
     return {"pos": jnp.zeros((batch,), jnp.int32), "layers": layers}
 

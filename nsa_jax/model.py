@@ -46,13 +46,17 @@ def resolve_nsa_impl(impl: str) -> str:
 
 def nsa_decode(q, kv, t, gates, cfg: NSAConfig, impl: str):
     """One decode step's NSA attention (q [B,Hq,D] at positions t [B]) by ``exec.decode_impl``
-    (resolved the same way as ``nsa_impl``)."""
+    (resolved the same way as ``nsa_impl``) -> (o, kv): the Pallas kernels update the layer's
+    completion counters (``kv["sync"]``, :mod:`nsa_jax.nsa.decoding`) where it has them."""
     from nsa_jax.nsa.attention import Backend, resolve_impl
     if resolve_impl(impl) is Backend.PALLAS:
         from nsa_jax.pallas.decode import nsa_decode_pallas
-        return nsa_decode_pallas(q, kv, t, gates, cfg)
+        if "sync" not in kv:
+            return nsa_decode_pallas(q, kv, t, gates, cfg), kv
+        o, sync = nsa_decode_pallas(q, kv, t, gates, cfg, sync=kv["sync"])
+        return o, {**kv, "sync": sync}
     from nsa_jax.nsa.decoding import nsa_decode_attention
-    return nsa_decode_attention(q, kv, t, gates, cfg)
+    return nsa_decode_attention(q, kv, t, gates, cfg), kv
 
 
 def fused_writes(impl: str):
@@ -219,16 +223,17 @@ class NSAAttention(nnx.Module):
         pos = (jnp.asarray(offset) + self.ncfg.block_l - 1)[:, None]
         return apply_rope(self.phi_k.block(kb), pos, self.mcfg.rope_theta), self.phi_v.block(vb)
 
-    def emit_block(self, k_cmp, v_cmp, kb, vb, offset, idx, interpret: bool):
+    def emit_block(self, k_cmp, v_cmp, kb, vb, offset, idx, interpret: bool, sync=None):
         """:meth:`compress_block` and the write of its output at block index ``idx`` [B] into the
-        compressed caches as one Pallas kernel (``pallas.phi_decode``; the Pallas decode path)."""
+        compressed caches in Pallas (``pallas.phi_decode``; the Pallas decode path); with the
+        cache's completion counters ``sync``, one launch, and they come back last."""
         from nsa_jax.pallas import phi_decode
         cos, sin = cos_sin(jnp.asarray(offset) + self.ncfg.block_l - 1, self.mcfg.head_dim,
                            self.mcfg.rope_theta)
         prm = lambda c: (c.pos_emb[...], c.w1[...], c.b1[...], c.w2[...], c.b2[...])
         return phi_decode.emit_pallas(k_cmp, v_cmp, kb.astype(self.dtype), vb.astype(self.dtype),
                                       idx, cos, sin, prm(self.phi_k), prm(self.phi_v),
-                                      interpret=interpret)
+                                      interpret=interpret, sync=sync)
 
     def _emitter(self, interpret: bool | None):
         """:meth:`emit_block` where the fused kernel takes this shape, else None (φ in XLA)."""
@@ -283,7 +288,7 @@ class NSAAttention(nnx.Module):
         q, rows, gates, rope = self.project_step(x, t, fused is not None)
         kv, q = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, rows,
                                         q, rope, fused, self._emitter(fused))
-        o = nsa_decode(q, kv, t, gates, self.ncfg, impl)
+        o, kv = nsa_decode(q, kv, t, gates, self.ncfg, impl)
         out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
         return out, dataclasses.replace(cache, kv=kv)
 

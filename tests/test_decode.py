@@ -406,6 +406,7 @@ def test_static_graph_is_hashed_once_and_shares_the_jit_cache(monkeypatch):
 
 PALLAS_CASES = ATTN_CASES + [   # window over 3 programs of 16 slots; 3 key splits, one empty
     (8, 4, 16, 4, 40, 1, 2, 1, 80, 2, 3, ("cmp", "slc", "win")),
+    (8, 4, 16, 4, 24, 1, 2, 1, 50, 2, 2, ("cmp", "win")),          # no selection branch
 ]
 
 
@@ -413,7 +414,10 @@ PALLAS_CASES = ATTN_CASES + [   # window over 3 programs of 16 slots; 3 key spli
 def test_pallas_decode_kernel_matches_jnp_decode(case):
     """Pallas decode kernels (interpret mode) == the jax.numpy decode path, float32, for every
     position of a sequence (before and after compressed blocks are emitted, t < l, t < l', the
-    window wrapping) with batch rows at *different* positions (row b at t - b)."""
+    window wrapping) with batch rows at *different* positions (row b at t - b). Both ways of
+    finishing: its own kernel, and the merge in the selected + window kernel's completing
+    program, whose counters (``sync``) must come back 0."""
+    from nsa_jax.nsa.decoding import SYNC_SLOTS
     from nsa_jax.pallas.decode import nsa_decode_pallas
     l, d, lp, n, w, ni, nl, B, T, G, h, br = case
     cfg = NSAConfig(block_l=l, stride_d=d, sel_block=lp, n_sel=n, window=w, n_init=ni,
@@ -425,10 +429,11 @@ def test_pallas_decode_kernel_matches_jnp_decode(case):
     # small tiles so the compressed keys span several tiles and key splits and the selection
     # blocks several scoring chunks (the default tiles cover these short contexts in one); 1, 2
     # or 3 selected blocks / window tiles per program over the cases
-    per = (1, 2, 3, 2)[PALLAS_CASES.index(case)]    # case 3: 2 x 2 tiles of its 3-tile window
-    got_f = jax.jit(lambda q, lc, t, g: nsa_decode_pallas(q, lc, t, g, cfg, cmp_keys=16,
-                                                          win_keys=16, splits=3,
-                                                          sel_chunk=4, slc_per=per))
+    per = (1, 2, 3, 2, 1)[PALLAS_CASES.index(case)]  # case 3: 2 x 2 tiles of its 3-tile window
+    got_f = jax.jit(lambda q, lc, t, g, sync=None: nsa_decode_pallas(
+        q, lc, t, g, cfg, cmp_keys=16, win_keys=16, splits=3, sel_chunk=4, slc_per=per,
+        sync=sync))
+    sync = jnp.zeros((B, G, SYNC_SLOTS), jnp.int32)
     for t in range(1, T, 3):
         ts = np.array([t, t - 1])
         lcs = [_caches_at(int(tt), T, args, cfg) for tt in ts]
@@ -438,13 +443,17 @@ def test_pallas_decode_kernel_matches_jnp_decode(case):
         want = want_f(qb, lc, jnp.asarray(ts), gb)
         got = got_f(qb, lc, jnp.asarray(ts), gb)
         assert rel_err(got, want) <= 2e-5, (t, rel_err(got, want))
+        got, sync_out = got_f(qb, lc, jnp.asarray(ts), gb, sync)
+        assert rel_err(got, want) <= 2e-5, (t, "fused finish", rel_err(got, want))
+        assert not np.asarray(sync_out).any(), (t, np.asarray(sync_out))
 
 
 @pytest.mark.gpu
 def test_gpu_pallas_decode_bf16_matches_jnp_decode():
     """Compiled Pallas decode kernels, bf16 caches at the 125M shape (h=6, D=64, paper NSA
     defaults), rows at positions around emissions and block edges: relative RMSE <= 5e-3
-    against the jax.numpy decode path on the same caches."""
+    against the jax.numpy decode path on the same caches; with the finishing merge in its own
+    kernel and in the selected + window kernel (whose counters must come back 0 each call)."""
     from nsa_jax.pallas.decode import nsa_decode_pallas
     cfg = NSAConfig()
     B, G, h, D, S = 4, 2, 6, 64, 4096
@@ -460,12 +469,19 @@ def test_gpu_pallas_decode_bf16_matches_jnp_decode():
     gates = jax.nn.sigmoid(jax.random.normal(ks[6], (B, G * h, 3))).astype(bf)
     f_ref = jax.jit(lambda q, t: nsa_decode_attention(q, kv, t, gates, cfg))
     f_pal = jax.jit(lambda q, t: nsa_decode_pallas(q, kv, t, gates, cfg))
+    f_fused = jax.jit(lambda q, t, sync: nsa_decode_pallas(q, kv, t, gates, cfg, sync=sync),
+                      donate_argnums=2)
+    sync = jnp.zeros((B, G, 4), jnp.int32)
     for i, ts in enumerate([(0, 30, 31, 63), (64, 511, 512, 1023), (2047, 4000, 4094, 4095)]):
         q = (2.0 * jax.random.normal(jax.random.fold_in(ks[7], i), (B, G * h, D))).astype(bf)
         t = jnp.asarray(ts, jnp.int32)
         want = np.asarray(f_ref(q, t), np.float32)
         got = np.asarray(f_pal(q, t), np.float32)
         assert rel_err(got, want) <= 5e-3, (ts, rel_err(got, want))
+        for _ in range(3):     # the finish in the selected + window kernel; counters back to 0
+            got, sync = f_fused(q, t, sync)
+            assert rel_err(np.asarray(got, np.float32), want) <= 5e-3, (ts, "fused")
+            assert not np.asarray(sync).any(), (ts, np.asarray(sync))
 
 
 def test_compress_block_equals_compress():
@@ -512,8 +528,9 @@ def test_pallas_decode_path_with_fused_cache_writes_matches_reference(attention)
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_phi_emission_kernel_matches_compress_block(dtype, monkeypatch):
+@pytest.mark.parametrize("dtype,fused", [("float32", False), ("bfloat16", False),
+                                         ("float32", True), ("bfloat16", True)])
+def test_phi_emission_kernel_matches_compress_block(dtype, fused, monkeypatch):
     """``pallas.phi_decode`` (interpret mode): φ_K + RoPE and φ_V of each row's block written at
     its index == the layer's ``compress_block`` + the XLA write, for rows at different offsets,
     11 rows x 2 groups in 16-pair tiles (the second partial). Rows bound for the scratch slot (the
@@ -521,7 +538,8 @@ def test_phi_emission_kernel_matches_compress_block(dtype, monkeypatch):
     among them; nothing else in the caches changes, the scratch slot included. float32: within
     float rounding. bf16: the kernel and XLA round at different points, so both are held to the
     float32 computation: the kernel's relative RMSE <= 1e-2 and no more than 1.5x XLA's own bf16
-    error."""
+    error. ``fused``: one launch (the output layer in each row tile's completing program, with
+    the cache's completion counters ``sync``, which must come back 0)."""
     import functools
 
     from nsa_jax.pallas import phi_decode
@@ -541,8 +559,12 @@ def test_phi_emission_kernel_matches_compress_block(dtype, monkeypatch):
     idx = np.where((r % 3 == 0) | (r >= 8), Tc - 1, r % (Tc - 1))
     emits = idx != Tc - 1
     be, ie = r[emits], idx[emits]
-    got = jax.jit(lambda *a: attn.emit_block(*a, interpret=True))(kc, vc, kb, vb, off,
-                                                                   jnp.asarray(idx))
+    sync = jnp.zeros((B, G, 4), jnp.int32) if fused else None
+    got = jax.jit(lambda *a: attn.emit_block(*a, interpret=True, sync=sync))(
+        kc, vc, kb, vb, off, jnp.asarray(idx))
+    if fused:
+        got, sync = got[:2], got[2]
+        assert not np.asarray(sync).any(), np.asarray(sync)
     xla = jax.jit(attn.compress_block)(kb, vb, off)
     f32 = jax.jit(attn32.compress_block)(kb.astype(jnp.float32), vb.astype(jnp.float32), off)
     for cache, g_, x_, r_ in zip((kc, vc), got, xla, f32):

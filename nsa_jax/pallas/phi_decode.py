@@ -31,7 +31,9 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
+from nsa_jax.nsa.decoding import SYNC_PHI, SYNC_SLOTS
 from nsa_jax.pallas.common import (MIN_DOT, cdiv, compiler_params, dot, dot_precision, load,
                                    next_pow2, rope_halves, store)
 
@@ -105,12 +107,10 @@ def _hidden_kernel(idx_ref, kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1
                                             (vb_ref, pv_ref, w1v_ref, b1v_ref)))
 
 
-def _out_kernel(idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v_ref, kc_in, vc_in,
-                kc_ref, vc_ref, *, G, R, prec, scratch):
+def _out_tile(c, p, idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v_ref, kc_ref,
+              vc_ref, *, G, R, prec, scratch):
     """Branch c's output h @ w2 + b2 for rows p*R.. in its two rotation halves, the key rotated,
     stored at each emitting row's block index (``idx``) of the aliased cache."""
-    del kc_in, vc_in
-    c, p = pl.program_id(0), pl.program_id(1)
     BG, H = h_ref.shape[1:]
     D = kc_ref.shape[-1]
     half = D // 2
@@ -142,9 +142,50 @@ def _out_kernel(idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v
                                             (w2v_ref, b2v_ref, vc_ref, False)))
 
 
+def _out_kernel(idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v_ref, kc_in, vc_in,
+                kc_ref, vc_ref, **kw):
+    """The output layer, RoPE and the write of program (c, p)'s rows (``_out_tile``)."""
+    del kc_in, vc_in
+    _out_tile(pl.program_id(0), pl.program_id(1), idx_ref, cos_ref, sin_ref, h_ref, w2k_ref,
+              b2k_ref, w2v_ref, b2v_ref, kc_ref, vc_ref, **kw)
+
+
+def _fused_kernel(idx_ref, kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1v_ref,
+                  cos_ref, sin_ref, w2k_ref, b2k_ref, w2v_ref, b2v_ref, kc_in, vc_in, sync_in,
+                  h_ref, kc_ref, vc_ref, sync_ref, *, G, R, Ht, bk, prec, scratch, interpret):
+    """``_hidden_kernel``, then the output layer (``_out_tile``) in the program that completes a
+    (branch, row tile): where the tile has an emitting row, each of its H / Ht programs adds 1 to
+    the tile's counter in ``sync`` (slot SYNC_PHI + c of the tile's first (row, group); a CTA
+    barrier first, so every thread's h stores precede the acquire-release add), and the one that
+    sees H / Ht - 1 earlier arrivals computes the tile's output from all of h and sets the
+    counter back to 0. One launch per layer instead of two; a step where no row emits returns at
+    once from every program (bench/NOTES.md, twentieth session)."""
+    del kc_in, vc_in, sync_in                              # aliased to kc_ref, vc_ref, sync_ref
+    _hidden_kernel(idx_ref, kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1v_ref,
+                   h_ref, G=G, R=R, Ht=Ht, bk=bk, prec=prec, scratch=scratch)
+    c, p = pl.program_id(0), pl.program_id(1)
+    BG = kb_ref.shape[0]
+    _, _, _, _, emits = _tile_rows(idx_ref, p, R, BG, G, scratch)
+    r0 = p * R                                             # the tile's first (row, group)
+    b0, g0 = r0 // G, r0 % G
+
+    @pl.when(_any(emits))
+    def _():
+        if not interpret:
+            plgpu.debug_barrier()
+        slot = SYNC_PHI + c
+        arrived = plgpu.atomic_add(sync_ref, (b0, g0, slot), jnp.ones((), jnp.int32))
+
+        @pl.when(arrived == pl.num_programs(2) - 1)
+        def _():
+            _out_tile(c, p, idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v_ref,
+                      kc_ref, vc_ref, G=G, R=R, prec=prec, scratch=scratch)
+            sync_ref[b0, g0, slot] = jnp.zeros((), jnp.int32)
+
+
 def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret: bool,
                 rows: int = ROW_TILE, h_tile: int = H_TILE, k_tile: int = K_TILE,
-                stages: int = STAGES, warps: int = 4):
+                stages: int = STAGES, warps: int = 4, sync=None):
     """Compressed caches ``k_cmp``, ``v_cmp`` [B,G,Tc,D] (updated in place) with φ_K(kb) rotated
     by (cos, sin) and φ_V(vb) written at block index ``idx`` [B] of each row; a row whose idx is
     the caches' last slot (the decoder's scratch slot: no block ends at its position) is skipped
@@ -156,7 +197,11 @@ def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret:
     kernels (pos_emb stays float32). Two launches: the hidden layer over (K/V, row tiles,
     hidden tiles) programs, then the output layer, RoPE and the cache write. ``rows``,
     ``h_tile``, ``k_tile``, ``stages``, ``warps``: the first kernel's tiles (powers of two) and its
-    Triton pipeline depth and warps (bench/phi_decode.py sweeps them)."""
+    Triton pipeline depth and warps (bench/phi_decode.py sweeps them).
+
+    ``sync``: the layer's completion counters (int32 [B,G,SYNC_SLOTS], all 0: the decode cache's
+    ``sync``); given, the output layer runs in the first kernel's completing programs
+    (``_fused_kernel``: one launch) and the result is (k_cmp, v_cmp, sync), the counters 0 again."""
     B, G, l, D = kb.shape
     F, BG = l * D, B * G
     H = phi_k[1].shape[-1]
@@ -172,6 +217,26 @@ def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret:
     first = [idx, kb.reshape(BG, F), vb.reshape(BG, F)]
     for pe, w1, b1, _, _ in (phi_k, phi_v):
         first += [pe.astype(f32).reshape(F), w1, b1]
+    second = [cos.astype(f32), sin.astype(f32), phi_k[3], phi_k[4], phi_v[3], phi_v[4],
+              k_cmp, v_cmp]
+    if sync is not None:
+        if sync.shape != (B, G, SYNC_SLOTS) or sync.dtype != jnp.int32:
+            raise ValueError(f"sync: int32 [{B}, {G}, {SYNC_SLOTS}] counters, got {sync.dtype} "
+                             f"{sync.shape}")
+        args = first + second + [sync]
+        out = pl.pallas_call(
+            functools.partial(_fused_kernel, G=G, R=R, Ht=Ht, bk=bk, prec=prec, scratch=scratch,
+                              interpret=interpret),
+            grid=(2, cdiv(BG, R), H // Ht),
+            out_shape=[jax.ShapeDtypeStruct((2, BG, H), kb.dtype),
+                       jax.ShapeDtypeStruct(k_cmp.shape, k_cmp.dtype),
+                       jax.ShapeDtypeStruct(v_cmp.shape, v_cmp.dtype),
+                       jax.ShapeDtypeStruct(sync.shape, sync.dtype)],
+            input_output_aliases={len(args) - 3: 1, len(args) - 2: 2, len(args) - 1: 3},
+            compiler_params=compiler_params(warps, stages), interpret=interpret,
+            name="nsa_decode_phi",
+        )(*args)
+        return tuple(out[1:])
     h = pl.pallas_call(
         functools.partial(_hidden_kernel, G=G, R=R, Ht=Ht, bk=bk, prec=prec, scratch=scratch),
         grid=(2, cdiv(BG, R), H // Ht),
@@ -179,8 +244,8 @@ def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret:
         compiler_params=compiler_params(warps, stages), interpret=interpret,
         name="nsa_decode_phi_h",
     )(*first)
-    second = [idx, cos.astype(f32), sin.astype(f32), h,
-              phi_k[3], phi_k[4], phi_v[3], phi_v[4], k_cmp, v_cmp]
+    cs, sn, *rest = second
+    second = [idx, cs, sn, h, *rest]
     out = pl.pallas_call(
         functools.partial(_out_kernel, G=G, R=R, prec=prec, scratch=scratch),
         grid=(2, cdiv(BG, R)),
