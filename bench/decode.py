@@ -94,12 +94,13 @@ def load_model(name: str, smoke: bool, sets: list[str]):
 
 def random_cache(model, batch: int, max_len: int, pos: int, seed: int, spread: int = 1):
     """Caches of the right shapes and dtype filled with N(0,1) values, row b at
-    ``pos - b % spread``."""
+    ``pos - b % spread``; the integer leaves (the Pallas kernels' completion counters) stay 0."""
     cache = init_cache(model, batch, max_len)
     leaves, tree = jax.tree.flatten(cache["layers"])
     keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
     fill = jax.jit(lambda k, x: jax.random.normal(k, x.shape, x.dtype), donate_argnums=1)
-    filled = [fill(k, x) for k, x in zip(keys, leaves)]
+    filled = [fill(k, x) if jnp.issubdtype(x.dtype, jnp.floating) else x
+              for k, x in zip(keys, leaves)]
     return {"pos": pos - jnp.arange(batch, dtype=jnp.int32) % spread,
             "layers": jax.tree.unflatten(tree, filled)}
 
