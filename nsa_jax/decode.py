@@ -102,14 +102,13 @@ def init_cache(model, batch: int, max_len: int) -> Cache:
         need_cmp, need_slc, need_win = _nsa_needs(cfg)
         sz = cache_sizes(cfg, max_len)
         lc = {}
-        if need_cmp:
+        if need_cmp:     # + the counters of the Pallas φ emission (nsa_jax.nsa.decoding)
             lc.update(k_cmp=z(sz["cmp"]), v_cmp=z(sz["cmp"]), kc_raw=z(sz["raw"]),
-                      vc_raw=z(sz["raw"]))
+                      vc_raw=z(sz["raw"]), sync=jnp.zeros((batch, G, SYNC_SLOTS), jnp.int32))
         if need_slc:
             lc.update(k_slc=z(sz["slc"]), v_slc=z(sz["slc"]))
         if need_win:
             lc.update(k_win=z(sz["win"]), v_win=z(sz["win"]))
-        lc["sync"] = jnp.zeros((batch, G, SYNC_SLOTS), jnp.int32)   # Pallas completion counters
         layers.append(lc)
     return {"pos": jnp.zeros((batch,), jnp.int32), "layers": layers}
 

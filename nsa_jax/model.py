@@ -46,17 +46,13 @@ def resolve_nsa_impl(impl: str) -> str:
 
 def nsa_decode(q, kv, t, gates, cfg: NSAConfig, impl: str):
     """One decode step's NSA attention (q [B,Hq,D] at positions t [B]) by ``exec.decode_impl``
-    (resolved the same way as ``nsa_impl``) -> (o, kv): the Pallas kernels update the layer's
-    completion counters (``kv["sync"]``, :mod:`nsa_jax.nsa.decoding`) where it has them."""
+    (resolved the same way as ``nsa_impl``)."""
     from nsa_jax.nsa.attention import Backend, resolve_impl
     if resolve_impl(impl) is Backend.PALLAS:
         from nsa_jax.pallas.decode import nsa_decode_pallas
-        if "sync" not in kv:
-            return nsa_decode_pallas(q, kv, t, gates, cfg), kv
-        o, sync = nsa_decode_pallas(q, kv, t, gates, cfg, sync=kv["sync"])
-        return o, {**kv, "sync": sync}
+        return nsa_decode_pallas(q, kv, t, gates, cfg)
     from nsa_jax.nsa.decoding import nsa_decode_attention
-    return nsa_decode_attention(q, kv, t, gates, cfg), kv
+    return nsa_decode_attention(q, kv, t, gates, cfg)
 
 
 def fused_writes(impl: str):
@@ -288,7 +284,7 @@ class NSAAttention(nnx.Module):
         q, rows, gates, rope = self.project_step(x, t, fused is not None)
         kv, q = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, rows,
                                         q, rope, fused, self._emitter(fused))
-        o, kv = nsa_decode(q, kv, t, gates, self.ncfg, impl)
+        o = nsa_decode(q, kv, t, gates, self.ncfg, impl)
         out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
         return out, dataclasses.replace(cache, kv=kv)
 

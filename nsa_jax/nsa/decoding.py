@@ -15,9 +15,9 @@ free reshape); every array is optional, present only for the enabled branches:
   last token ``i*d + l - 1`` arrives;
 * ``kc_raw, vc_raw`` [B,G,l,D]: ring buffer of the last l un-rotated cmp-branch keys/values, the
   inputs of the next block's φ;
-* ``sync`` int32 [B,G,SYNC_SLOTS]: completion counters of the Pallas decode kernels (a kernel's
-  last program of a (row, group) finishes its work and sets the counter back to 0, so it is 0
-  between steps; :mod:`nsa_jax.pallas.decode`); the jax.numpy path ignores it.
+* ``sync`` int32 [B,G,SYNC_SLOTS]: completion counters of the Pallas decode kernels (the program
+  that completes a unit of work finishes it and sets its counter back to 0, so all are 0 between
+  steps; :mod:`nsa_jax.pallas.phi_decode`); the jax.numpy path ignores it.
 """
 from __future__ import annotations
 
@@ -30,9 +30,8 @@ from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
 
 
-SYNC_SLOTS = 4   # counters per (row, group) in the ``sync`` cache
-SYNC_SLC = 0     # the selected + window kernel's (``pallas.decode``)
-SYNC_PHI = 2     # + c: φ's branch c (K, V) per row tile (``pallas.phi_decode``)
+SYNC_SLOTS = 2   # counters per (row, group) in the ``sync`` cache
+SYNC_PHI = 0     # + c: φ's branch c (K, V) per row tile (``pallas.phi_decode``)
 
 
 def ring_positions(t, R: int):

@@ -33,10 +33,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
-from nsa_jax.nsa.decoding import SYNC_SLC
 from nsa_jax.pallas.cache_write import Columns, flat_columns
 from nsa_jax.pallas.decode_select import MERGE_TILE, default_chunk, select_ids
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, cdiv, compiler_params, dot,
@@ -210,57 +208,47 @@ def _slc_win_kernel(t_ref, ids_ref, q_ref, ks_ref, vs_ref, kw_ref, vw_ref, m_ref
             _store_state(m_ref, l_ref, o_ref, b, g, u, st, h)
 
 
-def _slc_win_setup(t, ids, q, kv, cfg, bw, per, scale, interpret):
-    """(kernel options, operands, units, n_sp, Dv) of the selected + window kernel."""
+def _slc_win_call(t, ids, q, kv, cfg, bw, per, scale, interpret):
+    """Partial states [B,G,U,h] (m, l) and [B,G,U,h,Dv] (acc) of the selected blocks (the first
+    cdiv(n_sel, per) slots) and the window tiles (the rest), ``per`` blocks or tiles per program."""
     B, G, h, _ = q.shape
     has_slc, has_win = "k_slc" in kv and ids is not None, "k_win" in kv
     n_slc = ids.shape[-1] if has_slc else 0
     n_sp = cdiv(n_slc, per)
     n_wp = cdiv(cdiv(kv["k_win"].shape[2], bw), per) if has_win else 0
     Dv = (kv["v_slc"] if has_slc else kv["v_win"]).shape[-1]
-    opts = dict(h=h, n_slc=n_slc, n_sp=n_sp, has_win=has_win, l_sel=cfg.sel_block,
-                window=cfg.window, bw=bw, per=per, scale=scale,
-                prec=dot_precision(q.dtype, interpret))
+    units = n_sp + n_wp
+    kern = functools.partial(_slc_win_kernel, h=h, n_slc=n_slc, n_sp=n_sp, has_win=has_win,
+                             l_sel=cfg.sel_block, window=cfg.window, bw=bw, per=per, scale=scale,
+                             prec=dot_precision(q.dtype, interpret))
     dummy = jnp.zeros((B, G, 1, q.shape[-1]), q.dtype)     # stands in for an ablated branch
     args = [t, ids if has_slc else jnp.zeros((B, G, 1), jnp.int32), q]
     args += [kv["k_slc"], kv["v_slc"]] if has_slc else [dummy, dummy]
     args += [kv["k_win"], kv["v_win"]] if has_win else [dummy, dummy]
-    return opts, args, n_sp + n_wp, n_sp, Dv
-
-
-def _state_shapes(B, G, U, h, Dv):
     f32 = jnp.float32
-    return [jax.ShapeDtypeStruct((B, G, U, h), f32), jax.ShapeDtypeStruct((B, G, U, h), f32),
-            jax.ShapeDtypeStruct((B, G, U, h, Dv), f32)]
-
-
-def _slc_win_warps(h, Dv):
-    return 4 if _rows(h) * Dv > 4096 else 2
-
-
-def _slc_win_call(t, ids, q, kv, cfg, bw, per, scale, interpret):
-    """Partial states [B,G,U,h] (m, l) and [B,G,U,h,Dv] (acc) of the selected blocks (the first
-    cdiv(n_sel, per) slots) and the window tiles (the rest), ``per`` blocks or tiles per program."""
-    B, G, h, _ = q.shape
-    opts, args, units, n_sp, Dv = _slc_win_setup(t, ids, q, kv, cfg, bw, per, scale, interpret)
     return pl.pallas_call(
-        functools.partial(_slc_win_kernel, **opts), grid=(B, G, units),
-        out_shape=_state_shapes(B, G, units, h, Dv),
-        compiler_params=compiler_params(_slc_win_warps(h, Dv), 2),
+        kern, grid=(B, G, units),
+        out_shape=[jax.ShapeDtypeStruct((B, G, units, h), f32),
+                   jax.ShapeDtypeStruct((B, G, units, h), f32),
+                   jax.ShapeDtypeStruct((B, G, units, h, Dv), f32)],
+        compiler_params=compiler_params(4 if _rows(h) * Dv > 4096 else 2, 2),
         interpret=interpret, name="nsa_decode_slc_win",
     )(*args), n_sp
 
 
 # ---- 3. epilogue ----------------------------------------------------------------------------
-def _finish_head(g_ref, gb_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_ref, b, g,
-                 hh, *, n_sp, has_cmp, has_slc, has_win, pc, ps_, h, gate_at):
-    """Merge every branch's partial states of head hh of (b, g) and mix them with the gates
-    (Eq. 5): out = sum_c g_c o_c, o_c = sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p.
+def _finish_kernel(g_ref, gb_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_ref, *,
+                   n_sp, has_cmp, has_slc, has_win, pc, ps_, h, gate_at):
+    """Merge every branch's partial states and mix them with the gates (Eq. 5) for one head of
+    one (row, group): out = sum_c g_c o_c, o_c = sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p.
+    One program per head: the branches' merges are independent chains, no loop over heads.
 
     ``gate_at`` None: g_ref [B,G,h,3] holds the gates. Else ``(offset, dtype)``: g_ref is a
     [B, W] array with the gate logits of head j, branch c at column offset + 3j + c, gb_ref their
     bias [3Hq], and g_c = sigmoid(logit + bias) (Eq. 5) in float32, rounded to ``dtype`` as the
     model's gate values are."""
+    b, g, hh = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+
     def gate(col):
         if gate_at is None:
             return g_ref[b, g, hh, col].astype(jnp.float32)
@@ -287,94 +275,29 @@ def _finish_head(g_ref, gb_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, 
     store(out_ref.at[b, g, hh, dv], out, dv >= 0)
 
 
-def _finish_kernel(g_ref, gb_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_ref, **kw):
-    """The finishing kernel: one program per head of one (row, group) (``_finish_head``); the
-    branches' merges are independent chains, no loop over heads."""
-    b, g, hh = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    _finish_head(g_ref, gb_ref, mc_ref, lc_ref, oc_ref, ms_ref, ls_ref, os_ref, out_ref, b, g,
-                 hh, **kw)
-
-
-def _slc_win_finish_kernel(t_ref, ids_ref, q_ref, ks_ref, vs_ref, kw_ref, vw_ref, g_ref, gb_ref,
-                           mc_ref, lc_ref, oc_ref, sync_in, m_ref, l_ref, o_ref, out_ref, sync_ref,
-                           *, sw, fin, units, interpret):
-    """``_slc_win_kernel``, then the finishing merge in the program that completes a (row,
-    group): each program adds 1 to the group's counter ``sync[b, g, SYNC_SLC]`` after storing its
-    partial state (a CTA barrier first, so every thread's stores precede the counter's
-    acquire-release add); the program that sees units - 1 arrivals before its own merges all h
-    heads (``_finish_head``) and sets the counter back to 0, so it is 0 between steps. One launch
-    per layer instead of two (bench/NOTES.md, twentieth session)."""
-    del sync_in                                                # aliased to sync_ref
-    _slc_win_kernel(t_ref, ids_ref, q_ref, ks_ref, vs_ref, kw_ref, vw_ref, m_ref, l_ref, o_ref,
-                    **sw)
-    b, g = pl.program_id(0), pl.program_id(1)
-    if not interpret:
-        plgpu.debug_barrier()
-    slot = jnp.full((), SYNC_SLC, jnp.int32)     # an array index: the interpreter's atomic
-    arrived = plgpu.atomic_add(sync_ref, (b, g, slot), jnp.ones((), jnp.int32))   # takes no int
-
-    @pl.when(arrived == units - 1)
-    def _():
-        for hh in range(fin["h"]):
-            _finish_head(g_ref, gb_ref, mc_ref, lc_ref, oc_ref, m_ref, l_ref, o_ref, out_ref, b,
-                         g, hh, **fin)
-        sync_ref[b, g, slot] = jnp.zeros((), jnp.int32)
-
-
-def _finish_setup(gates, cmp_parts, U, n_sp, br, B, G, h, Dv):
-    """(kernel options, gate operands, cmp partial operands) of the finishing merge over U
-    selected + window partial states. ``gates`` [B,Hq,3] values or :class:`GateLogits` (the
-    sigmoid in the kernel)."""
+def _finish_call(gates, cmp_parts, sw_parts, n_sp, br, dtype, interpret, B, G, h):
+    """``gates`` [B,Hq,3] values or :class:`GateLogits` (the sigmoid in the kernel)."""
     if isinstance(gates, GateLogits):
         g2, off, (w,) = flat_columns(gates.logits, 1)
         if w != 3 * G * h or gates.bias.shape != (w,) or g2.shape[0] != B:
             raise ValueError(f"GateLogits: [B={B}, 3Hq={3 * G * h}] logits and a [3Hq] bias, got "
                              f"{g2.shape[0]} rows of {w} and bias {gates.bias.shape}")
-        gargs, gate_at = [g2, gates.bias.astype(g2.dtype)], (off, gates.dtype)
+        gargs, gate_at = (g2, gates.bias.astype(g2.dtype)), (off, gates.dtype)
     else:
-        gargs, gate_at = [gates.reshape(B, G, h, 3), jnp.zeros((1,), jnp.float32)], None
-    if cmp_parts is None:
-        cmp_parts = [jnp.zeros((B, G, 1, h), jnp.float32), jnp.zeros((B, G, 1, h), jnp.float32),
-                     jnp.zeros((B, G, 1, h, Dv), jnp.float32)]
-    opts = dict(n_sp=n_sp, has_cmp="cmp" in br, has_slc="slc" in br, has_win="win" in br,
-                pc=next_pow2(cmp_parts[0].shape[2]), ps_=next_pow2(U), h=h, gate_at=gate_at)
-    return opts, gargs, list(cmp_parts)
-
-
-def _finish_call(gates, cmp_parts, sw_parts, n_sp, br, dtype, interpret, B, G, h):
-    """The finishing kernel over the branches' partial states -> [B,G,h,Dv] in ``dtype``."""
-    Dv = (cmp_parts if cmp_parts is not None else sw_parts)[2].shape[-1]
-    if sw_parts is None:
-        sw_parts = [jnp.zeros((B, G, 1, h), jnp.float32), jnp.zeros((B, G, 1, h), jnp.float32),
-                    jnp.zeros((B, G, 1, h, Dv), jnp.float32)]
-    opts, gargs, cargs = _finish_setup(gates, cmp_parts, sw_parts[0].shape[2], n_sp, br, B, G, h,
-                                       Dv)
+        gargs, gate_at = (gates.reshape(B, G, h, 3), jnp.zeros((1,), jnp.float32)), None
+    dummy = [jnp.zeros((B, G, 1, h), jnp.float32), jnp.zeros((B, G, 1, h), jnp.float32)]
+    mc, lc, oc = cmp_parts if cmp_parts is not None else dummy + [jnp.zeros((B, G, 1, h, 16))]
+    ms, ls, os_ = sw_parts if sw_parts is not None else dummy + [jnp.zeros((B, G, 1, h, 16))]
+    Dv = (oc if cmp_parts is not None else os_).shape[-1]
+    kern = functools.partial(_finish_kernel, n_sp=n_sp, has_cmp="cmp" in br,
+                             has_slc="slc" in br, has_win="win" in br,
+                             pc=next_pow2(mc.shape[2]), ps_=next_pow2(ms.shape[2]), h=h,
+                             gate_at=gate_at)
     return pl.pallas_call(
-        functools.partial(_finish_kernel, **opts), grid=(B, G, h),
+        kern, grid=(B, G, h),
         out_shape=jax.ShapeDtypeStruct((B, G, h, Dv), dtype),
         compiler_params=compiler_params(2, 1), interpret=interpret, name="nsa_decode_finish",
-    )(*gargs, *cargs, *sw_parts)   # gates in their dtype: no convert kernel per layer
-
-
-def _slc_win_finish_call(t, ids, q, kv, cfg, bw, per, scale, gates, cmp_parts, br, dtype, sync,
-                         interpret):
-    """The selected + window kernel with the finishing merge in each (row, group)'s completing
-    program (``_slc_win_finish_kernel``) -> (out [B,G,h,Dv] in ``dtype``, sync)."""
-    B, G, h, _ = q.shape
-    opts, args, units, n_sp, Dv = _slc_win_setup(t, ids, q, kv, cfg, bw, per, scale, interpret)
-    fin, gargs, cargs = _finish_setup(gates, cmp_parts, units, n_sp, br, B, G, h, Dv)
-    args = args + gargs + cargs + [sync]
-    kern = functools.partial(_slc_win_finish_kernel, sw=opts, fin=fin, units=units,
-                             interpret=interpret)
-    out = pl.pallas_call(
-        kern, grid=(B, G, units),
-        out_shape=_state_shapes(B, G, units, h, Dv) + [
-            jax.ShapeDtypeStruct((B, G, h, Dv), dtype), jax.ShapeDtypeStruct(sync.shape, sync.dtype)],
-        input_output_aliases={len(args) - 1: 4},
-        compiler_params=compiler_params(_slc_win_warps(h, Dv), 2),
-        interpret=interpret, name="nsa_decode_slc_win_finish",
-    )(*args)
-    return out[3], out[4]
+    )(*gargs, mc, lc, oc, ms, ls, os_)   # gates in their dtype: no convert kernel per layer
 
 
 MAX_SPLITS = 32        # partial states per (row, group) that the select and finish kernels merge
@@ -404,7 +327,7 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
                       win_keys: int = WIN_KEYS, splits: int | None = None,
                       sel_chunk: int | None = None, merge_tile: int = MERGE_TILE,
                       cmp_stages: int = CMP_STAGES, slc_per: int | None = None,
-                      return_ids: bool = False, sync=None):
+                      return_ids: bool = False):
     """q [B,Hq,Dk] at positions t [B] over the caches ``kv`` (layout in
     :mod:`nsa_jax.nsa.decoding`, tokens 0..t[b] written); gates [B,Hq,3] (or
     :class:`GateLogits`) -> [B,Hq,Dv] in q.dtype.
@@ -417,10 +340,7 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
     software-pipeline stages of the compressed kernel's key loop (Triton ``num_stages``);
     ``slc_per`` selected blocks (or window tiles) per program of the selected + window kernel
     (default: ``_slc_per``). ``return_ids``: also the selected block ids [B,G,n_sel] (score
-    order, -1 in unused slots; None without the selection branch). ``sync``: the layer's
-    completion counters (int32 [B,G,SYNC_SLOTS], all 0: the cache's ``sync``,
-    :mod:`nsa_jax.nsa.decoding`); given, the finishing merge runs in the selected + window kernel
-    (one launch fewer) and the updated counters (0 again) come last in the result. Head dims that are not a
+    order, -1 in unused slots; None without the selection branch). Head dims that are not a
     power of two >= 16 are zero-padded (a copy of the caches: fine for tests, slow for real
     models, which use 64 or 128)."""
     B, Hq, Dk = q.shape
@@ -434,7 +354,7 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
         kv = {k: _pad_last(x, Dkp if k.startswith("k") else Dvp) for k, x in kv.items()}
     interpret = use_interpret()
     scale = 1.0 / math.sqrt(Dk)
-    cdt = next(kv[k] for k in ("k_cmp", "k_slc", "k_win") if k in kv).dtype
+    cdt = next(kv[k] for k in ("k_cmp", "k_slc", "k_win") if k in kv).dtype   # not "sync"
     qg = _pad_last(q.reshape(B, G, h, Dk).astype(cdt), Dkp)
     ids = cmp_parts = sw_parts = None
     if "cmp" in br or "slc" in br:
@@ -448,18 +368,11 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
             ids = select_ids(t, s, lse, cfg, Ts, sel_chunk or default_chunk(B, G, Ts),
                              merge_tile, interpret)
     n_sp = 0
-    cmp_parts = cmp_parts if "cmp" in br else None
     if "slc" in br or "win" in br:
         per = slc_per or _slc_per(B, G, cfg.n_sel if "slc" in br else 0,
                                   cdiv(kv["k_win"].shape[2], win_keys) if "win" in br else 0)
-        if sync is not None:
-            o, sync = _slc_win_finish_call(t, ids, qg, kv, cfg, win_keys, per, scale, gates,
-                                           cmp_parts, br, q.dtype, sync, interpret)
-        else:
-            sw_parts, n_sp = _slc_win_call(t, ids, qg, kv, cfg, win_keys, per, scale, interpret)
-    if sync is None or ("slc" not in br and "win" not in br):
-        o = _finish_call(gates, cmp_parts, sw_parts, n_sp, br, q.dtype, interpret, B, G, h)
+        sw_parts, n_sp = _slc_win_call(t, ids, qg, kv, cfg, win_keys, per, scale, interpret)
+    o = _finish_call(gates, cmp_parts if "cmp" in br else None, sw_parts, n_sp, br, q.dtype,
+                     interpret, B, G, h)
     o = o[..., :Dv].reshape(B, Hq, Dv)
-    out = (o, ids) if return_ids else (o,)
-    out += () if sync is None else (sync,)
-    return out if len(out) > 1 else o
+    return (o, ids) if return_ids else o
