@@ -8,7 +8,10 @@ a row where no block ends (:mod:`nsa_jax.cache_update`). XLA ran that as ~10 sma
 layer (the position embedding add, two GEMMs per φ, SiLU, bias adds, RoPE and a cache-write
 kernel); here it is two launches per layer: φ's hidden layer over (K or V) x (row tiles) x
 (hidden-unit tiles) programs, then its output layer, the key's RoPE and the write over (K or V) x
-(row tiles).
+(row tiles). With the decode cache's completion counters (``sync``, :mod:`nsa_jax.nsa.decoding`;
+what the decoder passes) it is one: the hidden-layer program that completes a (K or V, row tile)
+runs that tile's output layer, RoPE and write (``_fused_kernel``; 2.1 us per layer against 1.7 + 1.3
+on an H100 at 64k / B=8, bench/NOTES.md, twentieth session).
 
 A block ends at t for one step in d, so most steps emit nothing: rows bound for the scratch
 slot are neither computed nor written (the slot is never read), and a program whose row tile
@@ -194,8 +197,8 @@ def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret:
     kb, vb [B,G,l,D]: each row's un-rotated block (token order, the cache-write kernel's ring
     readout); cos, sin [B, D/2] float32: the rotation at the block's last position; ``phi_k``,
     ``phi_v``: (pos_emb [l,D], w1 [l*D,H], b1 [H], w2 [H,D], b2 [D]), cast to kb's dtype in the
-    kernels (pos_emb stays float32). Two launches: the hidden layer over (K/V, row tiles,
-    hidden tiles) programs, then the output layer, RoPE and the cache write. ``rows``,
+    kernels (pos_emb stays float32). Without ``sync``, two launches: the hidden layer over (K/V,
+    row tiles, hidden tiles) programs, then the output layer, RoPE and the cache write. ``rows``,
     ``h_tile``, ``k_tile``, ``stages``, ``warps``: the first kernel's tiles (powers of two) and its
     Triton pipeline depth and warps (bench/phi_decode.py sweeps them).
 
