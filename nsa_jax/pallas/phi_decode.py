@@ -78,12 +78,17 @@ def _any(mask):
     return jnp.max(mask.astype(jnp.int32)) > 0
 
 
-def _hidden_kernel(idx_ref, kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1v_ref,
-                   h_ref, *, G, R, Ht, bk, prec, scratch):
+def _hidden_kernel(*refs, **kw):
+    """The first of the two launches: ``_hidden``."""
+    _hidden(*refs, **kw)
+
+
+def _hidden(idx_ref, kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1v_ref, h_ref, *,
+            G, R, Ht, bk, prec, scratch):
     """h[c, rows, hidden tile] = SiLU(round(block + pos_emb) @ w1 + b1) for branch c (K, V) of the
     program (c, p, q): rows p*R.., hidden units q*Ht... Each program streams only its [l*D, Ht]
     slice of w1, so the GEMM is spread over (rows x hidden tiles) programs. A tile with no
-    emitting row does nothing (its h is never read)."""
+    emitting row does nothing (its h is never read). -> whether the tile has an emitting row."""
     c, p, q = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     BG, F = kb_ref.shape
     dt = kb_ref.dtype
@@ -106,8 +111,10 @@ def _hidden_kernel(idx_ref, kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1
         h = (h.astype(f32) * sig.astype(f32)).astype(dt)
         store(h_ref.at[c, pl.ds(p * R, R), ht], h, okr[:, None])
 
-    pl.when(_any(emits))(lambda: _by_branch(c, branch, (kb_ref, pk_ref, w1k_ref, b1k_ref),
-                                            (vb_ref, pv_ref, w1v_ref, b1v_ref)))
+    any_emits = _any(emits)
+    pl.when(any_emits)(lambda: _by_branch(c, branch, (kb_ref, pk_ref, w1k_ref, b1k_ref),
+                                          (vb_ref, pv_ref, w1v_ref, b1v_ref)))
+    return any_emits
 
 
 def _out_tile(c, p, idx_ref, cos_ref, sin_ref, h_ref, w2k_ref, b2k_ref, w2v_ref, b2v_ref, kc_ref,
@@ -164,15 +171,13 @@ def _fused_kernel(idx_ref, kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v
     counter back to 0. One launch per layer instead of two; a step where no row emits returns at
     once from every program (bench/NOTES.md, twentieth session)."""
     del kc_in, vc_in, sync_in                              # aliased to kc_ref, vc_ref, sync_ref
-    _hidden_kernel(idx_ref, kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref, b1v_ref,
-                   h_ref, G=G, R=R, Ht=Ht, bk=bk, prec=prec, scratch=scratch)
+    any_emits = _hidden(idx_ref, kb_ref, vb_ref, pk_ref, w1k_ref, b1k_ref, pv_ref, w1v_ref,
+                        b1v_ref, h_ref, G=G, R=R, Ht=Ht, bk=bk, prec=prec, scratch=scratch)
     c, p = pl.program_id(0), pl.program_id(1)
-    BG = kb_ref.shape[0]
-    _, _, _, _, emits = _tile_rows(idx_ref, p, R, BG, G, scratch)
     r0 = p * R                                             # the tile's first (row, group)
     b0, g0 = r0 // G, r0 % G
 
-    @pl.when(_any(emits))
+    @pl.when(any_emits)
     def _():
         if not interpret:
             plgpu.debug_barrier()
@@ -220,13 +225,13 @@ def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret:
     first = [idx, kb.reshape(BG, F), vb.reshape(BG, F)]
     for pe, w1, b1, _, _ in (phi_k, phi_v):
         first += [pe.astype(f32).reshape(F), w1, b1]
-    second = [cos.astype(f32), sin.astype(f32), phi_k[3], phi_k[4], phi_v[3], phi_v[4],
-              k_cmp, v_cmp]
+    rope = [cos.astype(f32), sin.astype(f32)]
+    out_layer = [phi_k[3], phi_k[4], phi_v[3], phi_v[4], k_cmp, v_cmp]   # w2, b2 (K, V), caches
     if sync is not None:
         if sync.shape != (B, G, SYNC_SLOTS) or sync.dtype != jnp.int32:
             raise ValueError(f"sync: int32 [{B}, {G}, {SYNC_SLOTS}] counters, got {sync.dtype} "
                              f"{sync.shape}")
-        args = first + second + [sync]
+        args = first + rope + out_layer + [sync]
         out = pl.pallas_call(
             functools.partial(_fused_kernel, G=G, R=R, Ht=Ht, bk=bk, prec=prec, scratch=scratch,
                               interpret=interpret),
@@ -247,8 +252,7 @@ def emit_pallas(k_cmp, v_cmp, kb, vb, idx, cos, sin, phi_k, phi_v, *, interpret:
         compiler_params=compiler_params(warps, stages), interpret=interpret,
         name="nsa_decode_phi_h",
     )(*first)
-    cs, sn, *rest = second
-    second = [idx, cs, sn, h, *rest]
+    second = [idx, *rope, h, *out_layer]
     out = pl.pallas_call(
         functools.partial(_out_kernel, G=G, R=R, prec=prec, scratch=scratch),
         grid=(2, cdiv(BG, R)),
