@@ -220,6 +220,14 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
     return out, (q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, seg, res)
 
 
+def _gate_sum(o, dout32):
+    """dL/dg_c = sum_d o_c * dO for one branch (Eq. 5), [B,T,Hq] float32, kept out of the final
+    ``jnp.stack`` by an optimization barrier: left to XLA, the sums were fused into that
+    concatenate, one thread per output walking its row (0.21 ms per layer on an H200 at 2k / 8k
+    with the compressed sum alone; bench/NOTES.md, seventh and twenty-first sessions)."""
+    return jax.lax.optimization_barrier(jnp.sum(o * dout32, axis=-1))
+
+
 def _nsa_bwd(st: _Static, resid, dout):
     cfg, bs, interpret = st.cfg, st.bs, st.interpret
     q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, seg, res = resid
@@ -235,23 +243,19 @@ def _nsa_bwd(st: _Static, resid, dout):
     dkc, dvc, dks, dvs, dkw, dvw = zeros
     if "cmp_grouped" in res:
         o_c, cmp_vjp = res["cmp_grouped"]
-        # kept out of the final stack: left to XLA, this sum was fused into its concatenate
-        # (one thread per output walking the transposed grouped o_cmp: 0.21 ms per layer on an
-        # H200 at 2k/8k; a barrier on all three sums moved the 64k peak past 26.8 GB;
-        # bench/NOTES.md, seventh session)
-        dgates[0] = jax.lax.optimization_barrier(jnp.sum(o_c * dout32, axis=-1))
+        dgates[0] = _gate_sum(o_c, dout32)
         dq_c, dkc, dvc = cmp_vjp(g[..., 0:1] * dout32)
         dq = dq + pad_dim(dq_c.astype(jnp.float32), Dkp)
     if "cmp" in res:
         o_c, lse_c = res["cmp"]
-        dgates[0] = jnp.sum(o_c[..., :Dv] * dout32, axis=-1)
+        dgates[0] = _gate_sum(o_c[..., :Dv], dout32)
         dq_c, dkc, dvc = cmp_backward(qp, pad_dim(k_cmp, Dkp), pad_dim(v_cmp, Dvp), o_c, lse_c,
                                       dop, g[..., 0], None, cfg, bs, scale, interpret,
                                       choices=st.choices, seg=seg)
         dq = dq + dq_c
     if "slc" in res:
         idx, o_s, lse_s, index = res["slc"]
-        dgates[1] = jnp.sum(o_s[..., :Dv] * dout32, axis=-1)
+        dgates[1] = _gate_sum(o_s[..., :Dv], dout32)
         sel_bwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
                                     q.dtype)[1]
         kw = {}
@@ -266,7 +270,7 @@ def _nsa_bwd(st: _Static, resid, dout):
     dq = dq[..., :Dk]
     if "win" in res:
         o_w, win_vjp = res["win"]
-        dgates[2] = jnp.sum(o_w * dout32, axis=-1)
+        dgates[2] = _gate_sum(o_w, dout32)
         dq_w, dkw, dvw = win_vjp(g[..., 2:3] * dout32)
         dq = dq + dq_w.astype(jnp.float32)
     dg = jnp.stack(dgates, axis=-1).astype(gates.dtype)
