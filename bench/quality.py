@@ -340,7 +340,8 @@ def make_predictor(model):
 
 def evaluate_retrieval_run(run_dir: Path, rows: int, batch_size: int | None) -> dict:
     from nsa_jax.data import build_loader
-    from nsa_jax.data.retrieval import RetrievalLayout, evaluate_retrieval
+    from nsa_jax.data.retrieval import RetrievalLayout
+    from nsa_jax.data.retrieval_eval import evaluate_retrieval
     from nsa_jax.train.checkpoint import load_for_inference
 
     cfg, model = load_for_inference(run_dir)

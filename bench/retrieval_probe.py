@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     import quality
     from nsa_jax.config import load_config
     from nsa_jax.data.loader import build_loader
-    from nsa_jax.data.retrieval import RetrievalLayout, answer_info
+    from nsa_jax.data.retrieval import RetrievalLayout
+    from nsa_jax.data.retrieval_eval import answer_info
     from nsa_jax.nsa.reference import select_blocks
     from nsa_jax.train.optim import lr_at, make_optimizer
     from nsa_jax.train.state import ModelSpec

@@ -11,8 +11,9 @@ import pytest
 
 from nsa_jax.config import ConfigError, config_from_dict
 from nsa_jax.data import DataError, build_loader
-from nsa_jax.data.retrieval import (PAIR, QUERY, RetrievalLayout, accuracy_by_distance,
-                                    answer_info, distance_edges, evaluate_retrieval)
+from nsa_jax.data.retrieval import PAIR, QUERY, RetrievalLayout
+from nsa_jax.data.retrieval_eval import (accuracy_by_distance, answer_info, distance_edges,
+                                         evaluate_retrieval)
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"seq_len": 256, "retrieval_pairs": 10, "retrieval_queries": 6, "retrieval_keys": 32,
