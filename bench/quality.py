@@ -70,28 +70,31 @@ Run directories default to ``runs/quality/<study>_<variant>``; a run whose direc
 checkpoints is resumed (a finished one is a no-op), so an interrupted command can simply be
 repeated. ``--set key=value`` adds overrides to every training run (e.g. ``train.steps=800``);
 ``--no-train`` only reports; ``--variants`` picks runs.
+
+Beside this file: ``quality_runs.py`` (the training subprocesses, their records, the parity
+tokens) and ``quality_eval.py`` (retrieval accuracy, loss parity, their plots).
 """
 
 import argparse
 import dataclasses
-import datetime
 import json
-import math
-import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:        # run as a script from a checkout: python bench/quality.py
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "bench"):    # nsa_jax from a checkout; the quality_* modules beside this one
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from quality_eval import (evaluate_retrieval_run, parity_checks, parity_entry,  # noqa: E402
+                          plot_parity, plot_retrieval, retrieval_checks)
+from quality_runs import (BenchError, Job, ensure_smoke_tokens, has_checkpoint, log,  # noqa: E402
+                          now_iso, prepare_parity, run_jobs, train_history)
 
 CONFIGS = {"retrieval": "configs/quality_retrieval.yaml", "parity": "configs/quality_parity.yaml"}
-PREPARE_CONFIG = "configs/quality_prepare.yaml"
 VARIANTS = {
     "retrieval": {"nsa": ["model.attention=nsa", "nsa.branches=[cmp,slc,win]"],
                   # the window branch's gate starts open (the config's gate_bias favours slc)
@@ -103,10 +106,6 @@ VARIANTS = {
                "nsa_s1": ["model.attention=nsa", "train.seed=1"],
                "dense_s1": ["model.attention=dense", "train.seed=1"]},
 }
-LABELS = {"nsa": "NSA (cmp+slc+win)", "win": "window only", "dense": "dense"}
-COLORS = {"nsa": "tab:blue", "win": "tab:orange", "dense": "tab:green"}
-PARITY_TOLERANCE = 0.02      # nats: NSA's held-out loss may exceed dense by at most this
-RETRIEVAL_TARGET = 0.90      # NSA accuracy wanted at distances > 4w
 
 # Tiny sizes for --smoke (CPU): the same code path, minutes -> seconds.
 _SMOKE_MODEL = ["model.dim=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_groups=1",
@@ -138,20 +137,7 @@ CPU_SCALE = ["model.vocab_size=512", "model.dim=64", "model.n_layers=2", "model.
              "train.eval_every=250", "train.ckpt_every=500"]
 
 
-class BenchError(Exception):
-    """A failed step; printed as one line ``error: ...``."""
-
-
-def log(msg: str) -> None:
-    print(f"[quality] {msg}", flush=True)
-
-
-# ---- training through the product's CLI -----------------------------------------------------
-def has_checkpoint(run_dir: Path) -> bool:
-    ck = run_dir / "checkpoints"
-    return ck.is_dir() and any(p.name.isdigit() for p in ck.iterdir())
-
-
+# ---- training through the product's CLI (the launcher: bench/quality_runs.py) ---------------
 def train_command(study: str, variant: str, run_dir: Path, extra: list[str]) -> list[str]:
     cmd = [sys.executable, "-m", "nsa_jax.train", "--config", CONFIGS[study],
            *VARIANTS[study][variant], f"run.dir={run_dir}", f"name={study}_{variant}", *extra]
@@ -160,350 +146,8 @@ def train_command(study: str, variant: str, run_dir: Path, extra: list[str]) -> 
     return cmd
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
-                                     else "")
-    return env
-
-
-@dataclasses.dataclass
-class Job:
-    """One training run through the product's CLI, and what became of it."""
-
-    study: str
-    variant: str
-    run_dir: Path
-    cmd: list[str]
-    log_path: Path | None = None      # parallel runs write their output here
-    env: dict = dataclasses.field(default_factory=dict)   # extra environment (launcher detail)
-    proc: subprocess.Popen | None = None
-    t0: float = 0.0
-    wall_s: float = 0.0
-    rc: int | None = None
-    stopped: str = ""                 # why the launcher stopped it ("" = it ended by itself)
-    kill_at: float = math.inf         # monotonic time for SIGKILL after a SIGTERM
-
-    @property
-    def name(self) -> str:
-        return f"{self.study}/{self.variant}"
-
-    @property
-    def failed(self) -> bool:
-        """Ended badly by itself (a run the budget stopped is not a failure)."""
-        return self.rc is not None and self.rc != 0 and not self.stopped
-
-
 def make_job(study: str, variant: str, run_dir: Path, extra: list[str]) -> Job:
     return Job(study, variant, run_dir, train_command(study, variant, run_dir, extra))
-
-
-def _start(job: Job, log_to_file: bool) -> None:
-    log(f"train {job.name}: {' '.join(job.cmd[1:])}"
-        + (f" (output: {job.log_path})" if log_to_file else ""))
-    out = None
-    if log_to_file:
-        job.log_path.parent.mkdir(parents=True, exist_ok=True)
-        out = open(job.log_path, "ab")
-    job.t0 = time.monotonic()
-    try:
-        job.proc = subprocess.Popen(job.cmd, cwd=ROOT, env={**_env(), **job.env}, stdout=out,
-                                    stderr=subprocess.STDOUT if out else None)
-    finally:
-        if out is not None:
-            out.close()          # the child holds its own descriptor
-
-
-def _finish(job: Job) -> None:
-    job.rc = job.proc.returncode
-    job.wall_s = time.monotonic() - job.t0
-    rec = job.run_dir / "bench_train.json"
-    if job.run_dir.is_dir():
-        hist = json.loads(rec.read_text()) if rec.is_file() else []
-        hist.append({"command": " ".join(["python", *job.cmd[1:]]), "wall_s": round(job.wall_s, 1),
-                     "finished": _now(), "exit": job.rc,
-                     **({"stopped": job.stopped} if job.stopped else {})})
-        rec.write_text(json.dumps(hist, indent=1) + "\n")
-    how = (f"stopped ({job.stopped}) after {job.wall_s:.0f}s, exit {job.rc}" if job.stopped
-           else f"done in {job.wall_s:.0f}s" if job.rc == 0
-           else f"FAILED (exit {job.rc}) after {job.wall_s:.0f}s"
-           + (f"; see {job.log_path}" if job.log_path else ""))
-    log(f"train {job.name}: {how}")
-
-
-def _progress(job: Job) -> str:
-    """``study/variant step N`` from the run's heartbeat (written every step)."""
-    try:
-        beat = json.loads((job.run_dir / "heartbeat.json").read_text())
-        return f"{job.name} {beat.get('where', '')}".strip()
-    except (OSError, ValueError):
-        return f"{job.name} starting"
-
-
-def run_jobs(jobs: list[Job], parallel: bool, budget_s: float | None, grace_s: float,
-             status_every_s: float = 60.0) -> None:
-    """Run ``jobs`` one after another or all at once. When ``budget_s`` seconds have passed,
-    running jobs get SIGTERM (the trainer finishes its step, writes a checkpoint and exits 0),
-    then SIGKILL after ``grace_s`` more; jobs not started yet are skipped."""
-    deadline = None if budget_s is None else time.monotonic() + budget_s
-    pending, running = list(jobs), []
-    last_status = time.monotonic()
-    while pending or running:
-        now = time.monotonic()
-        over = deadline is not None and now >= deadline
-        while pending and (parallel or not running) and not over:
-            job = pending.pop(0)
-            _start(job, log_to_file=parallel)
-            running.append(job)
-        if over:
-            for job in pending:
-                job.stopped = "time budget: not started"
-                log(f"train {job.name}: not started (--time-budget-s {budget_s:g} s is spent)")
-            pending = []
-            for job in running:
-                if not job.stopped:
-                    job.stopped = "time budget"
-                    log(f"train {job.name}: --time-budget-s {budget_s:g} s spent; SIGTERM "
-                        f"(checkpoint, then exit)")
-                    job.proc.send_signal(signal.SIGTERM)
-                    job.kill_at = now + grace_s
-                elif now >= job.kill_at and job.proc.poll() is None:
-                    log(f"train {job.name}: still running {grace_s:g} s after SIGTERM; SIGKILL")
-                    job.proc.kill()
-                    job.kill_at = float("inf")
-        for job in list(running):
-            if job.proc.poll() is not None:
-                running.remove(job)
-                _finish(job)
-        if running and now - last_status >= status_every_s:
-            last_status = now
-            left = "" if deadline is None else f" | {max(0.0, deadline - now):.0f}s of budget left"
-            log("running: " + "; ".join(_progress(j) for j in running) + left)
-        if running:
-            time.sleep(0.5)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        raise BenchError(f"{path}: not found (did the run start?)")
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-
-
-def train_summary(run_dir: Path, cfg) -> dict:
-    """What the run's own records say: steps, losses, throughput, time."""
-    m = read_metrics(run_dir)
-    train = [e for e in m if "loss" in e]
-    evals = [e for e in m if "eval_loss" in e]
-    hist = _train_history(run_dir)
-    tps = sorted(e["tokens_per_s"] for e in train[1:]) or [None]   # first window has compile
-    return {"steps": train[-1]["step"] if train else 0,
-            "final_loss": train[-1]["loss"] if train else None,
-            "final_eval_loss": evals[-1]["eval_loss"] if evals else None,
-            "train_elapsed_s": train[-1]["elapsed_s"] if train else None,
-            "median_tokens_per_s": tps[len(tps) // 2],
-            "command_wall_s": sum(h["wall_s"] for h in hist) if hist else None,
-            "commands": [h["command"] for h in hist],
-            "model": {k: getattr(cfg.model, k) for k in ("attention", "dim", "n_layers",
-                                                         "n_heads", "n_kv_groups", "head_dim",
-                                                         "vocab_size", "compute_dtype")},
-            "nsa": cfg.to_dict()["nsa"], "seq_len": cfg.data.seq_len,
-            "batch_size": cfg.train.batch_size, "lr": cfg.train.lr, "seed": cfg.train.seed}
-
-
-# ---- retrieval evaluation ---------------------------------------------------------------------
-def make_predictor(model):
-    """``predict(inputs [B,T], positions [B,Q]) -> argmax token after each position [B,Q]``."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def fwd(state, inputs, positions):
-        m = nnx.merge(graphdef, state)
-        h = m(inputs)
-        hq = jnp.take_along_axis(h, positions[..., None], axis=1)   # [B,Q,D]
-        return jnp.argmax(m.head_logits(hq).astype(jnp.float32), axis=-1)
-
-    def predict(inputs, positions):
-        return jax.device_get(fwd(state, jnp.asarray(inputs, jnp.int32),
-                                  jnp.asarray(positions, jnp.int32)))
-
-    return predict
-
-
-def evaluate_retrieval_run(run_dir: Path, rows: int, batch_size: int | None) -> dict:
-    from nsa_jax.data import build_loader
-    from nsa_jax.data.retrieval import RetrievalLayout
-    from nsa_jax.data.retrieval_eval import evaluate_retrieval
-    from nsa_jax.train.checkpoint import load_for_inference
-
-    cfg, model = load_for_inference(run_dir)
-    if cfg.data.source != "retrieval":
-        raise BenchError(f"{run_dir}: trained on data.source={cfg.data.source}, not retrieval")
-    layout = RetrievalLayout.from_config(cfg)
-    bs = batch_size or cfg.train.batch_size
-    n_batches = max(1, -(-rows // bs))
-    predict = make_predictor(model)
-    t0 = time.perf_counter()
-    with build_loader(cfg, "eval", bs) as loader:
-        res = evaluate_retrieval(predict, (next(loader).tokens for _ in range(n_batches)), layout,
-                                 cfg.nsa.window)
-    res["eval_rows"] = n_batches * bs
-    res["eval_s"] = round(time.perf_counter() - t0, 1)
-    res["layout"] = {k: getattr(layout, k) for k in ("seq_len", "pairs", "queries", "keys",
-                                                     "values", "filler", "min_distance",
-                                                     "max_distance", "filler_mode", "distance",
-                                                     "period_min", "period_max", "query_marker",
-                                                     "copy_fraction", "groups", "per_key")}
-    res["train"] = train_summary(run_dir, cfg)
-    return res
-
-
-def binomial_upper(p: float, n: int, z: float = 3.0) -> float:
-    return p + z * math.sqrt(p * (1 - p) / max(n, 1))
-
-
-def retrieval_checks(variants: dict) -> dict:
-    """The issue's criteria, computed (not asserted) from the measured numbers."""
-    out = {}
-    nsa, win = variants.get("nsa"), variants.get("win")
-    if nsa and nsa["beyond_4w"]["accuracy"] is not None:
-        out["nsa_beyond_4w_accuracy"] = nsa["beyond_4w"]["accuracy"]
-        out[f"nsa_beyond_4w_ge_{RETRIEVAL_TARGET}"] = nsa["beyond_4w"]["accuracy"] >= \
-            RETRIEVAL_TARGET
-    if win and win["beyond_4w"]["accuracy"] is not None:
-        b = win["beyond_4w"]
-        out["win_beyond_4w_accuracy"] = b["accuracy"]
-        out["win_beyond_4w_chance_3sigma"] = binomial_upper(win["chance"], b["n"])
-        out["win_beyond_4w_at_chance"] = b["accuracy"] <= binomial_upper(win["chance"], b["n"])
-    return out
-
-
-def _wlabel(x: int, w: int) -> str:
-    return "0" if x == 0 else ("w" if x == w else f"{x // w}w" if x % w == 0 else str(x))
-
-
-def plot_retrieval(data: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    present = [v for v in ("nsa", "win", "dense") if data["variants"].get(v)]
-    if not present:
-        return
-    first = data["variants"][present[0]]
-    w, chance = first["window"], first["chance"] * 100
-    edges = [(b["lo"], b["hi"]) for b in first["bins"]]
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for v in present:
-        r = data["variants"][v]
-        if [(b["lo"], b["hi"]) for b in r["bins"]] != edges:
-            raise BenchError(f"retrieval plot: {v} was evaluated with other distance bins "
-                             f"(window {r['window']} vs {w}); rerun its report")
-        pts = [(i, b["accuracy"] * 100) for i, b in enumerate(r["bins"]) if b["n"]]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=COLORS[v], label=LABELS[v])
-    ax.axhline(chance, color="gray", ls=":", label=f"chance ({chance:.2g}%)")
-    beyond = [i for i, (lo, _) in enumerate(edges) if lo >= 4 * w]
-    if beyond:
-        ax.axvspan(beyond[0] - 0.5, len(edges) - 0.5, color="gray", alpha=0.08, lw=0,
-                   label="distance > 4w")
-    ax.set_xticks(range(len(edges)))
-    ax.set_xticklabels([f"({_wlabel(lo, w)}, {_wlabel(hi, w)}]" for lo, hi in edges])
-    ax.set_xlabel(f"distance from the query back to its key (w = window = {w} tokens)")
-    ax.set_ylabel("answer accuracy (%)")
-    ax.set_ylim(-3, 103)
-    ax.set_title(f"Retrieval accuracy against distance, seq {first['layout']['seq_len']} "
-                 f"({data['device']}" + (", smoke" if data["smoke"] else "") + ")", fontsize=10)
-    ax.legend(loc="best", fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-# ---- parity ---------------------------------------------------------------------------------
-def parity_entry(run_dir: Path) -> dict:
-    from nsa_jax.config import load_config
-
-    cfg = load_config(run_dir / "config.yaml")
-    m = read_metrics(run_dir)
-    tps = cfg.train.batch_size * cfg.data.seq_len
-    curve = [{"step": e["step"], "tokens": e["step"] * tps, "eval_loss": e["eval_loss"]}
-             for e in m if "eval_loss" in e]
-    if not curve:
-        raise BenchError(f"{run_dir}/metrics.jsonl: no eval_loss entries (train.eval_every=0?)")
-    train = [{"step": e["step"], "loss": e["loss"]} for e in m if "loss" in e]
-    return {"eval_curve": curve, "train_curve": train, "train": train_summary(run_dir, cfg),
-            "data_path": cfg.data.path}
-
-
-def _pair_check(nsa: dict, dense: dict) -> dict:
-    a = {c["step"]: c["eval_loss"] for c in nsa["eval_curve"]}
-    b = {c["step"]: c["eval_loss"] for c in dense["eval_curve"]}
-    common = sorted(set(a) & set(b))
-    if not common:
-        return {"note": "no common eval steps"}
-    last = common[-1]
-    diff = a[last] - b[last]
-    return {"step": last, "nsa_eval_loss": a[last], "dense_eval_loss": b[last],
-            "nsa_minus_dense": diff, f"within_{PARITY_TOLERANCE}": diff <= PARITY_TOLERANCE,
-            "best_nsa_minus_best_dense": min(a[s] for s in common) - min(b[s] for s in common)}
-
-
-def parity_checks(variants: dict) -> dict:
-    """NSA - dense held-out loss at the last common eval step and best against best, for
-    seed 0 (``nsa``/``dense``) and, where trained, seed 1 (``*_s1``, under ``"seed1"``); with
-    both seeds also the seed-to-seed spread of each attention (``seed_spread``: |seed 0 -
-    seed 1| of the best held-out loss), the noise floor of the comparison."""
-    nsa, dense = variants.get("nsa"), variants.get("dense")
-    if not (nsa and dense):
-        return {}
-    out = _pair_check(nsa, dense)
-    if variants.get("nsa_s1") and variants.get("dense_s1"):
-        out["seed1"] = _pair_check(variants["nsa_s1"], variants["dense_s1"])
-        best = lambda v: min(c["eval_loss"] for c in variants[v]["eval_curve"])
-        out["seed_spread"] = {"nsa": abs(best("nsa") - best("nsa_s1")),
-                              "dense": abs(best("dense") - best("dense_s1"))}
-        if "best_nsa_minus_best_dense" in out["seed1"]:
-            out["best_nsa_minus_best_dense_mean"] = (out["best_nsa_minus_best_dense"] + out[
-                "seed1"]["best_nsa_minus_best_dense"]) / 2
-    return out
-
-
-def plot_parity(data: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for v in ("nsa", "dense", "nsa_s1", "dense_s1"):
-        r = data["variants"].get(v)
-        if not r:
-            continue
-        c = r["eval_curve"]
-        base, s1 = v.removesuffix("_s1"), v.endswith("_s1")
-        ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c],
-                "s--" if s1 else "o-", ms=3, color=COLORS[base], alpha=0.6 if s1 else 1.0,
-                label=LABELS[base].split(" (")[0] + (" (seed 1)" if s1 else " (seed 0)"))
-    ax.set_xlabel("training tokens (M)")
-    ax.set_ylabel("held-out loss (nats/token)")
-    chk = data.get("checks") or {}
-    sub = (f"; final NSA - dense = {chk['nsa_minus_dense']:+.3f}" if "nsa_minus_dense" in chk
-           else "")
-    ax.set_title(f"Held-out loss, seq {data.get('seq_len')} ({data['device']}"
-                 + (", smoke" if data["smoke"] else "") + f"){sub}", fontsize=10)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 # ---- reports ----------------------------------------------------------------------------------
@@ -536,7 +180,7 @@ def merge_results(path: Path, study: str, smoke: bool, device: str, fresh: dict)
             raise BenchError(f"{path}: holds study {old.get('study')!r}, not {study!r}")
     variants = dict(old.get("variants") or {})
     variants.update(fresh)
-    return {"study": study, "device": device, "smoke": smoke, "updated": _now(),
+    return {"study": study, "device": device, "smoke": smoke, "updated": now_iso(),
             "variants": variants}
 
 
@@ -574,10 +218,10 @@ def report(study: str, args, run_root: Path, results: Path) -> tuple[dict, list[
             continue
         entry["run_dir"] = str(run_dir)
         entry["checkpoint_step"] = newest_checkpoint_step(run_dir)
-        hist = _train_history(run_dir)
+        hist = train_history(run_dir)
         entry["stopped_by_budget"] = bool(hist and hist[-1].get("stopped"))
         entry["device"] = device_desc()
-        entry["evaluated"] = _now()
+        entry["evaluated"] = now_iso()
         data = _write_study(json_path, study, args.smoke, tag, {v: entry})
         log(f"report {study}: {v} evaluated in {time.perf_counter() - t0:.0f}s")
     if data is None:
@@ -603,11 +247,6 @@ def _write_study(json_path: Path, study: str, smoke: bool, tag: str, fresh: dict
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     tmp.replace(json_path)
     return data
-
-
-def _train_history(run_dir: Path) -> list[dict]:
-    rec = run_dir / "bench_train.json"
-    return json.loads(rec.read_text()) if rec.is_file() else []
 
 
 def print_summary(data: dict) -> None:
@@ -664,71 +303,6 @@ def print_table(results: Path, tag: str | None) -> None:
             print(f"checks: {json.dumps(data.get('checks'))}")
     if not found:
         raise BenchError(f"table: no quality_*{'_' + tag if tag else ''}.json in {results}")
-
-
-# ---- parity data --------------------------------------------------------------------------
-def ensure_smoke_tokens(smoke_root: Path) -> Path:
-    out = smoke_root / "tokens"
-    if not (out / "index.json").is_file():
-        cmd = [sys.executable, "-m", "nsa_jax.data.prepare", "--config",
-               "configs/prepare_sample.yaml", f"data.out_dir={out}"]
-        log(f"prepare: {' '.join(cmd[1:])}")
-        if subprocess.run(cmd, cwd=ROOT, env=_env()).returncode != 0:
-            raise BenchError("preparing the bundled sample failed")
-    return out
-
-
-def read_text_any(path: Path) -> str:
-    """UTF-8, else ISO-8859-1 (one Gutenberg file is Latin-1); CRLF -> LF."""
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = raw.decode("latin-1")
-    return text.replace("\r\n", "\n")
-
-
-def stage_texts(inputs: list[str], out: Path, chunks: int) -> list[Path]:
-    """Cut every input text into ``chunks`` pieces at line breaks, written as
-    ``<k>_<name>.txt``: sorted by name, piece k of every text precedes piece k+1, so the tail of
-    the prepared token stream (the tokens source's eval split) is the tail of every text."""
-    files = []
-    for p in map(Path, inputs):
-        if p.is_dir():
-            files += sorted(f for f in p.rglob("*.txt") if not f.name.upper().startswith("README"))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise BenchError(f"--texts: {p} does not exist")
-    if not files:
-        raise BenchError("--texts: no .txt files found")
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    for f in files:
-        lines = read_text_any(f).splitlines(keepends=True)
-        per = -(-len(lines) // chunks)
-        for k in range(chunks):
-            piece = "".join(lines[k * per:(k + 1) * per])
-            if piece.strip():
-                (out / f"{k:03d}_{f.stem}.txt").write_text(piece, encoding="utf-8")
-    return files
-
-
-def prepare_parity(args) -> None:
-    from nsa_jax.config import load_config
-
-    cfg = load_config(ROOT / PREPARE_CONFIG)
-    staging = ROOT / cfg.data.path
-    out = ROOT / cfg.data.out_dir
-    if out.exists():
-        raise BenchError(f"{out} already exists (remove it to prepare again)")
-    files = stage_texts(args.texts, staging, args.chunks)
-    log(f"staged {len(files)} texts as {args.chunks} pieces each in {staging}")
-    cmd = [sys.executable, "-m", "nsa_jax.data.prepare", "--config", PREPARE_CONFIG]
-    log(f"prepare: {' '.join(cmd[1:])}")
-    if subprocess.run(cmd, cwd=ROOT, env=_env()).returncode != 0:
-        raise BenchError("prepare failed")
 
 
 # ---- main -----------------------------------------------------------------------------------

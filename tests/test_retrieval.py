@@ -34,12 +34,13 @@ def batches(cfg, n, batch_size=4, split="train", **kw):
         return [next(loader).tokens for _ in range(n)]
 
 
-def load_bench():
+def load_bench(part: str | None = None):
+    """bench/quality.py, or its sibling ``quality_<part>.py`` (which quality.py puts on sys.path)."""
     spec = importlib.util.spec_from_file_location("quality_bench", ROOT / "bench" / "quality.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod          # dataclasses look their module up while defined
     spec.loader.exec_module(mod)
-    return mod
+    return mod if part is None else importlib.import_module(f"quality_{part}")
 
 
 # ---- layout -----------------------------------------------------------------------------------
@@ -263,7 +264,7 @@ def test_model_predictor_is_argmax_of_logits_at_the_query():
 
     from nsa_jax.model import build_model
 
-    bench = load_bench()
+    quality_eval = load_bench("eval")
     cfg = config_from_dict({"model": {"vocab_size": 64, "dim": 32, "n_layers": 1, "n_heads": 2,
                                       "n_kv_groups": 1, "head_dim": 16, "mlp_hidden": 64,
                                       "attention": "dense"},
@@ -272,7 +273,7 @@ def test_model_predictor_is_argmax_of_logits_at_the_query():
     model = build_model(cfg.model, cfg.nsa, seed=3)
     x = np.random.default_rng(0).integers(0, 64, size=(2, 40)).astype(np.int32)
     pos = np.array([[3, 17, 39], [0, 20, 38]])
-    got = bench.make_predictor(model)(x, pos)
+    got = quality_eval.make_predictor(model)(x, pos)
     logits = np.asarray(nnx.jit(lambda m, t: m.logits(t))(model, jnp.asarray(x)))
     want = np.take_along_axis(logits.argmax(-1), pos, axis=1)
     np.testing.assert_array_equal(got, want)
@@ -308,7 +309,7 @@ def test_bench_checks_merge_and_staging(tmp_path):
     (src / "b.txt").write_bytes("caf\xe9\n".encode("latin-1") * 4)
     (src / "README.txt").write_text("not a text")
     out = tmp_path / "staged"
-    bench.stage_texts([str(src)], out, chunks=2)
+    load_bench("runs").stage_texts([str(src)], out, chunks=2)
     names = sorted(p.name for p in out.iterdir())
     assert names == ["000_a.txt", "000_b.txt", "001_a.txt", "001_b.txt"]
     assert (out / "001_a.txt").read_text() == "".join(f"a{i}\n" for i in range(5, 10))
