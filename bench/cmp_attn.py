@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import CFG, SHAPES, make_inputs, timed  # noqa: E402
+from harness import CFG, SHAPES, make_inputs, timed  # noqa: E402
 
 from nsa_jax.nsa import KernelChoices, nsa_attention  # noqa: E402
 from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped  # noqa: E402

@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
-from kernels import CFG, INTERP, SHAPES, make_inputs, timed  # noqa: E402
+from harness import CFG, INTERP, SHAPES, make_inputs, timed  # noqa: E402
 from nsa_jax.pallas import BlockSizes  # noqa: E402
 from nsa_jax.pallas.compressed import cmp_forward  # noqa: E402
 from nsa_jax.pallas.scoring import cmp_block_scores  # noqa: E402

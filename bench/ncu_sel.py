@@ -27,7 +27,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernels import CFG, INTERP, SHAPES, fields, make_inputs  # noqa: E402
+from harness import CFG, INTERP, SHAPES, fields, make_inputs  # noqa: E402
 
 from nsa_jax.nsa import KernelChoices  # noqa: E402
 from nsa_jax.pallas import BlockSizes  # noqa: E402

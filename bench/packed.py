@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import fields, timed  # noqa: E402
+from harness import fields, timed  # noqa: E402
 
 from nsa_jax.dense_packed import dense_packed_attention  # noqa: E402
 from nsa_jax.nsa import KernelChoices, NSAConfig, nsa_attention  # noqa: E402

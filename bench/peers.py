@@ -190,7 +190,7 @@ def bench_point(shape, T, reps, xunhao, log):
     import torch
     from fla.ops.nsa import parallel as fla_nsa
 
-    from kernels import CFG, make_inputs
+    from harness import CFG, make_inputs
     from nsa_jax.nsa import KernelChoices, nsa_attention
     from nsa_jax.pallas import BlockSizes, selection_kernels
     from nsa_jax.pallas.compressed import cmp_backward, cmp_forward
@@ -456,7 +456,7 @@ def main(argv=None):
         a.shapes, a.T, a.reps = ["smoke", "125m"], [1000], 3
     elif a.reps < 20:
         p.error("--reps: at least 20 timed calls (use --smoke for a quick run)")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/kernels.py
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/harness.py
     dev = jax.devices()[0].device_kind
     out = a.out or os.path.join("bench", "results",
                                 f"peers_{dev.split()[-1].lower()}.json")

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
 
-from kernels import CFG, SHAPES, fields, make_inputs  # noqa: E402
+from harness import CFG, SHAPES, fields, make_inputs  # noqa: E402
 from packed import segment_ids  # noqa: E402
 from profile_step import load_trace, summarise  # noqa: E402
 

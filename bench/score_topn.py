@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from kernels import CFG, INTERP, SHAPES, cmp_block_scores, make_inputs, timed  # noqa: E402
-from kernels import fields  # noqa: E402
+from harness import CFG, INTERP, SHAPES, fields, make_inputs, timed  # noqa: E402
+from nsa_jax.pallas.scoring import cmp_block_scores  # noqa: E402
 
 from nsa_jax.nsa.options import KernelChoices  # noqa: E402
 from nsa_jax.pallas.common import BlockSizes  # noqa: E402

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import CFG, INTERP, SHAPES, make_inputs, timed  # noqa: E402
+from harness import CFG, INTERP, SHAPES, make_inputs, timed  # noqa: E402
 
 from nsa_jax.nsa import KernelChoices, nsa_attention, select_blocks  # noqa: E402
 from nsa_jax.pallas.common import BlockSizes  # noqa: E402

@@ -21,7 +21,7 @@ import json
 
 import jax
 import jax.numpy as jnp
-import kernels as K
+import harness as K
 
 from nsa_jax.nsa import KernelChoices
 from nsa_jax.pallas.selection import sel_backward, sel_forward

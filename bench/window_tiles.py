@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import fields, timed  # noqa: E402
+from harness import fields, timed  # noqa: E402
 from packed import doc_lengths  # noqa: E402
 
 from nsa_jax.nsa import NSAConfig, semantics  # noqa: E402
