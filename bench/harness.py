@@ -1,7 +1,7 @@
 """The benchmarks' shared harness: the two head shapes and the NSA config every kernel benchmark
 uses (``SHAPES``, ``CFG``), their random inputs (:func:`make_inputs`, :func:`setup`), the timing
-loop (:func:`timed`), the forward FLOPs (:func:`flops`) and ``field=value`` overrides of a
-dataclass (:func:`fields`). ``INTERP``: no GPU, so the Pallas kernels run in interpret mode."""
+loop (:func:`timed`) and ``field=value`` overrides of a dataclass (:func:`fields`). ``INTERP``:
+no GPU, so the Pallas kernels run in interpret mode."""
 from __future__ import annotations
 
 import dataclasses
@@ -49,17 +49,6 @@ def setup(shape, T):
     Hq, G, D = SHAPES[shape]
     return (Hq, G, D, BlockSizes.for_shape(Hq // G, D), 1.0 / math.sqrt(D),
             [make_inputs(s, T, Hq, G, D) for s in (0, 1)])
-
-
-def flops(T, Hq, D, cfg=CFG):
-    """Matmul FLOPs (2 per multiply-add) of the forward passes, causal work only."""
-    n_keys_sel = cfg.n_sel * cfg.sel_block
-    Tc = cfg.num_cmp_blocks(T)
-    vis_cmp = sum(min(Tc, max(0, (t - cfg.block_l + 1) // cfg.stride_d + 1)) for t in
-                  range(0, T, 64)) * 64  # sum_t visible compressed blocks (sampled every 64)
-    win = sum(min(t + 1, cfg.window) for t in range(T))
-    return {"sel_fwd": 4 * Hq * D * T * n_keys_sel, "cmp_fwd": 4 * Hq * D * vis_cmp,
-            "win_fwd": 4 * Hq * D * win, "dense_fwd": 4 * Hq * D * T * (T + 1) // 2}
 
 
 def fields(specs, cls):

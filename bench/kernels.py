@@ -52,14 +52,22 @@ from nsa_jax.pallas.selection_tiled import (sel_tiled_backward, sel_tiled_bwd_dk
 from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention
 
-from harness import CFG, INTERP, SHAPES, fields, flops, make_inputs, timed
+from harness import CFG, INTERP, SHAPES, fields, make_inputs, setup, timed
+
+
+def flops(T, Hq, D, cfg=CFG):
+    """Matmul FLOPs (2 per multiply-add) of the forward passes, causal work only."""
+    n_keys_sel = cfg.n_sel * cfg.sel_block
+    Tc = cfg.num_cmp_blocks(T)
+    vis_cmp = sum(min(Tc, max(0, (t - cfg.block_l + 1) // cfg.stride_d + 1)) for t in
+                  range(0, T, 64)) * 64  # sum_t visible compressed blocks (sampled every 64)
+    win = sum(min(t + 1, cfg.window) for t in range(T))
+    return {"sel_fwd": 4 * Hq * D * T * n_keys_sel, "cmp_fwd": 4 * Hq * D * vis_cmp,
+            "win_fwd": 4 * Hq * D * win, "dense_fwd": 4 * Hq * D * T * (T + 1) // 2}
 
 
 def bench_one(shape, T, reps, log):
-    Hq, G, D = SHAPES[shape]
-    bs = BlockSizes.for_shape(Hq // G, D)
-    scale = 1.0 / math.sqrt(D)
-    sets = [make_inputs(s, T, Hq, G, D) for s in (0, 1)]
+    Hq, G, D, bs, scale, sets = setup(shape, T)
     res = {}
 
     def run(name, fn, argsets, reps_=reps):
@@ -330,10 +338,7 @@ def _split_variant(base, var):
 
 def sweep(shape, T, reps, log, groups=None):
     """Time each kernel group under BlockSizes / KernelChoices variants at one (shape, T)."""
-    Hq, G, D = SHAPES[shape]
-    base = BlockSizes.for_shape(Hq // G, D)
-    scale = 1.0 / math.sqrt(D)
-    sets = [make_inputs(s, T, Hq, G, D) for s in (0, 1)]
+    Hq, G, D, base, scale, sets = setup(shape, T)
     cf = [cmp_forward(a[0], a[1], a[2], CFG, base, scale, INTERP) for a in sets]
     idxs = [topn_pallas(cmp_block_scores(a[0], a[1], lse, CFG, base, scale, INTERP), CFG, INTERP)
             for a, (_, lse) in zip(sets, cf)]

@@ -11,7 +11,7 @@ from nsa_jax.model import build_model
 from nsa_jax.nsa import NSAConfig
 from nsa_jax.nsa import reference as ref
 from nsa_jax.nsa import semantics
-from nsa_jax.nsa.decoding import nsa_decode_attention
+from nsa_jax.nsa.decoding import SYNC_SLOTS, nsa_decode_attention
 from nsa_testutil import random_inputs, rel_err
 
 SMALL = dict(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16)
@@ -544,7 +544,7 @@ def test_phi_emission_kernel_matches_compress_block(dtype, fused, monkeypatch):
     idx = np.where((r % 3 == 0) | (r >= 8), Tc - 1, r % (Tc - 1))
     emits = idx != Tc - 1
     be, ie = r[emits], idx[emits]
-    sync = jnp.zeros((B, G, 2), jnp.int32) if fused else None
+    sync = jnp.zeros((B, G, SYNC_SLOTS), jnp.int32) if fused else None
     got = jax.jit(lambda *a: attn.emit_block(*a, interpret=True, sync=sync))(
         kc, vc, kb, vb, off, jnp.asarray(idx))
     if fused:

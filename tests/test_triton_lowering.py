@@ -19,6 +19,7 @@ import nsa_jax.pallas.decode as pdecode
 import nsa_jax.pallas.local as plocal
 import nsa_jax.pallas.nsa as pnsa
 from nsa_jax.nsa import NSAConfig
+from nsa_jax.nsa.decoding import SYNC_SLOTS
 from nsa_jax.nsa.options import KernelChoices
 
 TRITON = "__gpu$xla.gpu.triton"
@@ -239,7 +240,7 @@ def test_phi_emission_kernel_lowers_to_triton():
         return emit_pallas(kc, vc, kb, vb, idx, cs, cs, pk, pv, interpret=False, sync=sync)
     names = triton_kernels(fused, S(Bq, G, Tc, D), S(Bq, G, Tc, D), S(Bq, G, L, D),
                            S(Bq, G, L, D), S(Bq, dtype=jnp.int32), S(Bq, D // 2, dtype=jnp.float32),
-                           phi, phi, S(Bq, G, 2, dtype=jnp.int32))
+                           phi, phi, S(Bq, G, SYNC_SLOTS, dtype=jnp.int32))
     assert names == {"nsa_decode_phi"}, names
 
 
