@@ -12,9 +12,10 @@ that query's n blocks, these kernels tile the queries:
   (dQ: dS = P * (dP - delta), dQ = dS K). Key s counts for row t iff its block is in t's
   selection (``any(idx[b, t, g, :] == j)``, evaluated in the kernel) and s <= t. Blocks no row
   selected are never loaded.
-* dK/dV: one program per (group, batch, key block) walks the query tiles whose union holds the
-  block and, for each, the group's h heads, accumulating dK/dV in registers; one plain store per
-  block (each program owns its block's rows: no atomics, no zero-initialised accumulator).
+* dK/dV: one program per (group, batch, key block) walks, in one loop, the (query tile, head)
+  pairs of the tiles whose union holds the block and the group's h heads, accumulating dK/dV in
+  registers; one plain store per block (each program owns its block's rows: no atomics, no
+  zero-initialised accumulator).
 
 Grids put the tile / block axis last (slowest in launch order) and order it longest program
 first: the last query tiles see the most blocks, the first key blocks (forced initial blocks
@@ -311,30 +312,30 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
         k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
         v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
 
-        def tile(u, carry, k=k, v=v, kpos=kpos, kvalid=kvalid):
+        def step(it, carry, k=k, v=v, kpos=kpos, kvalid=kvalid):
+            # One loop over (tile, head) pairs, not a head loop nested in a tile loop: Triton
+            # pipelines only a kernel's innermost loops, so the next pair's q / dO loads are
+            # issued while this pair's dots run, across tile boundaries too.
+            u = idiv(it, h)
+            i = it - u * h
             qt = tiles_ref[b, g, j, u]
             t, ok = _tile_rows(qt, bq, T)
             rows = pl.ds(qt * bq, bq)
             sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
             st = _starts(st_ref, b, qt, bq, ok) if packed else None
             vis = _visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid)
+            dk, dv = carry
+            q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
+                                              b, rows, g * h + i, ok, cdt)
+            s = dot(q, k, trans_b=True, precision=prec) * c
+            p = probs(s, vis, lse)
+            dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
+            ds = dscores(p, do, v, gs, delta, prec)
+            dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
+            return dk, dv
 
-            def head(i, carry):
-                dk, dv = carry
-                hd = g * h + i
-                q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
-                                                  b, rows, hd, ok, cdt)
-                s = dot(q, k, trans_b=True, precision=prec) * c
-                p = probs(s, vis, lse)
-                dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-                ds = dscores(p, do, v, gs, delta, prec)
-                dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
-                return dk, dv
-
-            return lax.fori_loop(0, h, head, carry)
-
-        dk, dv = lax.fori_loop(0, count, tile, (jnp.zeros((bk, Dk), jnp.float32),
-                                                jnp.zeros((bk, Dv), jnp.float32)))
+        dk, dv = lax.fori_loop(0, count * h, step, (jnp.zeros((bk, Dk), jnp.float32),
+                                                    jnp.zeros((bk, Dv), jnp.float32)))
         k_st = jnp.where(kvalid, kpos, T)  # masked rows -> out of bounds (dropped)
         store(dk_ref.at[b, k_st[:, None], g, dk_[None, :]], dk * scale, kvalid[:, None])
         store(dv_ref.at[b, k_st[:, None], g, dv_[None, :]], dv, kvalid[:, None])
