@@ -315,21 +315,16 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
         def step(it, carry, k=k, v=v, kpos=kpos, kvalid=kvalid):
             # One loop over (tile, head) pairs, not a head loop nested in a tile loop: Triton
             # pipelines only a kernel's innermost loops, so the next pair's q / dO loads are
-            # issued while this pair's dots run, across tile boundaries too. A tile's mask is
-            # built at its first head and carried to the others.
+            # issued while this pair's dots run, across tile boundaries too.
             u = idiv(it, h)
             i = it - u * h
             qt = tiles_ref[b, g, j, u]
             t, ok = _tile_rows(qt, bq, T)
             rows = pl.ds(qt * bq, bq)
-            dk, dv, vis = carry
-
-            def tile_mask():
-                sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
-                st = _starts(st_ref, b, qt, bq, ok) if packed else None
-                return _visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid)
-
-            vis = lax.cond(i == 0, tile_mask, lambda: vis)
+            sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
+            st = _starts(st_ref, b, qt, bq, ok) if packed else None
+            vis = _visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid)
+            dk, dv = carry
             q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
                                               b, rows, g * h + i, ok, cdt)
             s = dot(q, k, trans_b=True, precision=prec) * c
@@ -337,12 +332,10 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
             dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
             ds = dscores(p, do, v, gs, delta, prec)
             dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
-            return dk, dv, vis
+            return dk, dv
 
-        dk, dv, _ = lax.fori_loop(0, count * h, step,
-                                  (jnp.zeros((bk, Dk), jnp.float32),
-                                   jnp.zeros((bk, Dv), jnp.float32),
-                                   jnp.zeros((bq, bk), jnp.bool_)))
+        dk, dv = lax.fori_loop(0, count * h, step, (jnp.zeros((bk, Dk), jnp.float32),
+                                                    jnp.zeros((bk, Dv), jnp.float32)))
         k_st = jnp.where(kvalid, kpos, T)  # masked rows -> out of bounds (dropped)
         store(dk_ref.at[b, k_st[:, None], g, dk_[None, :]], dk * scale, kvalid[:, None])
         store(dv_ref.at[b, k_st[:, None], g, dv_[None, :]], dv, kvalid[:, None])
