@@ -18,8 +18,8 @@ Kernels (``start`` int32 [B,T] non-decreasing along a row, as document starts ar
   base 2 with an online softmax (forward) or P recomputed from the saved lse (dQ).
 * dK/dV: one program per (KV group, batch, key tile) walks the query tiles that can see its keys
   (up to the last token of the last key's document, ``doc_last``, and within w of the last key)
-  and, per tile, the group's h heads, accumulating in registers; one plain store per key tile (no
-  atomics).
+  times the group's h heads as one loop of (tile, head) pairs, accumulating in registers; one
+  plain store per key tile (no atomics).
 
 Work is O(T * (w + tile)) with a window and O(sum of squared document lengths / 2) without one
 (plus the tiles that straddle documents), never O(T^2) for short documents; memory is O(T).
@@ -178,27 +178,28 @@ def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
     q0 = idiv(kt * bk, bq)
     nq = idiv(hi + (bq - 1), bq) - q0
 
-    def tile(i, carry):
+    def step(it, carry):
+        # One loop over (query tile, head) pairs, not a head loop nested in a tile loop: Triton
+        # pipelines only innermost loops, so the next pair's q / dO loads are in flight while
+        # this pair's dots run, across tile boundaries too (the tiled selection dK/dV's
+        # measurement: bench/NOTES.md, twenty-second session).
+        i = idiv(it, h)
         qt = q0 + i
         t, ok = _rows(qt, bq, T)
         rows = pl.ds(qt * bq, bq)
         st = load(start_ref.at[b, rows], ok, other=T)
         vis = _visible(t, kpos, st, w, T)
+        dk, dv = carry
+        hd = g * h + (it - i * h)
+        q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
+                                          b, rows, hd, ok, cdt)
+        p = probs(dot(q, k, trans_b=True, precision=prec) * c, vis, lse)
+        dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
+        ds = dscores(p, do, v, gs, delta, prec)
+        return dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec), dv
 
-        def head(j, carry):
-            dk, dv = carry
-            hd = g * h + j
-            q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
-                                              b, rows, hd, ok, cdt)
-            p = probs(dot(q, k, trans_b=True, precision=prec) * c, vis, lse)
-            dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-            ds = dscores(p, do, v, gs, delta, prec)
-            return dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec), dv
-
-        return lax.fori_loop(0, h, head, carry)
-
-    dk, dv = lax.fori_loop(0, nq, tile, (jnp.zeros((bk, Dk), jnp.float32),
-                                         jnp.zeros((bk, Dv), jnp.float32)))
+    dk, dv = lax.fori_loop(0, nq * h, step, (jnp.zeros((bk, Dk), jnp.float32),
+                                             jnp.zeros((bk, Dv), jnp.float32)))
     k_st = jnp.where(kok, kpos, T)  # masked rows -> out of bounds (dropped)
     dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
     store(dk_ref.at[b, k_st[:, None], g, dk_[None, :]], dk * scale, kok[:, None])
