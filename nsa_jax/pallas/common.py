@@ -149,6 +149,19 @@ def dscores(p, do, v, gs, delta, prec):
     return p * (dp - delta[:, None])
 
 
+def dkv_accumulate(dk, dv, s, mask, q, do, v, gs, lse, delta, prec, cdt):
+    """One query tile's share of a key tile's dK and dV (the FlashAttention-2 backward of a
+    branch, Eq. 5 differentiated), from its base-2 logits ``s`` = Q K^T * scale * log2(e): P
+    recomputed from the saved lse (``probs``), dV += (P * gs)^T dO, dS = P * (dP - delta)
+    (``dscores``), dK += dS^T Q, unscaled (the caller applies the softmax scale once, at the
+    store). -> (dk, dv, dS in the compute dtype ``cdt``, for a kernel that also forms dQ)."""
+    p = probs(s, mask, lse)
+    dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
+    ds = dscores(p, do, v, gs, delta, prec).astype(cdt)
+    dk = dk + dot(ds, q, trans_a=True, precision=prec)
+    return dk, dv, ds
+
+
 def grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, rows, hd, ok, cdt):
     """A backward tile's per-row operands for the query rows ``rows`` (a ``pl.ds``) of head hd:
     q, dO (cast to the compute dtype ``cdt``), the output scale gs, the saved base-2 lse (+inf on

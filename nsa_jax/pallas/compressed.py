@@ -34,8 +34,8 @@ from jax.experimental.pallas import triton as plgpu
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, cdiv,
-                                   choices_or_default, compiler_params, dot, dot_precision,
-                                   dscores, idiv, load,
+                                   choices_or_default, compiler_params, dkv_accumulate, dot,
+                                   dot_precision, dscores, idiv, load,
                                    next_pow2, probs, softmax_finish,
                                    softmax_init, softmax_step, store)
 
@@ -255,10 +255,7 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *re
             vis = _visible(i, rel, ok, imask, d, l, lo)
         else:
             vis = _visible(i, t, ok, imask, d, l)
-        p = probs(s, vis, lse)
-        dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-        ds = dscores(p, do, v, gs, delta, prec)
-        dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
+        dk, dv, _ = dkv_accumulate(dk, dv, s, vis, q, do, v, gs, lse, delta, prec, cdt)
         return dk, dv
 
     nqt = cdiv(T, bq)

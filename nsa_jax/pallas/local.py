@@ -38,9 +38,10 @@ from jax.experimental import pallas as pl
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, choices_or_default,
-                                   compiler_params, dot, dot_precision, dscores, grad_rows, idiv,
-                                   load, pad_dim, padded_dims, probs, softmax_finish,
-                                   softmax_init, softmax_step, store, use_interpret)
+                                   compiler_params, dkv_accumulate, dot, dot_precision, dscores,
+                                   grad_rows, idiv, load, pad_dim, padded_dims, probs,
+                                   softmax_finish, softmax_init, softmax_step, store,
+                                   use_interpret)
 
 
 def doc_last(start) -> jax.Array:
@@ -193,10 +194,9 @@ def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
         hd = g * h + (it - i * h)
         q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
                                           b, rows, hd, ok, cdt)
-        p = probs(dot(q, k, trans_b=True, precision=prec) * c, vis, lse)
-        dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-        ds = dscores(p, do, v, gs, delta, prec)
-        return dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec), dv
+        s = dot(q, k, trans_b=True, precision=prec) * c
+        dk, dv, _ = dkv_accumulate(dk, dv, s, vis, q, do, v, gs, lse, delta, prec, cdt)
+        return dk, dv
 
     dk, dv = lax.fori_loop(0, nq * h, step, (jnp.zeros((bk, Dk), jnp.float32),
                                              jnp.zeros((bk, Dv), jnp.float32)))

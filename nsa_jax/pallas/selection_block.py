@@ -45,10 +45,9 @@ from jax.experimental.pallas import triton as plgpu
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, choices_or_default,
-                                   compiler_params, dot,
-                                   dot_precision, dscores, idiv, load, probs, sel_sub_tiles,
-                                   softmax_finish, softmax_init, softmax_step, store,
-                                   stored_dtype)
+                                   compiler_params, dkv_accumulate, dot, dot_precision, idiv,
+                                   load, sel_sub_tiles, softmax_finish, softmax_init,
+                                   softmax_step, store, stored_dtype)
 from nsa_jax.pallas.selection import (block_kv, dkv_rows, grad_scales, inverted_index,
                                       item_entries, item_mask, item_rows, item_tiles,
                                       num_ranges, slot_keys, work_item)
@@ -205,10 +204,8 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         for sub, (k, v, kpos, kvalid) in enumerate(kv):
             dk, dv = carry[2 * sub], carry[2 * sub + 1]
             s = dot(q, k, trans_b=True, precision=prec) * c
-            p = probs(s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel), lse)
-            dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-            ds = dscores(p, do, v, gs, delta, prec).astype(cdt)
-            dk = dk + dot(ds, q, trans_a=True, precision=prec)
+            dk, dv, ds = dkv_accumulate(dk, dv, s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel),
+                                        q, do, v, gs, lse, delta, prec, cdt)
             dq = dq + dot(ds, k, precision=prec)
             out += [dk, dv]
         ts_st = jnp.where(row_ok, ts, pdq_ref.shape[1])   # masked rows -> out of bounds

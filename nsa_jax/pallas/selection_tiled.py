@@ -58,10 +58,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
-from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, compiler_params, dot,
-                                   dot_precision, dscores, grad_rows, idiv, load, next_pow2,
-                                   probs, sel_sub_tiles, softmax_finish, softmax_init,
-                                   softmax_step, store)
+from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, compiler_params,
+                                   dkv_accumulate, dot, dot_precision, dscores, grad_rows, idiv,
+                                   load, next_pow2, probs, sel_sub_tiles, softmax_finish,
+                                   softmax_init, softmax_step, store)
 
 
 def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
@@ -328,10 +328,7 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
             q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
                                               b, rows, g * h + i, ok, cdt)
             s = dot(q, k, trans_b=True, precision=prec) * c
-            p = probs(s, vis, lse)
-            dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-            ds = dscores(p, do, v, gs, delta, prec)
-            dk = dk + dot(ds.astype(cdt), q, trans_a=True, precision=prec)
+            dk, dv, _ = dkv_accumulate(dk, dv, s, vis, q, do, v, gs, lse, delta, prec, cdt)
             return dk, dv
 
         dk, dv = lax.fori_loop(0, count * h, step, (jnp.zeros((bk, Dk), jnp.float32),

@@ -1,0 +1,99 @@
+"""The Triton IR of the NSA op's Pallas kernels, lowered for CUDA on any machine (no GPU needed).
+
+    python bench/triton_ir.py OUT.txt [--routes NAME ...]
+    cmp before.txt after.txt    # a refactor that claims "same kernels" should give identical files
+
+For each route (dtype, packed rows, selection kernels; the compressed branch through the Pallas
+kernels, since cuDNN does not lower without a GPU) the op's forward and backward are exported with
+``jax.export`` for CUDA, and every Triton module Pallas builds on the way is written out as text
+*without source locations*, one ``tt.func`` per kernel. Two trees whose files are byte-identical
+compile to the same kernels, so a code move or a shared helper (e.g. ``common.dkv_accumulate``,
+twenty-second session) can be shown to change no kernel without device time. What this does not
+cover: cuDNN, the decode kernels, and shape-dependent tiles other than the 125M shape's at T = 1024.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+
+import jax
+import jax.numpy as jnp
+from jax import export
+from jax._src.pallas.triton import lowering as triton_lowering
+
+import nsa_jax.pallas.local as plocal
+import nsa_jax.pallas.nsa as pnsa
+from nsa_jax.nsa import NSAConfig
+from nsa_jax.nsa.options import KernelChoices
+
+TRITON = "__gpu$xla.gpu.triton"
+CFG = NSAConfig()
+B, T, G, H, D = 1, 1024, 2, 6, 64   # the 125M model's group shape, one row
+ROUTES = {   # name -> (dtype, packed rows, sel_impl, sel_fwd = sel_dq)
+    "bf16-packed-tiled": (jnp.bfloat16, True, "tiled", "query"),
+    "bf16-packed-block": (jnp.bfloat16, True, "gather", "block"),
+    "bf16-packed-query": (jnp.bfloat16, True, "gather", "query"),
+    "f32-tiled": (jnp.float32, False, "tiled", "query"),
+    "f32-query": (jnp.float32, False, "gather", "query"),
+    "f32-block": (jnp.float32, False, "gather", "block"),
+}
+
+
+def _shapes(dtype, packed: bool):
+    S = jax.ShapeDtypeStruct
+    Tc = CFG.num_cmp_blocks(T)
+    args = [S((B, T, G * H, D), dtype), S((B, Tc, G, D), dtype), S((B, Tc, G, D), dtype)]
+    args += [S((B, T, G, D), dtype)] * 4 + [S((B, T, G * H, 3), dtype)]
+    return args + [S((B, T), jnp.int32)] if packed else args
+
+
+def route_ir(name: str) -> str:
+    """The location-free text of every Triton module the route's fwd+bwd lowers, in order."""
+    dtype, packed, sel_impl, sel_fwd = ROUTES[name]
+    choices = KernelChoices(sel_impl=sel_impl, sel_fwd=sel_fwd, sel_dq=sel_fwd, cmp_attn="pallas")
+
+    def f(*a):
+        seg = {"segment_ids": a[-1]} if packed else {}
+        args = a[:-1] if packed else a
+        o, vjp = jax.vjp(lambda *x: pnsa.nsa_attention_pallas(*x, CFG, choices=choices, **seg),
+                         *args)
+        return o, vjp(o)
+
+    modules = []
+    build = triton_lowering.lower_jaxpr_to_triton_module
+
+    def capture(*args, **kw):
+        result = build(*args, **kw)
+        modules.append(result.module.operation.get_asm(enable_debug_info=False))
+        return result
+
+    saved = {m: m.use_interpret for m in (pnsa, plocal)}
+    triton_lowering.lower_jaxpr_to_triton_module = capture
+    for m in saved:   # compiled kernels, not the interpreter, on this machine
+        m.use_interpret = lambda: False
+    try:
+        export.export(jax.jit(f), platforms=["cuda"], disabled_checks=[
+            export.DisabledSafetyCheck.custom_call(TRITON)])(*_shapes(dtype, packed))
+    finally:
+        triton_lowering.lower_jaxpr_to_triton_module = build
+        for m, fn in saved.items():
+            m.use_interpret = fn
+    return "\n".join(modules)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--routes", nargs="+", choices=sorted(ROUTES), default=list(ROUTES))
+    a = ap.parse_args(argv)
+    with open(a.out, "w") as fh:
+        for name in a.routes:
+            text = route_ir(name)
+            fh.write(f"=== {name}\n{text}\n")
+            print(f"{name:20s} {text.count('tt.func '):3d} kernels  "
+                  f"sha1 {hashlib.sha1(text.encode()).hexdigest()[:12]}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
