@@ -1,6 +1,6 @@
 """The Triton IR of the NSA op's Pallas kernels, lowered for CUDA on any machine (no GPU needed).
 
-    python bench/triton_ir.py OUT.txt [--routes NAME ...]
+    python bench/triton_ir.py OUT.txt [--routes NAME ...] [--shape 125m|bench]
     cmp before.txt after.txt    # a refactor that claims "same kernels" should give identical files
 
 For each route (dtype, packed rows, selection kernels; the compressed branch through the Pallas
@@ -8,13 +8,15 @@ kernels, since cuDNN does not lower without a GPU) the op's forward and backward
 ``jax.export`` for CUDA, and every Triton module Pallas builds on the way is written out as text
 *without source locations*, one ``tt.func`` per kernel. Two trees whose files are byte-identical
 compile to the same kernels, so a code move or a shared helper (e.g. ``common.dkv_accumulate``,
-twenty-second session) can be shown to change no kernel without device time. What this does not
-cover: cuDNN, the decode kernels, and shape-dependent tiles other than the 125M shape's at T = 1024.
+twenty-second session) can be shown to change no kernel without device time. ``--shape`` picks the
+head layout, and with it the tiles ``BlockSizes.for_shape`` gives (the 128-wide heads of the bench
+shape take their own); T = 1024, one row. Not covered: cuDNN and the decode kernels.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 
 import jax
@@ -27,9 +29,12 @@ import nsa_jax.pallas.nsa as pnsa
 from nsa_jax.nsa import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import SHAPES  # noqa: E402  (Hq, G, D per shape)
+
 TRITON = "__gpu$xla.gpu.triton"
 CFG = NSAConfig()
-B, T, G, H, D = 1, 1024, 2, 6, 64   # the 125M model's group shape, one row
+B, T = 1, 1024
 ROUTES = {   # name -> (dtype, packed rows, sel_impl, sel_fwd = sel_dq)
     "bf16-packed-tiled": (jnp.bfloat16, True, "tiled", "query"),
     "bf16-packed-block": (jnp.bfloat16, True, "gather", "block"),
@@ -40,16 +45,18 @@ ROUTES = {   # name -> (dtype, packed rows, sel_impl, sel_fwd = sel_dq)
 }
 
 
-def _shapes(dtype, packed: bool):
+def _shapes(dtype, packed: bool, shape: str):
     S = jax.ShapeDtypeStruct
+    Hq, G, D = SHAPES[shape]
     Tc = CFG.num_cmp_blocks(T)
-    args = [S((B, T, G * H, D), dtype), S((B, Tc, G, D), dtype), S((B, Tc, G, D), dtype)]
-    args += [S((B, T, G, D), dtype)] * 4 + [S((B, T, G * H, 3), dtype)]
+    args = [S((B, T, Hq, D), dtype), S((B, Tc, G, D), dtype), S((B, Tc, G, D), dtype)]
+    args += [S((B, T, G, D), dtype)] * 4 + [S((B, T, Hq, 3), dtype)]
     return args + [S((B, T), jnp.int32)] if packed else args
 
 
-def route_ir(name: str) -> str:
-    """The location-free text of every Triton module the route's fwd+bwd lowers, in order."""
+def route_ir(name: str, shape: str = "125m") -> str:
+    """The location-free text of every Triton module the route's fwd+bwd lowers, in order, for
+    the head layout ``SHAPES[shape]``."""
     dtype, packed, sel_impl, sel_fwd = ROUTES[name]
     choices = KernelChoices(sel_impl=sel_impl, sel_fwd=sel_fwd, sel_dq=sel_fwd, cmp_attn="pallas")
 
@@ -74,7 +81,7 @@ def route_ir(name: str) -> str:
         m.use_interpret = lambda: False
     try:
         export.export(jax.jit(f), platforms=["cuda"], disabled_checks=[
-            export.DisabledSafetyCheck.custom_call(TRITON)])(*_shapes(dtype, packed))
+            export.DisabledSafetyCheck.custom_call(TRITON)])(*_shapes(dtype, packed, shape))
     finally:
         triton_lowering.lower_jaxpr_to_triton_module = build
         for m, fn in saved.items():
@@ -86,10 +93,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("--routes", nargs="+", choices=sorted(ROUTES), default=list(ROUTES))
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="125m")
     a = ap.parse_args(argv)
     with open(a.out, "w") as fh:
         for name in a.routes:
-            text = route_ir(name)
+            text = route_ir(name, a.shape)
             fh.write(f"=== {name}\n{text}\n")
             print(f"{name:20s} {text.count('tt.func '):3d} kernels  "
                   f"sha1 {hashlib.sha1(text.encode()).hexdigest()[:12]}", flush=True)
