@@ -11,10 +11,12 @@ compile to the same kernels, so a code move or a shared helper (e.g. ``common.dk
 twenty-second session) can be shown to change no kernel without device time. ``--shape`` picks the
 head layout, and with it the tiles ``BlockSizes.for_shape`` gives (the 128-wide heads of the bench
 shape take their own); T = 1024, one row. Not covered: cuDNN and the decode kernels.
+``lower_for_cuda`` and ``route`` are also what ``tests/test_triton_lowering.py`` lowers with.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import sys
@@ -24,6 +26,7 @@ import jax.numpy as jnp
 from jax import export
 from jax._src.pallas.triton import lowering as triton_lowering
 
+import nsa_jax.pallas.decode as pdecode
 import nsa_jax.pallas.local as plocal
 import nsa_jax.pallas.nsa as pnsa
 from nsa_jax.nsa import NSAConfig
@@ -45,47 +48,70 @@ ROUTES = {   # name -> (dtype, packed rows, sel_impl, sel_fwd = sel_dq)
 }
 
 
-def _shapes(dtype, packed: bool, shape: str):
+def route(name: str, shape: str = "125m", **kw):
+    """-> (f, arg shapes): the op's fwd+bwd by route ``name`` (``ROUTES``; the compressed branch
+    through the Pallas kernels) for the head layout ``SHAPES[shape]``; ``kw`` go to
+    ``nsa_attention_pallas`` (e.g. ``block_sizes``). Packed routes take segment ids last."""
+    dtype, packed, sel_impl, sel_fwd = ROUTES[name]
+    choices = KernelChoices(sel_impl=sel_impl, sel_fwd=sel_fwd, sel_dq=sel_fwd, cmp_attn="pallas")
     S = jax.ShapeDtypeStruct
     Hq, G, D = SHAPES[shape]
     Tc = CFG.num_cmp_blocks(T)
-    args = [S((B, T, Hq, D), dtype), S((B, Tc, G, D), dtype), S((B, Tc, G, D), dtype)]
-    args += [S((B, T, G, D), dtype)] * 4 + [S((B, T, Hq, 3), dtype)]
-    return args + [S((B, T), jnp.int32)] if packed else args
+    shapes = [S((B, T, Hq, D), dtype), S((B, Tc, G, D), dtype), S((B, Tc, G, D), dtype)]
+    shapes += [S((B, T, G, D), dtype)] * 4 + [S((B, T, Hq, 3), dtype)]
+    shapes += [S((B, T), jnp.int32)] if packed else []
+
+    def f(*a):
+        seg = {"segment_ids": a[-1]} if packed else {}
+        args = a[:-1] if packed else a
+        o, vjp = jax.vjp(lambda *x: pnsa.nsa_attention_pallas(*x, CFG, choices=choices, **seg,
+                                                              **kw), *args)
+        return o, vjp(o)
+    return f, shapes
+
+
+@contextlib.contextmanager
+def compiled():
+    """The kernel entry points pick compiled (not interpret) kernels on this machine too."""
+    saved = {m: m.use_interpret for m in (pnsa, pdecode, plocal)}
+    for m in saved:
+        m.use_interpret = lambda: False
+    try:
+        yield
+    finally:
+        for m, fn in saved.items():
+            m.use_interpret = fn
+
+
+def lower_for_cuda(f, *shapes, on_module=None) -> str:
+    """Export ``jit(f)`` for CUDA with compiled Pallas kernels (``jax.export``: the Pallas ->
+    Triton lowering runs, no GPU needed); ``on_module(module)`` sees each Triton module as it is
+    built. -> the exported module's text."""
+    build = triton_lowering.lower_jaxpr_to_triton_module
+
+    def hooked(*args, **kw):
+        result = build(*args, **kw)
+        if on_module is not None:
+            on_module(result.module)
+        return result
+
+    triton_lowering.lower_jaxpr_to_triton_module = hooked
+    try:
+        with compiled():
+            exp = export.export(jax.jit(f), platforms=["cuda"], disabled_checks=[
+                export.DisabledSafetyCheck.custom_call(TRITON)])(*shapes)
+    finally:
+        triton_lowering.lower_jaxpr_to_triton_module = build
+    return exp.mlir_module()
 
 
 def route_ir(name: str, shape: str = "125m") -> str:
     """The location-free text of every Triton module the route's fwd+bwd lowers, in order, for
     the head layout ``SHAPES[shape]``."""
-    dtype, packed, sel_impl, sel_fwd = ROUTES[name]
-    choices = KernelChoices(sel_impl=sel_impl, sel_fwd=sel_fwd, sel_dq=sel_fwd, cmp_attn="pallas")
-
-    def f(*a):
-        seg = {"segment_ids": a[-1]} if packed else {}
-        args = a[:-1] if packed else a
-        o, vjp = jax.vjp(lambda *x: pnsa.nsa_attention_pallas(*x, CFG, choices=choices, **seg),
-                         *args)
-        return o, vjp(o)
-
+    f, shapes = route(name, shape)
     modules = []
-    build = triton_lowering.lower_jaxpr_to_triton_module
-
-    def capture(*args, **kw):
-        result = build(*args, **kw)
-        modules.append(result.module.operation.get_asm(enable_debug_info=False))
-        return result
-
-    saved = {m: m.use_interpret for m in (pnsa, plocal)}
-    triton_lowering.lower_jaxpr_to_triton_module = capture
-    for m in saved:   # compiled kernels, not the interpreter, on this machine
-        m.use_interpret = lambda: False
-    try:
-        export.export(jax.jit(f), platforms=["cuda"], disabled_checks=[
-            export.DisabledSafetyCheck.custom_call(TRITON)])(*_shapes(dtype, packed, shape))
-    finally:
-        triton_lowering.lower_jaxpr_to_triton_module = build
-        for m, fn in saved.items():
-            m.use_interpret = fn
+    lower_for_cuda(f, *shapes,
+                   on_module=lambda m: modules.append(m.operation.get_asm(enable_debug_info=False)))
     return "\n".join(modules)
 
 

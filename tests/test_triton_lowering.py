@@ -7,12 +7,12 @@ covered (the ``gpu``-marked tests do that on a device). This catches a kernel th
 in interpret mode (an op without a Triton lowering rule, a non-power-of-two block, a bad dot
 shape, a loop whose bounds differ in type) before GPU time is spent.
 """
-import contextlib
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
-from jax import export
 from jax._src.pallas.triton import lowering as triton_lowering
 
 import nsa_jax.pallas.decode as pdecode
@@ -22,41 +22,15 @@ from nsa_jax.nsa import NSAConfig
 from nsa_jax.nsa.decoding import SYNC_SLOTS
 from nsa_jax.nsa.options import KernelChoices
 
-TRITON = "__gpu$xla.gpu.triton"
-
-
-def compiled_kernels(monkeypatch):
-    """Make the kernel entry points pick compiled (not interpret) kernels on this CPU."""
-    for mod in (pnsa, pdecode, plocal):
-        monkeypatch.setattr(mod, "use_interpret", lambda: False)
-
-
-@contextlib.contextmanager
-def _verified_modules():
-    """Run the MLIR verifier (it raises on a bad module) on each Triton module Pallas builds,
-    through jax's own lowering hook ``lower_jaxpr_to_triton_module``."""
-    build = triton_lowering.lower_jaxpr_to_triton_module
-
-    def checked(*args, **kw):
-        result = build(*args, **kw)
-        result.module.operation.verify()
-        return result
-
-    triton_lowering.lower_jaxpr_to_triton_module = checked
-    try:
-        yield
-    finally:
-        triton_lowering.lower_jaxpr_to_triton_module = build
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import triton_ir  # noqa: E402  (the export for CUDA, compiled kernels, the op's routes)
 
 
 def triton_kernels(f, *shapes) -> set[str]:
     """Names of the Triton kernels in f lowered for CUDA (raises if any kernel cannot lower or
-    its module fails the MLIR verifier)."""
-    with _verified_modules():
-        exp = export.export(jax.jit(f), platforms=["cuda"], disabled_checks=[
-            export.DisabledSafetyCheck.custom_call(TRITON)])(*shapes)
-    text = exp.mlir_module()
-    assert TRITON in text
+    its module fails the MLIR verifier, run on each module as XLA's parse of it would)."""
+    text = triton_ir.lower_for_cuda(f, *shapes, on_module=lambda m: m.operation.verify())
+    assert triton_ir.TRITON in text
     return {part.split('"')[0] for part in text.split('name = "')[1:]}
 
 
@@ -68,43 +42,15 @@ CFG = NSAConfig()
 B, T, G, h, D = 1, 1024, 2, 6, 64
 
 
-def _nsa_args(dtype):
-    Tc = CFG.num_cmp_blocks(T)
-    return (S(B, T, G * h, D, dtype=dtype), S(B, Tc, G, D, dtype=dtype),
-            S(B, Tc, G, D, dtype=dtype)) + (S(B, T, G, D, dtype=dtype),) * 4 \
-        + (S(B, T, G * h, 3, dtype=dtype),)
-
-
-def _fwd_bwd(**kw):
-    def f(*args):
-        o, vjp = jax.vjp(lambda *a: pnsa.nsa_attention_pallas(*a, CFG, **kw), *args)
-        return o, vjp(o)
-    return f
-
-
-@pytest.mark.parametrize("dtype,packed,sel_impl,sel_fwd", [
-    (jnp.bfloat16, True, "tiled", "query"),  # packed: scoring/top-n/selection/local window
-    (jnp.bfloat16, True, "gather", "block"),
-    (jnp.bfloat16, True, "gather", "query"),  # packed query-major kernels
-    (jnp.float32, False, "tiled", "query"),  # float32 window: the local kernel
-    (jnp.float32, False, "gather", "query"),
-    (jnp.float32, False, "gather", "block"),
-])
-def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl, sel_fwd):
-    # cmp_attn="pallas": the compressed kernels (cuDNN, which "cudnn" would take, cannot
-    # lower without a GPU; the gpu tests cover it). sel_dq follows sel_fwd here: "block" lowers
+@pytest.mark.parametrize("route", list(triton_ir.ROUTES))
+def test_nsa_kernels_lower_to_triton(route):
+    # The routes: bf16 packed rows (scoring / top-n / selection / the local window) through the
+    # tiled, block-major and query-major selection; float32 (the local kernel's window) through
+    # the same three. cmp_attn="pallas": the compressed kernels (cuDNN, which "cudnn" would take,
+    # cannot lower without a GPU; the gpu tests cover it). sel_dq follows sel_fwd: "block" lowers
     # the block-major forward and the fused dK/dV + dQ backward, "query" the per-query kernels.
-    kw = {"choices": KernelChoices(sel_impl=sel_impl, sel_fwd=sel_fwd, sel_dq=sel_fwd,
-                                   cmp_attn="pallas")}
-    shapes = _nsa_args(dtype)
-    if packed:
-        shapes += (S(B, T, dtype=jnp.int32),)
-
-        def f(*a):
-            return _fwd_bwd(segment_ids=a[-1], **kw)(*a[:-1])
-    else:
-        f = _fwd_bwd(**kw)
-    compiled_kernels(monkeypatch)
+    _, _, sel_impl, sel_fwd = triton_ir.ROUTES[route]
+    f, shapes = triton_ir.route(route)
     names = triton_kernels(f, *shapes)
     assert {"nsa_local_fwd", "nsa_local_bwd_dq", "nsa_local_bwd_dkv"} <= names, names
     if sel_impl == "tiled":
@@ -118,19 +64,14 @@ def test_nsa_kernels_lower_to_triton(monkeypatch, dtype, packed, sel_impl, sel_f
         assert not {"nsa_sel_fwd", "nsa_sel_bwd_dq", "nsa_sel_bwd_dkv"} & names, names
 
 
-def test_query_major_sub_tile_steps_lower_to_triton(monkeypatch):
+def test_query_major_sub_tile_steps_lower_to_triton():
     """The query-major forward and dQ walking 32-key steps of each 64-key block
     (``BlockSizes.sel_q_keys``) in a 4-stage pipeline (packed bf16 rows: the unpacked window
     branch is cuDNN's, which does not lower without a GPU)."""
     from nsa_jax.pallas import BlockSizes
-    kw = {"choices": KernelChoices(sel_impl="gather", sel_fwd="query", sel_dq="query",
-                                   cmp_attn="pallas"),
-          "block_sizes": BlockSizes(sel_q_keys=32, sel_stages=4)}
-
-    def f(*a):
-        return _fwd_bwd(segment_ids=a[-1], **kw)(*a[:-1])
-    compiled_kernels(monkeypatch)
-    names = triton_kernels(f, *_nsa_args(jnp.bfloat16), S(B, T, dtype=jnp.int32))
+    f, shapes = triton_ir.route("bf16-packed-query",
+                                block_sizes=BlockSizes(sel_q_keys=32, sel_stages=4))
+    names = triton_kernels(f, *shapes)
     assert {"nsa_sel_fwd", "nsa_sel_bwd_dq"} <= names, names
 
 
@@ -181,12 +122,11 @@ def test_ds_backward_lowers_to_triton(dtype):
 
 
 @pytest.mark.parametrize("layout,sel_block", [("rows", 64), ("loop", 64), ("loop", 48)])
-def test_scoring_layouts_lower_to_triton(monkeypatch, layout, sel_block):
+def test_scoring_layouts_lower_to_triton(layout, sel_block):
     """Both scoring tile layouts (``KernelChoices.score_heads``), the loop one on the fast path
     (l'/d = 4) and the general path (l'/d = 3: float32 dots)."""
     cfg = NSAConfig(sel_block=sel_block)
     Tc = cfg.num_cmp_blocks(T)
-    compiled_kernels(monkeypatch)
     names = triton_kernels(
         lambda q, kc: pnsa.block_scores_pallas(q, kc, cfg,
                                                choices=KernelChoices(score_heads=layout)),
@@ -205,11 +145,10 @@ def test_local_kernels_lower_to_triton(window):
     assert names == {"nsa_local_fwd", "nsa_local_bwd_dq", "nsa_local_bwd_dkv"}, names
 
 
-def test_decode_kernels_lower_to_triton(monkeypatch):
+def test_decode_kernels_lower_to_triton():
     Tc, W, N = CFG.num_cmp_blocks(4096), CFG.window, 4096
     kv = {"k_cmp": S(4, G, Tc, D), "v_cmp": S(4, G, Tc, D), "k_slc": S(4, G, N, D),
           "v_slc": S(4, G, N, D), "k_win": S(4, G, W, D), "v_win": S(4, G, W, D)}
-    compiled_kernels(monkeypatch)
     names = triton_kernels(lambda q, kv, t, g: pdecode.nsa_decode_pallas(q, kv, t, g, CFG),
                            S(4, G * h, D), kv, S(4, dtype=jnp.int32), S(4, G * h, 3))
     assert len(names) >= 4, names
@@ -289,10 +228,6 @@ def test_bench_triton_ir_is_location_free_and_repeatable():
     """bench/triton_ir.py's premise: the IR it writes names every kernel of a route, carries no
     source locations (a code move alone must not change it) and is the same on a second lowering,
     so byte-identical files before and after a refactor mean the same kernels."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    import triton_ir
     hooks = (pnsa.use_interpret, plocal.use_interpret, triton_lowering.lower_jaxpr_to_triton_module)
     first = triton_ir.route_ir("bf16-packed-tiled")
     assert "loc(" not in first
