@@ -228,7 +228,8 @@ def test_bench_triton_ir_is_location_free_and_repeatable():
     """bench/triton_ir.py's premise: the IR it writes names every kernel of a route, carries no
     source locations (a code move alone must not change it) and is the same on a second lowering,
     so byte-identical files before and after a refactor mean the same kernels."""
-    hooks = (pnsa.use_interpret, plocal.use_interpret, triton_lowering.lower_jaxpr_to_triton_module)
+    hooks = (pnsa.use_interpret, plocal.use_interpret, pdecode.use_interpret,
+             triton_lowering.lower_jaxpr_to_triton_module)
     first = triton_ir.route_ir("bf16-packed-tiled")
     assert "loc(" not in first
     names = {part.split("(")[0] for part in first.split("tt.func public @")[1:]}
@@ -236,5 +237,5 @@ def test_bench_triton_ir_is_location_free_and_repeatable():
             "nsa_local_bwd_dkv", "nsa_cmp_bwd_dq", "nsa_topn"} <= names, names
     assert triton_ir.route_ir("bf16-packed-tiled") == first
     # the tool puts back what it patched
-    assert (pnsa.use_interpret, plocal.use_interpret,
+    assert (pnsa.use_interpret, plocal.use_interpret, pdecode.use_interpret,
             triton_lowering.lower_jaxpr_to_triton_module) == hooks
