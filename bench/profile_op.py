@@ -3,14 +3,16 @@ device time per kernel: where one op's time goes, without a whole train step aro
 
     PYTHONPATH=. python bench/profile_op.py [--shape 125m] [--T 65536] [--B 1] [--reps 3]
         [--choices sel_dq=block ...] [--tiles sel_dq_rows=64 ...] [--top 20] [--out F]
-        [--packed-mean-doc 2048]
+        [--packed-mean-doc 2048] [--warm-only]
 
 Inputs are ``bench/kernels.make_inputs`` (bf16, random; the selection comes from the op's own
 scoring + top-n). ``--choices`` / ``--tiles``: ``KernelChoices`` / ``BlockSizes`` fields
 (defaults: the product's). ``--packed-mean-doc M``: each row packs documents of exponential
 lengths with mean M (``bench/packed.segment_ids``, as ``bench/packed.py``) and the op gets their
 ``segment_ids``. The trace is summarised by ``bench/profile_step.summarise`` (ms per
-call, by kernel and by XLA op).
+call, by kernel and by XLA op). ``--warm-only``: compile and run the op ``--reps`` times with no
+trace and no summary, for a kernel profiler outside the process (Nsight Compute's ``ncu -k
+regex:NAME --launch-skip S``; CUPTI serves one profiler at a time).
 """
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--out")
     p.add_argument("--packed-mean-doc", type=int, help="pack documents of this mean length")
+    p.add_argument("--warm-only", action="store_true",
+                   help="run the op --reps times with no trace (for ncu)")
     a = p.parse_args(argv)
     Hq, G, D = SHAPES[a.shape]
     x = make_inputs(0, a.T, Hq, G, D, B=a.B)
@@ -56,8 +60,11 @@ def main(argv=None):
                                                   block_sizes=bs, segment_ids=seg), *args)
         return o, vjp(ct)
 
-    for _ in range(3):
+    for _ in range(a.reps if a.warm_only else 3):
         jax.block_until_ready(fb(x[:8], x[8]))
+    if a.warm_only:
+        print(f"{a.shape} T={a.T} B={a.B}: ran the op {a.reps} times (no trace)")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         with jax.profiler.trace(tmp, create_perfetto_trace=True):
             for _ in range(a.reps):
