@@ -16,7 +16,8 @@ from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import BlockSizes, selection_kernels
 from nsa_jax.pallas.common import LN2, use_interpret
 from nsa_jax.pallas.selection import sel_backward, sel_forward
-from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward, tile_index
+from nsa_jax.pallas.selection_tiled import (diagonal_tiles, full_blocks, sel_tiled_backward,
+                                             sel_tiled_forward, tile_index)
 from nsa_testutil import random_inputs
 
 TOL = 2e-5
@@ -161,6 +162,23 @@ def test_tile_index_lists_each_tile_union_and_its_inverse():
                 assert list(tiles[b, g, j, :tcount[b, g, j]]) == want
     # the hand-made tile 1 of (0, 0): even rows block 0, odd rows block 1
     assert list(blocks[0, 0, 1, :bcount[0, 0, 1]]) == [0, 1]
+
+    # the causal split: each tile's full blocks (ending at or before its first query) are the
+    # first nfull of its list, each block's masked tiles (starting before its last key) the first
+    # ndiag of its list; both kinds occur here
+    l = cfg.sel_block
+    nfull = np.asarray(full_blocks(*map(jnp.asarray, (blocks, bcount)), bq, l))
+    ndiag = np.asarray(diagonal_tiles(*map(jnp.asarray, (tiles, tcount)), bq, l))
+    assert nfull.shape == bcount.shape and ndiag.shape == tcount.shape
+    assert 0 < nfull.sum() < bcount.sum() and 0 < ndiag.sum() < tcount.sum()
+    for b in range(B):
+        for g in range(G):
+            for i in range(nqt):
+                full = [(j + 1) * l - 1 <= i * bq for j in blocks[b, g, i, :bcount[b, g, i]]]
+                assert full == [True] * nfull[b, g, i] + [False] * (len(full) - nfull[b, g, i])
+            for j in range(Ts):
+                diag = [i * bq < (j + 1) * l - 1 for i in tiles[b, g, j, :tcount[b, g, j]]]
+                assert diag == [True] * ndiag[b, g, j] + [False] * (len(diag) - ndiag[b, g, j])
 
 
 # ---- packed documents (document-relative ids; issue #16) -----------------------------------------

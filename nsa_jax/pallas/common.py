@@ -137,8 +137,9 @@ def softmax_finish(m, lsum):
 
 def probs(s, mask, lse):
     """P = exp2(s - lse) recomputed from the saved base-2 lse (backward passes); 0 where
-    ``mask`` (broadcast to s) is False or lse is +inf."""
-    return jnp.exp2(jnp.where(mask, s, NEG_INF) - lse[:, None])
+    ``mask`` (broadcast to s) is False or lse is +inf. ``mask`` None: s already holds -inf
+    where masked (a kernel that added a -inf row bias instead of selecting)."""
+    return jnp.exp2((s if mask is None else jnp.where(mask, s, NEG_INF)) - lse[:, None])
 
 
 def dscores(p, do, v, gs, delta, prec):
@@ -152,9 +153,10 @@ def dscores(p, do, v, gs, delta, prec):
 def dkv_accumulate(dk, dv, s, mask, q, do, v, gs, lse, delta, prec, cdt):
     """One query tile's share of a key tile's dK and dV (the FlashAttention-2 backward of a
     branch, Eq. 5 differentiated), from its base-2 logits ``s`` = Q K^T * scale * log2(e): P
-    recomputed from the saved lse (``probs``), dV += (P * gs)^T dO, dS = P * (dP - delta)
-    (``dscores``), dK += dS^T Q, unscaled (the caller applies the softmax scale once, at the
-    store). -> (dk, dv, dS in the compute dtype ``cdt``, for a kernel that also forms dQ)."""
+    recomputed from the saved lse (``probs``; ``mask`` None: s is -inf where masked), dV +=
+    (P * gs)^T dO, dS = P * (dP - delta) (``dscores``), dK += dS^T Q, unscaled (the caller
+    applies the softmax scale once, at the store). -> (dk, dv, dS in the compute dtype ``cdt``,
+    for a kernel that also forms dQ)."""
     p = probs(s, mask, lse)
     dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
     ds = dscores(p, do, v, gs, delta, prec).astype(cdt)

@@ -26,6 +26,15 @@ Both lists come from ``tile_index`` (outside the kernels, each call): a [B,G,n_t
 before the tile's last query), sorted per tile (ascending block ids, for the forward/dQ loops) and
 per block (ascending tile ids, for dK/dV), with counts that bound dynamic trip counts.
 
+Causal split (unpacked rows): a (tile, block) pair whose block ends at or before the tile's first
+query is *full*: every key is causally visible to every row, so the only mask left is the row's
+membership, added as a per-row bias (0 or -inf) to the scaled logits instead of a [bq, bk] mask of
+compares and selects (Nsight Compute, twenty-third session: the forward's integer/logic pipe was
+its busiest, 49% of peak). Because the lists ascend, the full pairs are a prefix of each tile's
+block list (``full_blocks``) and a suffix of each block's tile list (``diagonal_tiles`` counts the
+rest), so each kernel runs two loops, neither with a branch inside: the full pairs with the bias,
+the others with the whole mask. Same values: s * c + 0 is s * c and s * c - inf is -inf.
+
 Work: a tile pays for every block of its union, so cost grows with how far the rows' selections
 differ. At short T most visible blocks are selected anyway (with n = 16, l' = 64 every query
 t < 1024 selects all of its blocks) and the tiled kernels do near-dense causal work at full
@@ -56,6 +65,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, compiler_params,
@@ -115,6 +125,34 @@ def tile_index(idx, T: int, cfg: NSAConfig, bq: int, start=None):
     tiles = jnp.sort(jnp.where(has_t, jnp.arange(nqt, dtype=jnp.int32), nqt), axis=-1)
     tcount = jnp.sum(has_t, axis=-1, dtype=jnp.int32)
     return blocks, bcount, tiles.astype(jnp.int32), tcount
+
+
+def full_blocks(blocks, bcount, bq: int, l_sel: int):
+    """[B,G,nqt] int32: how many of each tile's listed blocks end at or before its first query
+    (keys j*l' .. (j+1)*l' - 1 <= qt*bq: causally visible to every row). The lists ascend, so
+    these are the first ones."""
+    first = jnp.arange(blocks.shape[2], dtype=jnp.int32)[:, None] * bq
+    listed = jnp.arange(blocks.shape[3], dtype=jnp.int32) < bcount[..., None]
+    return jnp.sum(listed & ((blocks + 1) * l_sel - 1 <= first), axis=-1, dtype=jnp.int32)
+
+
+def diagonal_tiles(tiles, tcount, bq: int, l_sel: int):
+    """[B,G,Ts] int32: how many of each block's listed tiles start before the block's last key
+    (the tiles for which some key of block j is causally masked: the first ones, as the lists
+    ascend; the rest see the whole block)."""
+    last = (jnp.arange(tiles.shape[2], dtype=jnp.int32)[:, None] + 1) * l_sel - 1
+    listed = jnp.arange(tiles.shape[3], dtype=jnp.int32) < tcount[..., None]
+    return jnp.sum(listed & (tiles * bq < last), axis=-1, dtype=jnp.int32)
+
+
+def _row_bias(sel, j):
+    """[bq] float32: 0 where the row selected block j, -inf where not (a full pair's mask)."""
+    return jnp.where(_members(sel, j), 0.0, NEG_INF)
+
+
+def _full_keys(l_sel: int, bk: int, n_sub: int) -> bool:
+    """The sub-tiles cover exactly l' keys (no key past the block to mask)."""
+    return bk * n_sub == l_sel
 
 
 def _padded_idx(idx):
@@ -177,9 +215,27 @@ def _tile_rows(qt, bq: int, T: int):
     return t, t < T
 
 
+def _full_sub_tile(k_ref, v_ref, b, base, sub, g, bk: int, l_sel: int, n_sub: int):
+    """K, V of sub-tile ``sub`` of a full pair's block and the column bias of its keys past l'
+    (None when the sub-tiles cover exactly l'). A full block lies before the tile's first query,
+    so every key is < T: no bound to test."""
+    rows = pl.ds(base + sub * bk, bk)
+    if _full_keys(l_sel, bk, n_sub):
+        return plgpu.load(k_ref.at[b, rows, g, :]), plgpu.load(v_ref.at[b, rows, g, :]), None
+    kvalid = sub * bk + jnp.arange(bk) < l_sel
+    return (load(k_ref.at[b, rows, g, :], kvalid[:, None]),
+            load(v_ref.at[b, rows, g, :], kvalid[:, None]), jnp.where(kvalid, 0.0, NEG_INF))
+
+
+def _biased(s, row_bias, col_bias):
+    """Logits of a full pair: s plus the rows' membership bias (and the padded keys' bias)."""
+    s = s + row_bias[:, None]
+    return s if col_bias is None else s + col_bias[None, :]
+
+
 # ---- forward ---------------------------------------------------------------------------------
-def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, *refs, h, bq, l_sel, bk,
-                n_sub, scale, prec, packed=False):
+def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_ref, *refs, h, bq,
+                l_sel, bk, n_sub, scale, prec, packed=False):
     if packed:
         st_ref, o_ref, lse_ref = refs
     else:
@@ -192,6 +248,17 @@ def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, *refs, h, 
     sel = load(idx_ref.at[b, pl.ds(qt * bq, bq), g, :], ok[:, None], other=-1)
     st = _starts(st_ref, b, qt, bq, ok) if packed else None
     c = scale * LOG2E
+
+    def full_block(u, carry):
+        m, lsum, acc = carry
+        j = blocks_ref[b, g, qt, u]
+        bias = _row_bias(sel, j)
+        for sub in range(n_sub):
+            k, v, cb = _full_sub_tile(k_ref, v_ref, b, j * l_sel, sub, g, bk, l_sel, n_sub)
+            s = _biased(dot(q, k, trans_b=True, precision=prec) * c, bias, cb)
+            m, alpha, p, lsum = softmax_step(m, lsum, s)
+            acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
+        return m, lsum, acc
 
     def block(u, carry):
         m, lsum, acc = carry
@@ -211,12 +278,33 @@ def _fwd_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, *refs, h, 
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
         return m, lsum, acc
 
-    m, lsum, acc = lax.fori_loop(0, bcount_ref[b, g, qt], block, softmax_init(bq, Dv))
+    carry = softmax_init(bq, Dv)
+    nfull = 0
+    if not packed:
+        nfull = nfull_ref[b, g, qt]
+        carry = lax.fori_loop(0, nfull, full_block, carry)
+    m, lsum, acc = lax.fori_loop(nfull, bcount_ref[b, g, qt], block, carry)
     l_safe, lse = softmax_finish(m, lsum)
     t_st = jnp.where(ok, t, T)  # masked rows -> out of bounds (dropped)
     dv_ = jnp.arange(Dv)
     store(o_ref.at[b, t_st[:, None], hd, dv_[None, :]], acc / l_safe[:, None], ok[:, None])
     store(lse_ref.at[b, t_st, hd], lse, ok)
+
+
+def _nfull(blocks, bcount, bq: int, cfg: NSAConfig, seg):
+    """The forward / dQ kernels' count of full pairs per tile; 0 for packed rows (their masks
+    also test document starts: every pair takes the masked loop)."""
+    if seg is not None:
+        return jnp.zeros(bcount.shape, jnp.int32)
+    return full_blocks(blocks, bcount, bq, cfg.sel_block)
+
+
+def _ndiag(tiles, tcount, bq: int, cfg: NSAConfig, seg):
+    """The dK/dV kernel's count of masked (diagonal) tiles per block; all of them for packed
+    rows."""
+    if seg is not None:
+        return tcount
+    return diagonal_tiles(tiles, tcount, bq, cfg.sel_block)
 
 
 def _seg_args(seg):
@@ -236,6 +324,7 @@ def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
     bk, n_sub = _sub_tiles(cfg, bs)
     segs = _seg_args(seg)
     blocks, bcount, _, _ = tile_index(idx, T, cfg, bq, *segs)
+    nfull = _nfull(blocks, bcount, bq, cfg, seg)
     kern = functools.partial(_fwd_kernel, h=Hq // G, bq=bq, l_sel=cfg.sel_block, bk=bk,
                              n_sub=n_sub, scale=scale,
                              prec=dot_precision(q.dtype, interpret, choices), packed=bool(segs))
@@ -245,12 +334,12 @@ def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
                    jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_fwd",
-    )(blocks, bcount, q, k, v, _padded_idx(idx), *segs)
+    )(blocks, bcount, nfull, q, k, v, _padded_idx(idx), *segs)
 
 
 # ---- backward: dQ ------------------------------------------------------------------------------
-def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref,
-                   delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec, packed=False):
+def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref,
+                   lse_ref, delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec, packed=False):
     if packed:
         st_ref, dq_ref = refs
     else:
@@ -266,6 +355,16 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
     sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
     st = _starts(st_ref, b, qt, bq, ok) if packed else None
     c = scale * LOG2E
+
+    def full_block(u, dq):
+        j = blocks_ref[b, g, qt, u]
+        bias = _row_bias(sel, j)
+        for sub in range(n_sub):
+            k, v, cb = _full_sub_tile(k_ref, v_ref, b, j * l_sel, sub, g, bk, l_sel, n_sub)
+            s = _biased(dot(q, k, trans_b=True, precision=prec) * c, bias, cb)
+            ds = dscores(probs(s, None, lse), do, v, gs, delta, prec)
+            dq = dq + dot(ds.astype(cdt), k, precision=prec)
+        return dq
 
     def block(u, dq):
         j = blocks_ref[b, g, qt, u]
@@ -284,15 +383,20 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
             dq = dq + dot(ds.astype(cdt), k, precision=prec)
         return dq
 
-    dq = lax.fori_loop(0, bcount_ref[b, g, qt], block, jnp.zeros((bq, Dk), jnp.float32))
+    dq = jnp.zeros((bq, Dk), jnp.float32)
+    nfull = 0
+    if not packed:
+        nfull = nfull_ref[b, g, qt]
+        dq = lax.fori_loop(0, nfull, full_block, dq)
+    dq = lax.fori_loop(nfull, bcount_ref[b, g, qt], block, dq)
     t_st = jnp.where(ok, t, T)
     dk_ = jnp.arange(Dk)
     store(dq_ref.at[b, t_st[:, None], hd, dk_[None, :]], dq * scale, ok[:, None])
 
 
 # ---- backward: dK/dV ---------------------------------------------------------------------------
-def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref,
-                    delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec, packed=False):
+def _bwd_dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref,
+                    lse_ref, delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec, packed=False):
     if packed:
         st_ref, dk_ref, dv_ref = refs
     else:
@@ -303,6 +407,7 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
     c = scale * LOG2E
     base = j * l_sel
     count = tcount_ref[b, g, j]
+    ndiag = count if packed else ndiag_ref[b, g, j]
     dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
 
     for sub in range(n_sub):
@@ -312,7 +417,9 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
         k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
         v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
 
-        def step(it, carry, k=k, v=v, kpos=kpos, kvalid=kvalid):
+        col_bias = None if _full_keys(l_sel, bk, n_sub) else jnp.where(kvalid, 0.0, NEG_INF)
+
+        def step(it, carry, full, k=k, v=v, kpos=kpos, kvalid=kvalid, col_bias=col_bias):
             # One loop over (tile, head) pairs, not a head loop nested in a tile loop: Triton
             # pipelines only a kernel's innermost loops, so the next pair's q / dO loads are
             # issued while this pair's dots run, across tile boundaries too.
@@ -322,17 +429,23 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, q_ref, k_ref, v_ref, idx_ref, do_ref,
             t, ok = _tile_rows(qt, bq, T)
             rows = pl.ds(qt * bq, bq)
             sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
-            st = _starts(st_ref, b, qt, bq, ok) if packed else None
-            vis = _visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid)
             dk, dv = carry
             q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
                                               b, rows, g * h + i, ok, cdt)
             s = dot(q, k, trans_b=True, precision=prec) * c
+            if full:   # the tile starts at or after the block's last key (module docstring)
+                s, vis = _biased(s, _row_bias(sel, j), col_bias), None
+            else:
+                st = _starts(st_ref, b, qt, bq, ok) if packed else None
+                vis = _visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid)
             dk, dv, _ = dkv_accumulate(dk, dv, s, vis, q, do, v, gs, lse, delta, prec, cdt)
             return dk, dv
 
-        dk, dv = lax.fori_loop(0, count * h, step, (jnp.zeros((bk, Dk), jnp.float32),
-                                                    jnp.zeros((bk, Dv), jnp.float32)))
+        carry = (jnp.zeros((bk, Dk), jnp.float32), jnp.zeros((bk, Dv), jnp.float32))
+        carry = lax.fori_loop(0, ndiag * h, functools.partial(step, full=False), carry)
+        if not packed:
+            carry = lax.fori_loop(ndiag * h, count * h, functools.partial(step, full=True), carry)
+        dk, dv = carry
         k_st = jnp.where(kvalid, kpos, T)  # masked rows -> out of bounds (dropped)
         store(dk_ref.at[b, k_st[:, None], g, dk_[None, :]], dk * scale, kvalid[:, None])
         store(dv_ref.at[b, k_st[:, None], g, dv_[None, :]], dv, kvalid[:, None])
@@ -359,7 +472,8 @@ def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAC
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dq",
-    )(blocks, bcount, q, k, v, _padded_idx(idx), do, gs, lse, delta, *_seg_args(seg))
+    )(blocks, bcount, _nfull(blocks, bcount, bs.sel_tile_q, cfg, seg), q, k, v, _padded_idx(idx),
+      do, gs, lse, delta, *_seg_args(seg))
 
 
 def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAConfig,
@@ -376,7 +490,8 @@ def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAC
                    jax.ShapeDtypeStruct((B, T, G, Dv), jnp.float32)],
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dkv",
-    )(tiles, tcount, q, k, v, _padded_idx(idx), do, gs, lse, delta, *_seg_args(seg))
+    )(tiles, tcount, _ndiag(tiles, tcount, bs.sel_tile_q, cfg, seg), q, k, v, _padded_idx(idx),
+      do, gs, lse, delta, *_seg_args(seg))
 
 
 def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,
