@@ -69,7 +69,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, compiler_params,
-                                   dkv_accumulate, dot, dot_precision, dscores, grad_rows, idiv,
+                                   dkv_accumulate_t, dot, dot_precision, dscores, grad_rows, idiv,
                                    load, next_pow2, probs, sel_sub_tiles, softmax_finish,
                                    softmax_init, softmax_step, store)
 
@@ -187,15 +187,22 @@ def _block_rule(sel, j, l_sel: int, st):
             st + (j0 + 1) * l_sel, st)
 
 
-def _visible(rule, t, kpos, kvalid):
-    """[bq, bk] bool: row t sees key kpos (``rule`` from ``_block_rule``): s in one of its
-    selected blocks, s <= t, s < T (and s >= its document's start, packed)."""
+def _visible(rule, t, kpos, kvalid, keys_first: bool = False):
+    """[bq, bk] bool (``keys_first``: [bk, bq]): row t sees key kpos (``rule`` from
+    ``_block_rule``): s in one of its selected blocks, s <= t, s < T (and s >= its document's
+    start, packed)."""
+    def row(x):   # a per-row vector along the rows' axis
+        return x[None, :] if keys_first else x[:, None]
+
+    def key(x):   # a per-key vector along the keys' axis
+        return x[:, None] if keys_first else x[None, :]
+
     if not isinstance(rule, tuple):
-        return rule[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
+        return row(rule) & key(kvalid) & (key(kpos) <= row(t))
     m0, m1, split, st = rule
-    s = kpos[None, :]
-    member = ((s < split[:, None]) & m0[:, None]) | ((s >= split[:, None]) & m1[:, None])
-    return member & (s >= st[:, None]) & kvalid[None, :] & (s <= t[:, None])
+    s = key(kpos)
+    member = ((s < row(split)) & row(m0)) | ((s >= row(split)) & row(m1))
+    return member & (s >= row(st)) & key(kvalid) & (s <= row(t))
 
 
 def _starts(st_ref, b, qt, bq: int, ok):
@@ -432,14 +439,15 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, idx_r
             dk, dv = carry
             q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
                                               b, rows, g * h + i, ok, cdt)
-            s = dot(q, k, trans_b=True, precision=prec) * c
+            # keys as rows (s^T = K Q^T): P^T and dS^T feed the dK / dV dots as they come
+            s_t = dot(k, q, trans_b=True, precision=prec) * c
             if full:   # the tile starts at or after the block's last key (module docstring)
-                s, vis = _biased(s, _row_bias(sel, j), col_bias), None
+                s_t = s_t + _row_bias(sel, j)[None, :]
+                s_t, vis_t = s_t if col_bias is None else s_t + col_bias[:, None], None
             else:
                 st = _starts(st_ref, b, qt, bq, ok) if packed else None
-                vis = _visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid)
-            dk, dv, _ = dkv_accumulate(dk, dv, s, vis, q, do, v, gs, lse, delta, prec, cdt)
-            return dk, dv
+                vis_t = _visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid, keys_first=True)
+            return dkv_accumulate_t(dk, dv, s_t, vis_t, q, do, v, gs, lse, delta, prec, cdt)[:2]
 
         carry = (jnp.zeros((bk, Dk), jnp.float32), jnp.zeros((bk, Dv), jnp.float32))
         carry = lax.fori_loop(0, ndiag * h, functools.partial(step, full=False), carry)
