@@ -169,13 +169,12 @@ def dkv_accumulate_t(dk, dv, st, mask_t, q, do, v, gs, lse, delta, prec, cdt):
     (``mask_t`` the same shape, or None: st is -inf where masked), so P^T and dS^T come out of
     their dots already as the left operands of dV += P^T dO and dK += dS^T Q (in registers, no
     transpose through shared memory and the barrier around it) and dP^T = V dO^T. The same
-    values up to the dots' summation order. -> (dk, dv, dS^T in the compute dtype ``cdt``)."""
+    values up to the dots' summation order. -> (dk, dv)."""
     pt = jnp.exp2((st if mask_t is None else jnp.where(mask_t, st, NEG_INF)) - lse[None, :])
     dv = dv + dot((pt * gs[None, :]).astype(cdt), do, precision=prec)
     dpt = dot(v, do, trans_b=True, precision=prec) * gs[None, :]
-    dst = (pt * (dpt - delta[None, :])).astype(cdt)
-    dk = dk + dot(dst, q, precision=prec)
-    return dk, dv, dst
+    dk = dk + dot((pt * (dpt - delta[None, :])).astype(cdt), q, precision=prec)
+    return dk, dv
 
 
 def grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, rows, hd, ok, cdt):

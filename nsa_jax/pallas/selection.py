@@ -127,18 +127,12 @@ def block_kv(k_ref, v_ref, b, g, base, sub: int, bk: int, l_sel: int):
             load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None]), kpos, kvalid)
 
 
-def item_mask(row_ok, kvalid, kpos, t, p0, l_sel: int, keys_first: bool = False):
-    """[rows, bk] (``keys_first``: [bk, rows]) keys a tile row sees: causal (s <= t) and, packed
-    (``p0`` not None), its block's keys [p0, p0 + l') (the item's key range may begin before p0:
-    an aligned block)."""
-    def row(x):
-        return x[None, :] if keys_first else x[:, None]
-
-    s = kpos[:, None] if keys_first else kpos[None, :]
-    kv = kvalid[:, None] if keys_first else kvalid[None, :]
-    mask = row(row_ok) & kv & (s <= row(t))
+def item_mask(row_ok, kvalid, kpos, t, p0, l_sel: int):
+    """[rows, bk] keys a tile row sees: causal (s <= t) and, packed (``p0`` not None), its
+    block's keys [p0, p0 + l') (the item's key range may begin before p0: an aligned block)."""
+    mask = row_ok[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
     if p0 is not None:
-        mask = mask & (s >= row(p0)) & (s < row(p0) + l_sel)
+        mask = mask & (kpos[None, :] >= p0[:, None]) & (kpos[None, :] < p0[:, None] + l_sel)
     return mask
 
 

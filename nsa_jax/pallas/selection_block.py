@@ -45,7 +45,7 @@ from jax.experimental.pallas import triton as plgpu
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, choices_or_default,
-                                   compiler_params, dkv_accumulate_t, dot, dot_precision, idiv,
+                                   compiler_params, dkv_accumulate, dot, dot_precision, idiv,
                                    load, sel_sub_tiles, softmax_finish, softmax_init,
                                    softmax_step, store, stored_dtype)
 from nsa_jax.pallas.selection import (block_kv, dkv_rows, grad_scales, inverted_index,
@@ -203,13 +203,10 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         out = []
         for sub, (k, v, kpos, kvalid) in enumerate(kv):
             dk, dv = carry[2 * sub], carry[2 * sub + 1]
-            # keys as rows (s^T = K Q^T): P^T and dS^T feed the dK / dV dots as they come;
-            # dQ's dot takes dS^T transposed
-            s_t = dot(k, q, trans_b=True, precision=prec) * c
-            dk, dv, ds_t = dkv_accumulate_t(
-                dk, dv, s_t, item_mask(row_ok, kvalid, kpos, t, p0, l_sel, keys_first=True),
-                q, do, v, gs, lse, delta, prec, cdt)
-            dq = dq + dot(ds_t, k, trans_a=True, precision=prec)
+            s = dot(q, k, trans_b=True, precision=prec) * c
+            dk, dv, ds = dkv_accumulate(dk, dv, s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel),
+                                        q, do, v, gs, lse, delta, prec, cdt)
+            dq = dq + dot(ds, k, precision=prec)
             out += [dk, dv]
         ts_st = jnp.where(row_ok, ts, pdq_ref.shape[1])   # masked rows -> out of bounds
         store(pdq_ref.at[b, ts_st[:, None], head[:, None], dk_[None, :]], dq * scale,

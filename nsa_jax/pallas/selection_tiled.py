@@ -447,7 +447,7 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, idx_r
             else:
                 st = _starts(st_ref, b, qt, bq, ok) if packed else None
                 vis_t = _visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid, keys_first=True)
-            return dkv_accumulate_t(dk, dv, s_t, vis_t, q, do, v, gs, lse, delta, prec, cdt)[:2]
+            return dkv_accumulate_t(dk, dv, s_t, vis_t, q, do, v, gs, lse, delta, prec, cdt)
 
         carry = (jnp.zeros((bk, Dk), jnp.float32), jnp.zeros((bk, Dv), jnp.float32))
         carry = lax.fori_loop(0, ndiag * h, functools.partial(step, full=False), carry)
