@@ -38,7 +38,7 @@ from jax.experimental import pallas as pl
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, choices_or_default,
-                                   compiler_params, dkv_accumulate, dot, dot_precision, dscores,
+                                   compiler_params, dkv_accumulate_t, dot, dot_precision, dscores,
                                    grad_rows, idiv, load, pad_dim, padded_dims, probs,
                                    softmax_finish, softmax_init, softmax_step, store,
                                    use_interpret)
@@ -62,8 +62,12 @@ def _rows(qt, bq: int, T: int):
     return t, t < T
 
 
-def _visible(t, kpos, st, w: int, T: int):
-    """[bq, bk] bool: key kpos visible to query t (document start st) under window w."""
+def _visible(t, kpos, st, w: int, T: int, keys_first: bool = False):
+    """[bq, bk] bool (``keys_first``: [bk, bq]): key kpos visible to query t (document start st)
+    under window w."""
+    if keys_first:
+        return semantics.window_visible(t[None, :], kpos[:, None], w, st[None, :]) \
+            & (kpos < T)[:, None]
     return semantics.window_visible(t[:, None], kpos[None, :], w, st[:, None]) \
         & (kpos < T)[None, :]
 
@@ -189,14 +193,14 @@ def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
         t, ok = _rows(qt, bq, T)
         rows = pl.ds(qt * bq, bq)
         st = load(start_ref.at[b, rows], ok, other=T)
-        vis = _visible(t, kpos, st, w, T)
+        vis_t = _visible(t, kpos, st, w, T, keys_first=True)
         dk, dv = carry
         hd = g * h + (it - i * h)
         q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
                                           b, rows, hd, ok, cdt)
-        s = dot(q, k, trans_b=True, precision=prec) * c
-        dk, dv, _ = dkv_accumulate(dk, dv, s, vis, q, do, v, gs, lse, delta, prec, cdt)
-        return dk, dv
+        # keys as rows (s^T = K Q^T): P^T and dS^T feed the dK / dV dots as they come
+        s_t = dot(k, q, trans_b=True, precision=prec) * c
+        return dkv_accumulate_t(dk, dv, s_t, vis_t, q, do, v, gs, lse, delta, prec, cdt)
 
     dk, dv = lax.fori_loop(0, nq * h, step, (jnp.zeros((bk, Dk), jnp.float32),
                                              jnp.zeros((bk, Dv), jnp.float32)))
