@@ -34,7 +34,7 @@ from jax.experimental.pallas import triton as plgpu
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, cdiv,
-                                   choices_or_default, compiler_params, dkv_accumulate_t, dot,
+                                   choices_or_default, compiler_params, dkv_accumulate, dot,
                                    dot_precision, dscores, idiv, load,
                                    next_pow2, probs, softmax_finish,
                                    softmax_init, softmax_step, store)
@@ -93,18 +93,13 @@ def _tile_keys(seg_refs, b, qt, bq: int, t, ok, d: int, l: int, T: int, Tc: int,
     return idiv(first, bk), n_vis, lo, rel
 
 
-def _visible(i, t, ok, imask, d: int, l: int, lo=None, keys_first: bool = False):
-    """[rows, keys] bool (``keys_first``: [keys, rows]): row (position t, valid ok) sees slot i
-    (Eq. 8); packed: t is r(t) and slot i is document block i - lo."""
-    def row(x):
-        return x[None, :] if keys_first else x[:, None]
-
-    def key(x):
-        return x[:, None] if keys_first else x[None, :]
-
-    blk = key(i) if lo is None else key(i) - row(lo)
-    vis = row(ok) & key(imask) & (blk * d + (l - 1) <= row(t))
-    return vis if lo is None else vis & (blk >= 0)
+def _visible(i, t, ok, imask, d: int, l: int, lo=None):
+    """[rows, keys] bool: row (position t, valid ok) sees slot i (Eq. 8); packed: t is r(t) and
+    slot i is document block i - lo."""
+    if lo is None:
+        return ok[:, None] & imask[None, :] & (i[None, :] * d + (l - 1) <= t[:, None])
+    blk = i[None, :] - lo[:, None]
+    return ok[:, None] & imask[None, :] & (blk >= 0) & (blk * d + (l - 1) <= t[:, None])
 
 
 def _load_rows(ref, b, t, head, ok, D):
@@ -254,14 +249,14 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *re
         gs = load(gs_ref.at[b, t, head], ok)
         lse = load(lse_ref.at[b, t, head], ok, POS_INF)
         delta = load(delta_ref.at[b, t, head], ok)
-        # keys as rows (s^T = K Q^T): P^T and dS^T feed the dK / dV dots as they come
-        s_t = dot(k, q, trans_b=True, precision=prec) * c
+        s = dot(q, k, trans_b=True, precision=prec) * c
         if packed:
             lo, rel = _seg_rows(lo_ref, rel_ref, b, t, ok)
-            vis_t = _visible(i, rel, ok, imask, d, l, lo, keys_first=True)
+            vis = _visible(i, rel, ok, imask, d, l, lo)
         else:
-            vis_t = _visible(i, t, ok, imask, d, l, keys_first=True)
-        return dkv_accumulate_t(dk, dv, s_t, vis_t, q, do, v, gs, lse, delta, prec, cdt)
+            vis = _visible(i, t, ok, imask, d, l)
+        dk, dv, _ = dkv_accumulate(dk, dv, s, vis, q, do, v, gs, lse, delta, prec, cdt)
+        return dk, dv
 
     nqt = cdiv(T, bq)
     if packed:  # query tiles from the first token seeing slot kt*bk to its last slot's doc end
