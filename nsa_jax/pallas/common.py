@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import triton as plgpu
 
-from nsa_jax.nsa.options import KernelChoices
+from nsa_jax.nsa.options import SEL_FWD_BLOCK_MAX_H, KernelChoices
 
 # jax 0.4.3x named it TritonCompilerParams; 0.5+ (incl. 0.10.x / 0.11.x) CompilerParams.
 _CompilerParams = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams")
@@ -242,7 +242,9 @@ class BlockSizes:
                   64k, only 32-key steps at one warp and 3 stages were faster, by 3-4%: the
                   forward is L2-bound there; ``for_shape`` takes them for bf16 128-wide heads;
                   bench/NOTES.md, fourteenth and fifteenth sessions).
-    sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel.
+    sel_rows:     (query, head) rows per tile in the inverted selection dK/dV kernel and the
+                  block-major selection forward (and, through them, the queries per work item
+                  of their index: ``sel_chunk`` rounded up to whole tiles).
     sel_bwd_warps: warps of the inverted selection dK/dV kernel (``nsa_sel_bwd_dkv``; None:
                   ``num_warps``). With bf16 128-wide heads its tiles are 64 rows at 4 warps: on
                   an H100 at the bench shape, 64k, 128 rows at 8 warps held one program per SM
@@ -326,7 +328,11 @@ class BlockSizes:
         15.9 -> 15.4 ms and backward 35.0 -> 32.4; bench/NOTES.md, fifteenth session). float32
         operands with 128-wide heads get half the rows and keys and one pipeline stage (the
         bf16 tiles need 256 KB of shared memory in float32, more than an H100/H200 SM has: seen
-        on an H200, "requested 262144, available 232448")."""
+        on an H200, "requested 262144, available 232448"). bf16 heads narrower than 128 in
+        groups the block-major forward serves (h <= 8) take 64-row ``sel_rows`` tiles: at the 125M
+        shape (h = 6, 64-wide heads) on an H100 the block forward went 0.98 -> 0.88 ms at 8k and
+        2.16 -> 1.91 ms at 64k (207 registers per thread at 128 rows held 2 CTAs per SM;
+        bench/NOTES.md, twenty-third session)."""
         warps = 8 if head_dim >= 128 else 4
         if itemsize >= 4 and head_dim >= 128:
             return cls(num_warps=warps, cmp_rows=64, cmp_keys=64, sel_rows=64, sel_tile_q=32,
@@ -334,4 +340,6 @@ class BlockSizes:
         if head_dim >= 128:
             return cls(num_warps=warps, sel_rows=64, sel_bwd_warps=4, sel_warps=1, sel_q_keys=32,
                        sel_stages=3, cmp_bwd_rows=64, cmp_bwd_warps=4)
+        if itemsize == 2 and h <= SEL_FWD_BLOCK_MAX_H:
+            return cls(num_warps=warps, sel_rows=64)
         return cls(num_warps=warps)
