@@ -169,7 +169,13 @@ def dkv_accumulate_t(dk, dv, st, mask_t, q, do, v, gs, lse, delta, prec, cdt):
     (``mask_t`` the same shape, or None: st is -inf where masked), so P^T and dS^T come out of
     their dots already as the left operands of dV += P^T dO and dK += dS^T Q (in registers, no
     transpose through shared memory and the barrier around it) and dP^T = V dO^T. The same
-    values up to the dots' summation order. -> (dk, dv)."""
+    values up to the dots' summation order. -> (dk, dv).
+
+    Measured on an H100 (bench/NOTES.md, twenty-third session): it pays where a kernel's q / dO
+    are contiguous tiles and no dQ dot follows (tiled selection dK/dV -7%, document-local dK/dV
+    -19%); where dQ += dS K follows (block-major backward, +19%) or the rows are gathered (the
+    compressed backward, +44%) the transpose comes back and those kernels keep
+    :func:`dkv_accumulate`."""
     pt = jnp.exp2((st if mask_t is None else jnp.where(mask_t, st, NEG_INF)) - lse[None, :])
     dv = dv + dot((pt * gs[None, :]).astype(cdt), do, precision=prec)
     dpt = dot(v, do, trans_b=True, precision=prec) * gs[None, :]

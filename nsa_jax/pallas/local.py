@@ -19,7 +19,9 @@ Kernels (``start`` int32 [B,T] non-decreasing along a row, as document starts ar
 * dK/dV: one program per (KV group, batch, key tile) walks the query tiles that can see its keys
   (up to the last token of the last key's document, ``doc_last``, and within w of the last key)
   times the group's h heads as one loop of (tile, head) pairs, accumulating in registers; one
-  plain store per key tile (no atomics).
+  plain store per key tile (no atomics). Logits keys-first (s^T = K Q^T,
+  ``common.dkv_accumulate_t``): packed 64k / 8k, dK/dV -19% / -20% on an H100 (bench/NOTES.md,
+  twenty-third session).
 
 Work is O(T * (w + tile)) with a window and O(sum of squared document lengths / 2) without one
 (plus the tiles that straddle documents), never O(T^2) for short documents; memory is O(T).
