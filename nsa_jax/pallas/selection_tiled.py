@@ -445,8 +445,9 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, idx_r
             # keys as rows (s^T = K Q^T): P^T and dS^T feed the dK / dV dots as they come
             s_t = dot(k, q, trans_b=True, precision=prec) * c
             if full:   # the tile starts at or after the block's last key (module docstring)
-                s_t = s_t + _row_bias(sel, j)[None, :]
-                s_t, vis_t = s_t if col_bias is None else s_t + col_bias[:, None], None
+                s_t, vis_t = s_t + _row_bias(sel, j)[None, :], None
+                if col_bias is not None:
+                    s_t = s_t + col_bias[:, None]
             else:
                 st = _starts(st_ref, b, qt, bq, ok) if packed else None
                 vis_t = _visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid, keys_first=True)
