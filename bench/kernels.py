@@ -48,7 +48,8 @@ from nsa_jax.pallas.common import dot_precision
 from nsa_jax.pallas.selection import (grad_scales, inverted_index, sel_backward, sel_dq,
                                       sel_forward)
 from nsa_jax.pallas.selection_tiled import (sel_tiled_backward, sel_tiled_bwd_dkv,
-                                             sel_tiled_bwd_dq, sel_tiled_forward, tile_index)
+                                             sel_tiled_bwd_dq, sel_tiled_forward)
+from nsa_jax.pallas.tiled_index import tile_index
 from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention
 

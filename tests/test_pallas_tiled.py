@@ -16,8 +16,8 @@ from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import BlockSizes, selection_kernels
 from nsa_jax.pallas.common import LN2, use_interpret
 from nsa_jax.pallas.selection import sel_backward, sel_forward
-from nsa_jax.pallas.selection_tiled import (diagonal_tiles, full_blocks, sel_tiled_backward,
-                                             sel_tiled_forward, tile_index)
+from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
+from nsa_jax.pallas.tiled_index import diagonal_tiles, full_blocks, tile_index
 from nsa_testutil import random_inputs
 
 TOL = 2e-5

@@ -23,18 +23,17 @@ Grids put the tile / block axis last (slowest in launch order) and order it long
 first: the last query tiles see the most blocks, the first key blocks (forced initial blocks
 among them) are in the most tiles.
 
-Both lists come from ``tile_index`` (outside the kernels, each call): a [B,G,n_tiles,Ts] table of
-"some row of tile i selected block j" (one scatter of idx, restricted to blocks that start at or
-before the tile's last query), sorted per tile (ascending block ids, for the forward/dQ loops) and
-per block (ascending tile ids, for dK/dV), with counts that bound dynamic trip counts.
+Both lists come from ``tiled_index.tile_index`` (outside the kernels, each call): per tile its
+ascending blocks (the forward / dQ loops), per block its ascending tiles (dK/dV), with counts that
+bound dynamic trip counts.
 
 Causal split (unpacked rows): a (tile, block) pair whose block ends at or before the tile's first
 query is *full*: every key is causally visible to every row, so the only mask left is the row's
 membership, added as a per-row bias (0 or -inf) to the scaled logits instead of a [bq, bk] mask of
 compares and selects (Nsight Compute, twenty-third session: the forward's integer/logic pipe was
 its busiest, 49% of peak). Because the lists ascend, the full pairs are a prefix of each tile's
-block list (``full_blocks``) and a suffix of each block's tile list (``diagonal_tiles`` counts the
-rest), so each kernel runs two loops, neither with a branch inside: the full pairs with the bias,
+block list and a suffix of each block's tile list (``tiled_index.full_counts``,
+``diagonal_counts``), so each kernel runs two loops, neither with a branch inside: the full pairs with the bias,
 the others with the whole mask. Same values: s * c + 0 is s * c and s * c - inf is -inf. On an
 H100 at the 125M shape the forward went -12% / -15% and dQ -11% / -15% at 2k / 4k.
 
@@ -75,77 +74,11 @@ from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, compiler_pa
                                    dkv_accumulate_t, dot, dot_precision, dscores, grad_rows, idiv,
                                    load, next_pow2, probs, sel_sub_tiles, softmax_finish,
                                    softmax_init, softmax_step, store)
+from nsa_jax.pallas.tiled_index import diagonal_counts, full_counts, tile_index
 
 
 def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
     return sel_sub_tiles(cfg.sel_block, bs.sel_keys)
-
-
-def _aligned_blocks(jj, start, T: int, l_sel: int, Ts: int):
-    """Packed rows: document-relative ids ``jj`` [B,T,G,n] (Ts = unused) -> the aligned blocks
-    [B,T,G,2n] (Ts = none) that hold their visible keys. Block j of the query at t covers
-    [p, p + l'), p = start(t) + j*l'; it has a key s <= t iff p <= t, in aligned block
-    u = floor(p / l'), and its rest lies in u + 1 when p is unaligned and (u + 1)*l' <= t."""
-    t = jnp.arange(T, dtype=jnp.int32)[None, :, None, None]
-    p = start.astype(jnp.int32)[:, :, None, None] + jj * l_sel  # >= T > t for unused ids
-    u = p // l_sel
-    return jnp.concatenate([jnp.where(p <= t, u, Ts),
-                            jnp.where((u * l_sel != p) & ((u + 1) * l_sel <= t), u + 1, Ts)],
-                           axis=-1)
-
-
-def tile_index(idx, T: int, cfg: NSAConfig, bq: int, start=None):
-    """Block-sparse layout of a selection for query tiles of ``bq`` rows.
-
-    idx int32 [B,T,G,n] -> (blocks [B,G,nqt,Ts], bcount [B,G,nqt], tiles [B,G,Ts,nqt],
-    tcount [B,G,Ts]), all int32, nqt = ceil(T / bq), Ts = ceil(T / l'). ``blocks[b, g, i, :c]``
-    (c = bcount[b, g, i]) are the ascending distinct blocks selected by some row of query tile i
-    (ids outside [0, Ts) ignored, and only blocks j with j*l' <= the tile's last query, since no
-    row sees a later block); ``tiles[b, g, j, :tcount[b, g, j]]`` are the ascending tiles whose
-    list holds block j. Entries past a count are padding (never read by the kernels).
-
-    Packed rows (``start`` [B,T], the document starts; idx document-relative): the lists hold
-    *aligned* blocks [u*l', (u+1)*l'), each row contributing the one or two aligned blocks each
-    of its selected blocks overlaps at or before the row (``_aligned_blocks``).
-    """
-    B, _, G, n = idx.shape
-    Ts = cfg.num_sel_blocks(T)
-    nqt = cdiv(T, bq)
-    idx = idx.astype(jnp.int32)
-    jj = jnp.where((idx >= 0) & (idx < Ts), idx, Ts)
-    if start is not None:
-        jj = _aligned_blocks(jj, start, T, cfg.sel_block, Ts)
-    bi = jnp.arange(B, dtype=jnp.int32)[:, None, None, None]
-    ti = idiv(jnp.arange(T, dtype=jnp.int32), bq)[None, :, None, None]
-    gi = jnp.arange(G, dtype=jnp.int32)[None, None, :, None]
-    has = jnp.zeros((B, G, nqt, Ts + 1), jnp.int32).at[bi, gi, ti, jj].set(1)[..., :Ts] > 0
-    last = jnp.minimum((jnp.arange(nqt) + 1) * bq, T) - 1  # last query of each tile
-    blk = jnp.arange(Ts, dtype=jnp.int32)
-    has = has & (blk[None, :] * cfg.sel_block <= last[:, None])
-    blocks = jnp.sort(jnp.where(has, blk, Ts), axis=-1).astype(jnp.int32)
-    bcount = jnp.sum(has, axis=-1, dtype=jnp.int32)
-    has_t = jnp.swapaxes(has, -1, -2)  # [B,G,Ts,nqt]
-    tiles = jnp.sort(jnp.where(has_t, jnp.arange(nqt, dtype=jnp.int32), nqt), axis=-1)
-    tcount = jnp.sum(has_t, axis=-1, dtype=jnp.int32)
-    return blocks, bcount, tiles.astype(jnp.int32), tcount
-
-
-def full_blocks(blocks, bcount, bq: int, l_sel: int):
-    """[B,G,nqt] int32: how many of each tile's listed blocks end at or before its first query
-    (keys j*l' .. (j+1)*l' - 1 <= qt*bq: causally visible to every row). The lists ascend, so
-    these are the first ones."""
-    first = jnp.arange(blocks.shape[2], dtype=jnp.int32)[:, None] * bq
-    listed = jnp.arange(blocks.shape[3], dtype=jnp.int32) < bcount[..., None]
-    return jnp.sum(listed & ((blocks + 1) * l_sel - 1 <= first), axis=-1, dtype=jnp.int32)
-
-
-def diagonal_tiles(tiles, tcount, bq: int, l_sel: int):
-    """[B,G,Ts] int32: how many of each block's listed tiles start before the block's last key
-    (the tiles for which some key of block j is causally masked: the first ones, as the lists
-    ascend; the rest see the whole block)."""
-    last = (jnp.arange(tiles.shape[2], dtype=jnp.int32)[:, None] + 1) * l_sel - 1
-    listed = jnp.arange(tiles.shape[3], dtype=jnp.int32) < tcount[..., None]
-    return jnp.sum(listed & (tiles * bq < last), axis=-1, dtype=jnp.int32)
 
 
 def _row_bias(sel, j):
@@ -301,22 +234,6 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_ref,
     store(lse_ref.at[b, t_st, hd], lse, ok)
 
 
-def _nfull(blocks, bcount, bq: int, cfg: NSAConfig, seg):
-    """The forward / dQ kernels' count of full pairs per tile; 0 for packed rows (their masks
-    also test document starts: every pair takes the masked loop)."""
-    if seg is not None:
-        return jnp.zeros(bcount.shape, jnp.int32)
-    return full_blocks(blocks, bcount, bq, cfg.sel_block)
-
-
-def _ndiag(tiles, tcount, bq: int, cfg: NSAConfig, seg):
-    """The dK/dV kernel's count of masked (diagonal) tiles per block; all of them for packed
-    rows."""
-    if seg is not None:
-        return tcount
-    return diagonal_tiles(tiles, tcount, bq, cfg.sel_block)
-
-
 def _seg_args(seg):
     """Extra kernel operands of packed rows (the document starts); none unpacked."""
     return () if seg is None else (seg.start,)
@@ -334,7 +251,7 @@ def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
     bk, n_sub = _sub_tiles(cfg, bs)
     segs = _seg_args(seg)
     blocks, bcount, _, _ = tile_index(idx, T, cfg, bq, *segs)
-    nfull = _nfull(blocks, bcount, bq, cfg, seg)
+    nfull = full_counts(blocks, bcount, bq, cfg, seg)
     kern = functools.partial(_fwd_kernel, h=Hq // G, bq=bq, l_sel=cfg.sel_block, bk=bk,
                              n_sub=n_sub, scale=scale,
                              prec=dot_precision(q.dtype, interpret, choices), packed=bool(segs))
@@ -484,7 +401,7 @@ def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAC
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dq",
-    )(blocks, bcount, _nfull(blocks, bcount, bs.sel_tile_q, cfg, seg), q, k, v, _padded_idx(idx),
+    )(blocks, bcount, full_counts(blocks, bcount, bs.sel_tile_q, cfg, seg), q, k, v, _padded_idx(idx),
       do, gs, lse, delta, *_seg_args(seg))
 
 
@@ -502,7 +419,7 @@ def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAC
                    jax.ShapeDtypeStruct((B, T, G, Dv), jnp.float32)],
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dkv",
-    )(tiles, tcount, _ndiag(tiles, tcount, bs.sel_tile_q, cfg, seg), q, k, v, _padded_idx(idx),
+    )(tiles, tcount, diagonal_counts(tiles, tcount, bs.sel_tile_q, cfg, seg), q, k, v, _padded_idx(idx),
       do, gs, lse, delta, *_seg_args(seg))
 
 
