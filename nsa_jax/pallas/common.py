@@ -338,7 +338,9 @@ class BlockSizes:
         groups the block-major forward serves (h <= 8) take 64-row ``sel_rows`` tiles: at the 125M
         shape (h = 6, 64-wide heads) on an H100 the block forward went 0.98 -> 0.88 ms at 8k and
         2.16 -> 1.91 ms at 64k (207 registers per thread at 128 rows held 2 CTAs per SM;
-        bench/NOTES.md, twenty-third session)."""
+        bench/NOTES.md, twenty-third session). The same field sets the inverted dK/dV kernel's
+        tiles (``sel_dq: query`` there; 64 rows measured even with 128 at 8k on an H200, second
+        session) and the index's work-item chunk."""
         warps = 8 if head_dim >= 128 else 4
         if itemsize >= 4 and head_dim >= 128:
             return cls(num_warps=warps, cmp_rows=64, cmp_keys=64, sel_rows=64, sel_tile_q=32,

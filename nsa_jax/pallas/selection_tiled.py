@@ -13,9 +13,10 @@ that query's n blocks, these kernels tile the queries:
   selection (``any(idx[b, t, g, :] == j)``, evaluated in the kernel) and s <= t. Blocks no row
   selected are never loaded.
 * dK/dV: one program per (group, batch, key block) walks, in one loop, the (query tile, head)
-  pairs of the tiles whose union holds the block and the group's h heads, accumulating dK/dV in
-  registers; one plain store per block (each program owns its block's rows: no atomics, no
-  zero-initialised accumulator). Its logits are formed keys-first (s^T = K Q^T,
+  pairs of the tiles whose union holds the block and the group's h heads (unpacked rows: two
+  loops, the tiles that overlap the block's keys, then the rest; see the causal split below),
+  accumulating dK/dV in registers; one plain store per block (each program owns its block's
+  rows: no atomics, no zero-initialised accumulator). Its logits are formed keys-first (s^T = K Q^T,
   ``common.dkv_accumulate_t``), so P^T and dS^T enter the dV and dK dots without a transpose
   through shared memory (-7% at 2k and 4k on an H100; bench/NOTES.md, twenty-third session).
 
@@ -31,11 +32,15 @@ Causal split (unpacked rows): a (tile, block) pair whose block ends at or before
 query is *full*: every key is causally visible to every row, so the only mask left is the row's
 membership, added as a per-row bias (0 or -inf) to the scaled logits instead of a [bq, bk] mask of
 compares and selects (Nsight Compute, twenty-third session: the forward's integer/logic pipe was
-its busiest, 49% of peak). Because the lists ascend, the full pairs are a prefix of each tile's
-block list and a suffix of each block's tile list (``tiled_index.full_counts``,
-``diagonal_counts``), so each kernel runs two loops, neither with a branch inside: the full pairs with the bias,
-the others with the whole mask. Same values: s * c + 0 is s * c and s * c - inf is -inf. On an
-H100 at the 125M shape the forward went -12% / -15% and dQ -11% / -15% at 2k / 4k.
+its busiest, 49% of peak); where the key sub-tiles reach past l' (l' not a multiple of the
+sub-tile), a per-key bias masks those keys too. Because the lists ascend, the full pairs are a
+prefix of each tile's block list and a suffix of each block's tile list
+(``tiled_index.full_counts``, ``diagonal_counts``), so each kernel runs two loops, neither with a
+branch inside: the full pairs with the bias, the others with the whole mask. Same values for
+finite logits: s * c + 0 is s * c and s * c - inf is -inf. (A non-finite logit, from an inf in
+q or K, becomes NaN for the tile's rows that did not select its block, where the mask dropped it
+before; the rows that selected it are NaN either way, as in the reference.) On an H100 at the
+125M shape the forward went -12% / -15% and dQ -11% / -15% at 2k / 4k.
 
 Work: a tile pays for every block of its union, so cost grows with how far the rows' selections
 differ. At short T most visible blocks are selected anyway (with n = 16, l' = 64 every query
@@ -401,8 +406,8 @@ def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAC
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dq",
-    )(blocks, bcount, full_counts(blocks, bcount, bs.sel_tile_q, cfg, seg), q, k, v, _padded_idx(idx),
-      do, gs, lse, delta, *_seg_args(seg))
+    )(blocks, bcount, full_counts(blocks, bcount, bs.sel_tile_q, cfg, seg), q, k, v,
+      _padded_idx(idx), do, gs, lse, delta, *_seg_args(seg))
 
 
 def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAConfig,
@@ -419,8 +424,8 @@ def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAC
                    jax.ShapeDtypeStruct((B, T, G, Dv), jnp.float32)],
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dkv",
-    )(tiles, tcount, diagonal_counts(tiles, tcount, bs.sel_tile_q, cfg, seg), q, k, v, _padded_idx(idx),
-      do, gs, lse, delta, *_seg_args(seg))
+    )(tiles, tcount, diagonal_counts(tiles, tcount, bs.sel_tile_q, cfg, seg), q, k, v,
+      _padded_idx(idx), do, gs, lse, delta, *_seg_args(seg))
 
 
 def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,
