@@ -181,6 +181,30 @@ def _biased(s, row_bias, col_bias):
     return s if col_bias is None else s + col_bias[None, :]
 
 
+def _pair_sub_tiles(full: bool, q, k_ref, v_ref, b, g, j, sel, st, t, *, T: int, l_sel: int,
+                    bk: int, n_sub: int, c: float, prec):
+    """For each key sub-tile of block j against a query tile (forward and dQ): (k, v, the scaled
+    logits q k^T * c, their mask). A full pair's logits carry the rows' membership bias and its
+    mask is None (``probs`` / the forward take s as it is); any other pair's mask is
+    ``_visible``."""
+    base = j * l_sel
+    if full:
+        bias = _row_bias(sel, j)
+    else:
+        rule = _block_rule(sel, j, l_sel, st)
+    for sub in range(n_sub):
+        if full:
+            k, v, cb = _full_sub_tile(k_ref, v_ref, b, base, sub, g, bk, l_sel, n_sub)
+            yield k, v, _biased(dot(q, k, trans_b=True, precision=prec) * c, bias, cb), None
+            continue
+        off = sub * bk + jnp.arange(bk)
+        kpos = base + off
+        kvalid = (off < l_sel) & (kpos < T)
+        k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
+        v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
+        yield k, v, dot(q, k, trans_b=True, precision=prec) * c, _visible(rule, t, kpos, kvalid)
+
+
 # ---- forward ---------------------------------------------------------------------------------
 def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_ref, *refs, h, bq,
                 l_sel, bk, n_sub, scale, prec, packed=False):
@@ -197,31 +221,13 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_ref,
     st = _starts(st_ref, b, qt, bq, ok) if packed else None
     c = scale * LOG2E
 
-    def full_block(u, carry):
-        m, lsum, acc = carry
-        j = blocks_ref[b, g, qt, u]
-        bias = _row_bias(sel, j)
-        for sub in range(n_sub):
-            k, v, cb = _full_sub_tile(k_ref, v_ref, b, j * l_sel, sub, g, bk, l_sel, n_sub)
-            s = _biased(dot(q, k, trans_b=True, precision=prec) * c, bias, cb)
-            m, alpha, p, lsum = softmax_step(m, lsum, s)
-            acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
-        return m, lsum, acc
+    pairs = functools.partial(_pair_sub_tiles, q=q, k_ref=k_ref, v_ref=v_ref, b=b, g=g, sel=sel,
+                              st=st, t=t, T=T, l_sel=l_sel, bk=bk, n_sub=n_sub, c=c, prec=prec)
 
-    def block(u, carry):
+    def block(u, carry, full):
         m, lsum, acc = carry
-        j = blocks_ref[b, g, qt, u]
-        rule = _block_rule(sel, j, l_sel, st)
-        base = j * l_sel
-        for sub in range(n_sub):
-            off = sub * bk + jnp.arange(bk)
-            kpos = base + off
-            kvalid = (off < l_sel) & (kpos < T)
-            k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
-            v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
-            s = dot(q, k, trans_b=True, precision=prec) * c
-            vis = _visible(rule, t, kpos, kvalid)
-            s = jnp.where(vis, s, NEG_INF)
+        for k, v, s, vis in pairs(full, j=blocks_ref[b, g, qt, u]):
+            s = s if vis is None else jnp.where(vis, s, NEG_INF)
             m, alpha, p, lsum = softmax_step(m, lsum, s)
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
         return m, lsum, acc
@@ -230,8 +236,9 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_ref,
     nfull = 0
     if not packed:
         nfull = nfull_ref[b, g, qt]
-        carry = lax.fori_loop(0, nfull, full_block, carry)
-    m, lsum, acc = lax.fori_loop(nfull, bcount_ref[b, g, qt], block, carry)
+        carry = lax.fori_loop(0, nfull, functools.partial(block, full=True), carry)
+    m, lsum, acc = lax.fori_loop(nfull, bcount_ref[b, g, qt], functools.partial(block, full=False),
+                                 carry)
     l_safe, lse = softmax_finish(m, lsum)
     t_st = jnp.where(ok, t, T)  # masked rows -> out of bounds (dropped)
     dv_ = jnp.arange(Dv)
@@ -288,30 +295,12 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_r
     st = _starts(st_ref, b, qt, bq, ok) if packed else None
     c = scale * LOG2E
 
-    def full_block(u, dq):
-        j = blocks_ref[b, g, qt, u]
-        bias = _row_bias(sel, j)
-        for sub in range(n_sub):
-            k, v, cb = _full_sub_tile(k_ref, v_ref, b, j * l_sel, sub, g, bk, l_sel, n_sub)
-            s = _biased(dot(q, k, trans_b=True, precision=prec) * c, bias, cb)
-            ds = dscores(probs(s, None, lse), do, v, gs, delta, prec)
-            dq = dq + dot(ds.astype(cdt), k, precision=prec)
-        return dq
+    pairs = functools.partial(_pair_sub_tiles, q=q, k_ref=k_ref, v_ref=v_ref, b=b, g=g, sel=sel,
+                              st=st, t=t, T=T, l_sel=l_sel, bk=bk, n_sub=n_sub, c=c, prec=prec)
 
-    def block(u, dq):
-        j = blocks_ref[b, g, qt, u]
-        rule = _block_rule(sel, j, l_sel, st)
-        base = j * l_sel
-        for sub in range(n_sub):
-            off = sub * bk + jnp.arange(bk)
-            kpos = base + off
-            kvalid = (off < l_sel) & (kpos < T)
-            k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
-            v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
-            s = dot(q, k, trans_b=True, precision=prec) * c
-            vis = _visible(rule, t, kpos, kvalid)
-            p = probs(s, vis, lse)
-            ds = dscores(p, do, v, gs, delta, prec)
+    def block(u, dq, full):
+        for k, v, s, vis in pairs(full, j=blocks_ref[b, g, qt, u]):
+            ds = dscores(probs(s, vis, lse), do, v, gs, delta, prec)
             dq = dq + dot(ds.astype(cdt), k, precision=prec)
         return dq
 
@@ -319,8 +308,8 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_r
     nfull = 0
     if not packed:
         nfull = nfull_ref[b, g, qt]
-        dq = lax.fori_loop(0, nfull, full_block, dq)
-    dq = lax.fori_loop(nfull, bcount_ref[b, g, qt], block, dq)
+        dq = lax.fori_loop(0, nfull, functools.partial(block, full=True), dq)
+    dq = lax.fori_loop(nfull, bcount_ref[b, g, qt], functools.partial(block, full=False), dq)
     t_st = jnp.where(ok, t, T)
     dk_ = jnp.arange(Dk)
     store(dq_ref.at[b, t_st[:, None], hd, dk_[None, :]], dq * scale, ok[:, None])
