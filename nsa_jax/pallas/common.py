@@ -117,14 +117,33 @@ def softmax_init(rows: int, dv: int):
             jnp.zeros((rows, dv), jnp.float32))
 
 
-def softmax_step(m, lsum, s):
-    """One online-softmax step (FlashAttention-2) over base-2 logits ``s`` [R, K], masked
+def softmax_step(m, lsum, s, c=None, row_bias=None):
+    """One online-softmax update (FlashAttention-2) over base-2 logits ``s`` [R, K], masked
     entries -inf: -> (m_new, alpha, p, lsum_new). The caller rescales its accumulator by alpha
-    and adds p V. A row that has seen no key keeps m = -inf and gets p = 0 (no NaN)."""
-    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    and adds p V. A row that has seen no key keeps m = -inf and gets p = 0 (no NaN).
+
+    ``c`` (scale * log2 e): ``s`` is the raw dot Q K^T (masked entries -inf) and the logits are
+    s * c (+ ``row_bias`` [R], 0 or -inf per row), formed inside the exponent as one fused
+    multiply-add per entry, p = exp2(s * c - (m - bias)), with the row maximum taken over the raw
+    s (c > 0, so max(s * c) = c * max(s) exactly). Against scaling (and biasing) s first, one or
+    two instructions fewer per entry: the tiled selection forward, issue-bound, went -6% on an
+    H100 at 2k; kernels held by latency or bandwidth did not move (bench/NOTES.md,
+    twenty-fourth session). p agrees with the two-step form to float32 rounding. A row whose bias
+    is -inf gets p = 0 (s * c - inf)."""
+    if c is None:
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+        alpha = jnp.exp2(m - m_safe)
+        p = jnp.exp2(s - m_safe[:, None])
+        return m_new, alpha, p, lsum * alpha + jnp.sum(p, axis=1)
+    mx = jnp.max(s, axis=1) * c
+    if row_bias is not None:
+        mx = mx + row_bias
+    m_new = jnp.maximum(m, mx)
     m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
     alpha = jnp.exp2(m - m_safe)
-    p = jnp.exp2(s - m_safe[:, None])
+    sub = m_safe if row_bias is None else m_safe - row_bias   # +inf on a -inf-bias row
+    p = jnp.exp2(s * c - sub[:, None])
     return m_new, alpha, p, lsum * alpha + jnp.sum(p, axis=1)
 
 
@@ -135,11 +154,17 @@ def softmax_finish(m, lsum):
     return l_safe, jnp.where(has, m + jnp.log2(l_safe), POS_INF)
 
 
-def probs(s, mask, lse):
+def probs(s, mask, lse, c=None, row_bias=None):
     """P = exp2(s - lse) recomputed from the saved base-2 lse (backward passes); 0 where
     ``mask`` (broadcast to s) is False or lse is +inf. ``mask`` None: s already holds -inf
-    where masked (a kernel that added a -inf row bias instead of selecting)."""
-    return jnp.exp2((s if mask is None else jnp.where(mask, s, NEG_INF)) - lse[:, None])
+    where masked (a kernel that added a -inf row bias instead of selecting). ``c``: s is the raw
+    dot and P = exp2(s * c - (lse - row_bias)), one fused multiply-add per entry
+    (:func:`softmax_step`); ``row_bias`` [R] 0 or -inf."""
+    if c is None:
+        return jnp.exp2((s if mask is None else jnp.where(mask, s, NEG_INF)) - lse[:, None])
+    sub = lse if row_bias is None else lse - row_bias
+    x = s * c - sub[:, None]   # masked after the multiply-add, so that it stays one instruction
+    return jnp.exp2(x if mask is None else jnp.where(mask, x, NEG_INF))
 
 
 def dscores(p, do, v, gs, delta, prec):
@@ -150,21 +175,23 @@ def dscores(p, do, v, gs, delta, prec):
     return p * (dp - delta[:, None])
 
 
-def dkv_accumulate(dk, dv, s, mask, q, do, v, gs, lse, delta, prec, cdt):
+def dkv_accumulate(dk, dv, s, mask, q, do, v, gs, lse, delta, prec, cdt, c=None):
     """One query tile's share of a key tile's dK and dV (the FlashAttention-2 backward of a
     branch, Eq. 5 differentiated), from its base-2 logits ``s`` = Q K^T * scale * log2(e): P
     recomputed from the saved lse (``probs``; ``mask`` None: s is -inf where masked), dV +=
     (P * gs)^T dO, dS = P * (dP - delta) (``dscores``), dK += dS^T Q, unscaled (the caller
     applies the softmax scale once, at the store). -> (dk, dv, dS in the compute dtype ``cdt``,
-    for a kernel that also forms dQ)."""
-    p = probs(s, mask, lse)
+    for a kernel that also forms dQ). ``c``: s is the raw Q K^T, scaled inside the exponent
+    (:func:`probs`)."""
+    p = probs(s, mask, lse, c)
     dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
     ds = dscores(p, do, v, gs, delta, prec).astype(cdt)
     dk = dk + dot(ds, q, trans_a=True, precision=prec)
     return dk, dv, ds
 
 
-def dkv_accumulate_t(dk, dv, st, mask_t, q, do, v, gs, lse, delta, prec, cdt):
+def dkv_accumulate_t(dk, dv, st, mask_t, q, do, v, gs, lse, delta, prec, cdt, c=None,
+                     row_bias=None):
     """:func:`dkv_accumulate` with keys as rows: ``st`` = K Q^T * scale * log2(e) [keys, rows]
     (``mask_t`` the same shape, or None: st is -inf where masked), so P^T and dS^T come out of
     their dots already as the left operands of dV += P^T dO and dK += dS^T Q (in registers, no
@@ -175,8 +202,16 @@ def dkv_accumulate_t(dk, dv, st, mask_t, q, do, v, gs, lse, delta, prec, cdt):
     are contiguous tiles and no dQ dot follows (tiled selection dK/dV -7%, document-local dK/dV
     -19%); where dQ += dS K follows (block-major backward, +19%) or the rows are gathered (the
     compressed backward, +44%) the transpose comes back and those kernels keep
-    :func:`dkv_accumulate`."""
-    pt = jnp.exp2((st if mask_t is None else jnp.where(mask_t, st, NEG_INF)) - lse[None, :])
+    :func:`dkv_accumulate`.
+
+    ``c``: st is the raw K Q^T and P^T = exp2(st * c - (lse - row_bias)) (:func:`probs`;
+    ``row_bias`` [rows], 0 or -inf per query row)."""
+    if c is None:
+        pt = jnp.exp2((st if mask_t is None else jnp.where(mask_t, st, NEG_INF)) - lse[None, :])
+    else:
+        sub = lse[None, :] if row_bias is None else lse[None, :] - row_bias[None, :]
+        x = st * c - sub
+        pt = jnp.exp2(x if mask_t is None else jnp.where(mask_t, x, NEG_INF))
     dv = dv + dot((pt * gs[None, :]).astype(cdt), do, precision=prec)
     dpt = dot(v, do, trans_b=True, precision=prec) * gs[None, :]
     dk = dk + dot((pt * (dpt - delta[None, :])).astype(cdt), q, precision=prec)

@@ -137,10 +137,10 @@ def _fwd_kernel(q_ref, k_ref, *refs, h, rows, bk, d, l, scale, prec, with_o, pac
         i = kt * bk + jnp.arange(bk)
         imask = i < n_vis
         k = load(k_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
-        s = dot(q, k, trans_b=True, precision=prec) * c
+        s = dot(q, k, trans_b=True, precision=prec)   # raw; scaled in the exponent
         vis = _visible(i, tv, ok, imask, d, l, lo)
         s = jnp.where(vis, s, NEG_INF)
-        m, alpha, p, lsum = softmax_step(m, lsum, s)
+        m, alpha, p, lsum = softmax_step(m, lsum, s, c)
         if with_o:
             v = load(v_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
@@ -207,9 +207,9 @@ def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *ref
         imask = i < n_vis
         k = load(k_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
         v = load(v_ref.at[b, pl.ds(kt * bk, bk), g, :], imask[:, None])
-        s = dot(q, k, trans_b=True, precision=prec) * c
+        s = dot(q, k, trans_b=True, precision=prec)   # raw; scaled in the exponent
         vis = _visible(i, tv, ok, imask, d, l, lo)
-        p = probs(s, vis, lse)
+        p = probs(s, vis, lse, c)
         ds = dscores(p, do, v, gs, delta, prec)
         return dq + dot(ds.astype(cdt), k, precision=prec)
 
@@ -249,13 +249,13 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *re
         gs = load(gs_ref.at[b, t, head], ok)
         lse = load(lse_ref.at[b, t, head], ok, POS_INF)
         delta = load(delta_ref.at[b, t, head], ok)
-        s = dot(q, k, trans_b=True, precision=prec) * c
+        s = dot(q, k, trans_b=True, precision=prec)   # raw; scaled in the exponent
         if packed:
             lo, rel = _seg_rows(lo_ref, rel_ref, b, t, ok)
             vis = _visible(i, rel, ok, imask, d, l, lo)
         else:
             vis = _visible(i, t, ok, imask, d, l)
-        dk, dv, _ = dkv_accumulate(dk, dv, s, vis, q, do, v, gs, lse, delta, prec, cdt)
+        dk, dv, _ = dkv_accumulate(dk, dv, s, vis, q, do, v, gs, lse, delta, prec, cdt, c)
         return dk, dv
 
     nqt = cdiv(T, bq)

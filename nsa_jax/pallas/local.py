@@ -106,9 +106,9 @@ def _fwd_kernel(start_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, h, bq, bk, w,
         kok = kpos < T
         k = load(k_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
         v = load(v_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
-        s = jnp.where(_visible(t, kpos, st, w, T), dot(q, k, trans_b=True, precision=prec) * c,
+        s = jnp.where(_visible(t, kpos, st, w, T), dot(q, k, trans_b=True, precision=prec),
                       NEG_INF)
-        m, alpha, p, lsum = softmax_step(m, lsum, s)
+        m, alpha, p, lsum = softmax_step(m, lsum, s, c)
         return m, lsum, acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
 
     m, lsum, acc = lax.fori_loop(0, nk, body, softmax_init(bq, Dv))
@@ -157,7 +157,7 @@ def _dq_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_re
         kok = kpos < T
         k = load(k_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
         v = load(v_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
-        p = probs(dot(q, k, trans_b=True, precision=prec) * c, _visible(t, kpos, st, w, T), lse)
+        p = probs(dot(q, k, trans_b=True, precision=prec), _visible(t, kpos, st, w, T), lse, c)
         ds = dscores(p, do, v, gs, delta, prec)
         return dq + dot(ds.astype(cdt), k, precision=prec)
 
@@ -201,8 +201,8 @@ def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
         q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
                                           b, rows, hd, ok, cdt)
         # keys as rows (s^T = K Q^T): P^T and dS^T feed the dK / dV dots as they come
-        s_t = dot(k, q, trans_b=True, precision=prec) * c
-        return dkv_accumulate_t(dk, dv, s_t, vis_t, q, do, v, gs, lse, delta, prec, cdt)
+        s_t = dot(k, q, trans_b=True, precision=prec)   # raw; scaled in the exponent
+        return dkv_accumulate_t(dk, dv, s_t, vis_t, q, do, v, gs, lse, delta, prec, cdt, c)
 
     dk, dv = lax.fori_loop(0, nq * h, step, (jnp.zeros((bk, Dk), jnp.float32),
                                              jnp.zeros((bk, Dv), jnp.float32)))

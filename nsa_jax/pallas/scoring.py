@@ -128,10 +128,10 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
             else:
                 vis = imask[None, :] if bks != step else True
             if loop:   # p_cmp (Eq. 8) of each head, summed over the group in place (Eq. 10)
-                p = sum(probs(dot(qh, k, trans_b=True, precision=prec) * c, vis, lh)
+                p = sum(probs(dot(qh, k, trans_b=True, precision=prec), vis, lh, c)
                         for qh, lh in heads)
             else:
-                p = probs(dot(q, k, trans_b=True, precision=prec) * c, vis, lse)  # Eq. 8
+                p = probs(dot(q, k, trans_b=True, precision=prec), vis, lse, c)  # Eq. 8
             first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
             if fast:
                 pg = p if loop else jnp.sum(p.reshape(bq, hs, bks), axis=1)  # [bq, step]

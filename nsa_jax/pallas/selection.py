@@ -164,9 +164,9 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
             q, do, gs, lse, delta = item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, t,
                                               head, row_ok, cdt)
             # common.dkv_accumulate's steps, inline: the "ds" mode stores dS between its dots
-            s = dot(q, k, trans_b=True, precision=prec) * c
+            s = dot(q, k, trans_b=True, precision=prec)   # raw; scaled in the exponent
             p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
-            p = probs(s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel), lse)
+            p = probs(s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel), lse, c)
             dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
             ds = dscores(p, do, v, gs, delta, prec).astype(cdt)
             if store_ds:   # the tile's entries are consecutive: one contiguous [rows, bk] block

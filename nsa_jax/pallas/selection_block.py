@@ -74,8 +74,8 @@ def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         m, lsum, acc = softmax_init(rows, Dv)
         for k, v, kpos, kvalid in kv:
             mask = item_mask(row_ok, kvalid, kpos, t, p0, l_sel)
-            s = jnp.where(mask, dot(q, k, trans_b=True, precision=prec) * c, NEG_INF)
-            m, alpha, p, lsum = softmax_step(m, lsum, s)
+            s = jnp.where(mask, dot(q, k, trans_b=True, precision=prec), NEG_INF)
+            m, alpha, p, lsum = softmax_step(m, lsum, s, c)
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
         l_safe, lse = softmax_finish(m, lsum)
         ts_st = jnp.where(row_ok, ts, po_ref.shape[1])   # masked rows -> out of bounds
@@ -203,9 +203,9 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         out = []
         for sub, (k, v, kpos, kvalid) in enumerate(kv):
             dk, dv = carry[2 * sub], carry[2 * sub + 1]
-            s = dot(q, k, trans_b=True, precision=prec) * c
+            s = dot(q, k, trans_b=True, precision=prec)   # raw; scaled in the exponent
             dk, dv, ds = dkv_accumulate(dk, dv, s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel),
-                                        q, do, v, gs, lse, delta, prec, cdt)
+                                        q, do, v, gs, lse, delta, prec, cdt, c)
             dq = dq + dot(ds, k, precision=prec)
             out += [dk, dv]
         ts_st = jnp.where(row_ok, ts, pdq_ref.shape[1])   # masked rows -> out of bounds

@@ -73,13 +73,15 @@ def _key_mask(t, base, valid, sub, bk: int, l_sel: int):
     return valid & (off < l_sel) & (base + off <= t)
 
 
-def _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk: int, l_sel: int, c, prec):
+def _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk: int, l_sel: int, prec):
     """Sub-tile ``sub`` of the block starting at key ``base`` for the query at t -> (key mask
-    [bk], ``_key_mask``; k, v [bk, D] (0 where masked); scaled logits [hp, bk], unmasked)."""
+    [bk], ``_key_mask``; k, v [bk, D] (0 where masked); raw logits q k^T [hp, bk], unscaled
+    (the scale enters the exponent: ``common.softmax_step`` / ``probs`` with ``c``) and
+    unmasked)."""
     kmask = _key_mask(t, base, valid, sub, bk, l_sel)
     k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
     v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kmask[:, None])
-    return kmask, k, v, dot(q, k, trans_b=True, precision=prec) * c
+    return kmask, k, v, dot(q, k, trans_b=True, precision=prec)
 
 
 # ---- forward ---------------------------------------------------------------------------------
@@ -98,10 +100,9 @@ def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub,
     def step(i, carry):
         m, l, acc = carry
         j, base, sub, _ = _step_block(idx_ref, b, t, g, i, n_sub, l_sel, start)
-        kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, t, base, j >= 0, sub, bk, l_sel, c,
-                                   prec)
+        kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, t, base, j >= 0, sub, bk, l_sel, prec)
         s = jnp.where(kmask[None, :], s, NEG_INF)
-        m, alpha, p, l = softmax_step(m, l, s)
+        m, alpha, p, l = softmax_step(m, l, s, c)
         return m, l, acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
 
     m, l, acc = lax.fori_loop(0, n_sel * n_sub, step, softmax_init(hp, Dv))
@@ -159,9 +160,8 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
         # the accumulator (a caller's block_idx may name one)
         valid = (j >= 0) & (base <= t)
         base = jnp.where(valid, base, 0)
-        kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk, l_sel, c,
-                                   prec)
-        p = probs(s, kmask[None, :], lse)
+        kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk, l_sel, prec)
+        p = probs(s, kmask[None, :], lse, c)
         ds = dscores(p, do, v, gs, delta, prec)
         dq = dq + dot(ds.astype(cdt), k, precision=prec)
         if atomic:

@@ -30,17 +30,20 @@ bound dynamic trip counts.
 
 Causal split (unpacked rows): a (tile, block) pair whose block ends at or before the tile's first
 query is *full*: every key is causally visible to every row, so the only mask left is the row's
-membership, added as a per-row bias (0 or -inf) to the scaled logits instead of a [bq, bk] mask of
-compares and selects (Nsight Compute, twenty-third session: the forward's integer/logic pipe was
-its busiest, 49% of peak); where the key sub-tiles reach past l' (l' not a multiple of the
-sub-tile), a per-key bias masks those keys too. Because the lists ascend, the full pairs are a
-prefix of each tile's block list and a suffix of each block's tile list
-(``tiled_index.full_counts``, ``diagonal_counts``), so each kernel runs two loops, neither with a
-branch inside: the full pairs with the bias, the others with the whole mask. Same values for
-finite logits: s * c + 0 is s * c and s * c - inf is -inf. (A non-finite logit, from an inf in
-q or K, becomes NaN for the tile's rows that did not select its block, where the mask dropped it
-before; the rows that selected it are NaN either way, as in the reference.) On an H100 at the
-125M shape the forward went -12% / -15% and dQ -11% / -15% at 2k / 4k.
+membership, a per-row bias (0 or -inf) instead of a [bq, bk] mask of compares and selects (Nsight
+Compute, twenty-third session: the forward's integer/logic pipe was its busiest, 49% of peak). The
+bias enters per row, with the row max or the saved lse: p = exp2(s * c - (m - bias)), one fused
+multiply-add per logit on the raw dot s (``common.softmax_step`` / ``probs`` with ``c``;
+bench/NOTES.md, twenty-fourth session: forward -6% on an H100 at 2k). Where the key sub-tiles reach
+past l' (l' not a multiple of the sub-tile), a per-key bias (-inf) masks those keys in s. Because
+the lists ascend, the full pairs are a prefix of each tile's block list and a suffix of each
+block's tile list (``tiled_index.full_counts``, ``diagonal_counts``), so each kernel runs two
+loops, neither with a branch inside: the full pairs with the bias, the others with the whole mask.
+Same values for finite logits: a row with bias 0 is unbiased and a row with -inf gets p = 0. (A
+non-finite logit, from an inf in q or K, becomes NaN for the tile's rows that did not select its
+block, where the mask dropped it before; the rows that selected it are NaN either way, as in the
+reference.) The split itself: on an H100 at the 125M shape the forward went -12% / -15% and dQ
+-11% / -15% at 2k / 4k.
 
 Work: a tile pays for every block of its union, so cost grows with how far the rows' selections
 differ. At short T most visible blocks are selected anyway (with n = 16, l' = 64 every query
@@ -175,34 +178,32 @@ def _full_sub_tile(k_ref, v_ref, b, base, sub, g, bk: int, l_sel: int, n_sub: in
             load(v_ref.at[b, rows, g, :], kvalid[:, None]), jnp.where(kvalid, 0.0, NEG_INF))
 
 
-def _biased(s, row_bias, col_bias):
-    """Logits of a full pair: s plus the rows' membership bias (and the padded keys' bias)."""
-    s = s + row_bias[:, None]
+def _with_cols(s, col_bias):
+    """A full pair's raw logits with its padded keys' bias (None: no key past l')."""
     return s if col_bias is None else s + col_bias[None, :]
 
 
 def _pair_sub_tiles(full: bool, q, k_ref, v_ref, b, g, j, sel, st, t, *, T: int, l_sel: int,
-                    bk: int, n_sub: int, c: float, prec):
-    """For each key sub-tile of block j against a query tile (forward and dQ): (k, v, the scaled
-    logits q k^T * c, their mask). A full pair's logits carry the rows' membership bias and its
-    mask is None (``probs`` / the forward take s as it is); any other pair's mask is
-    ``_visible``."""
+                    bk: int, n_sub: int, prec):
+    """For each key sub-tile of block j against a query tile (forward and dQ): (k, v, the raw
+    logits q k^T, their mask). A full pair's mask is None: its rows' membership enters as the
+    caller's row bias (``_row_bias``, folded into the exponent with the scale:
+    ``common.softmax_step`` / ``probs`` with ``c``), and keys past l' carry -inf in s; any
+    other pair's mask is ``_visible``."""
     base = j * l_sel
-    if full:
-        bias = _row_bias(sel, j)
-    else:
+    if not full:
         rule = _block_rule(sel, j, l_sel, st)
     for sub in range(n_sub):
         if full:
             k, v, cb = _full_sub_tile(k_ref, v_ref, b, base, sub, g, bk, l_sel, n_sub)
-            yield k, v, _biased(dot(q, k, trans_b=True, precision=prec) * c, bias, cb), None
+            yield k, v, _with_cols(dot(q, k, trans_b=True, precision=prec), cb), None
             continue
         off = sub * bk + jnp.arange(bk)
         kpos = base + off
         kvalid = (off < l_sel) & (kpos < T)
         k = load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
         v = load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None])
-        yield k, v, dot(q, k, trans_b=True, precision=prec) * c, _visible(rule, t, kpos, kvalid)
+        yield k, v, dot(q, k, trans_b=True, precision=prec), _visible(rule, t, kpos, kvalid)
 
 
 # ---- forward ---------------------------------------------------------------------------------
@@ -222,13 +223,15 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_ref,
     c = scale * LOG2E
 
     pairs = functools.partial(_pair_sub_tiles, q=q, k_ref=k_ref, v_ref=v_ref, b=b, g=g, sel=sel,
-                              st=st, t=t, T=T, l_sel=l_sel, bk=bk, n_sub=n_sub, c=c, prec=prec)
+                              st=st, t=t, T=T, l_sel=l_sel, bk=bk, n_sub=n_sub, prec=prec)
 
     def block(u, carry, full):
         m, lsum, acc = carry
-        for k, v, s, vis in pairs(full, j=blocks_ref[b, g, qt, u]):
+        j = blocks_ref[b, g, qt, u]
+        bias = _row_bias(sel, j) if full else None
+        for k, v, s, vis in pairs(full, j=j):
             s = s if vis is None else jnp.where(vis, s, NEG_INF)
-            m, alpha, p, lsum = softmax_step(m, lsum, s)
+            m, alpha, p, lsum = softmax_step(m, lsum, s, c, bias)
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
         return m, lsum, acc
 
@@ -296,11 +299,13 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_r
     c = scale * LOG2E
 
     pairs = functools.partial(_pair_sub_tiles, q=q, k_ref=k_ref, v_ref=v_ref, b=b, g=g, sel=sel,
-                              st=st, t=t, T=T, l_sel=l_sel, bk=bk, n_sub=n_sub, c=c, prec=prec)
+                              st=st, t=t, T=T, l_sel=l_sel, bk=bk, n_sub=n_sub, prec=prec)
 
     def block(u, dq, full):
-        for k, v, s, vis in pairs(full, j=blocks_ref[b, g, qt, u]):
-            ds = dscores(probs(s, vis, lse), do, v, gs, delta, prec)
+        j = blocks_ref[b, g, qt, u]
+        bias = _row_bias(sel, j) if full else None
+        for k, v, s, vis in pairs(full, j=j):
+            ds = dscores(probs(s, vis, lse, c, bias), do, v, gs, delta, prec)
             dq = dq + dot(ds.astype(cdt), k, precision=prec)
         return dq
 
@@ -354,15 +359,17 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, idx_r
             q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
                                               b, rows, g * h + i, ok, cdt)
             # keys as rows (s^T = K Q^T): P^T and dS^T feed the dK / dV dots as they come
-            s_t = dot(k, q, trans_b=True, precision=prec) * c
+            s_t = dot(k, q, trans_b=True, precision=prec)   # raw; scaled in the exponent
+            bias = None
             if full:   # the tile starts at or after the block's last key (module docstring)
-                s_t, vis_t = s_t + _row_bias(sel, j)[None, :], None
+                bias, vis_t = _row_bias(sel, j), None
                 if col_bias is not None:
                     s_t = s_t + col_bias[:, None]
             else:
                 st = _starts(st_ref, b, qt, bq, ok) if packed else None
                 vis_t = _visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid, keys_first=True)
-            return dkv_accumulate_t(dk, dv, s_t, vis_t, q, do, v, gs, lse, delta, prec, cdt)
+            return dkv_accumulate_t(dk, dv, s_t, vis_t, q, do, v, gs, lse, delta, prec, cdt,
+                                    c, bias)
 
         carry = (jnp.zeros((bk, Dk), jnp.float32), jnp.zeros((bk, Dv), jnp.float32))
         carry = lax.fori_loop(0, ndiag * h, functools.partial(step, full=False), carry)
