@@ -154,14 +154,12 @@ def softmax_finish(m, lsum):
     return l_safe, jnp.where(has, m + jnp.log2(l_safe), POS_INF)
 
 
-def probs(s, mask, lse, c=None, row_bias=None):
-    """P = exp2(s - lse) recomputed from the saved base-2 lse (backward passes); 0 where
-    ``mask`` (broadcast to s) is False or lse is +inf. ``mask`` None: s already holds -inf
-    where masked (a kernel that added a -inf row bias instead of selecting). ``c``: s is the raw
-    dot and P = exp2(s * c - (lse - row_bias)), one fused multiply-add per entry
-    (:func:`softmax_step`); ``row_bias`` [R] 0 or -inf."""
-    if c is None:
-        return jnp.exp2((s if mask is None else jnp.where(mask, s, NEG_INF)) - lse[:, None])
+def probs(s, mask, lse, c, row_bias=None):
+    """P = exp2(s * c - lse) recomputed from the saved base-2 lse (backward passes) for the raw
+    dot ``s`` = Q K^T and ``c`` = scale * log2(e): one fused multiply-add per entry
+    (:func:`softmax_step`), masked after it; 0 where ``mask`` (broadcast to s; None: no mask) is
+    False, where s is -inf, where lse is +inf, or where ``row_bias`` [R] (0 or -inf per row;
+    taken as lse - bias) is -inf."""
     sub = lse if row_bias is None else lse - row_bias
     x = s * c - sub[:, None]   # masked after the multiply-add, so that it stays one instruction
     return jnp.exp2(x if mask is None else jnp.where(mask, x, NEG_INF))
@@ -175,14 +173,13 @@ def dscores(p, do, v, gs, delta, prec):
     return p * (dp - delta[:, None])
 
 
-def dkv_accumulate(dk, dv, s, mask, q, do, v, gs, lse, delta, prec, cdt, c=None):
+def dkv_accumulate(dk, dv, s, mask, q, do, v, gs, lse, delta, prec, cdt, c):
     """One query tile's share of a key tile's dK and dV (the FlashAttention-2 backward of a
-    branch, Eq. 5 differentiated), from its base-2 logits ``s`` = Q K^T * scale * log2(e): P
-    recomputed from the saved lse (``probs``; ``mask`` None: s is -inf where masked), dV +=
+    branch, Eq. 5 differentiated), from its raw logits ``s`` = Q K^T: P recomputed from the saved
+    base-2 lse (:func:`probs` with ``c`` = scale * log2(e); ``mask`` None: no mask), dV +=
     (P * gs)^T dO, dS = P * (dP - delta) (``dscores``), dK += dS^T Q, unscaled (the caller
     applies the softmax scale once, at the store). -> (dk, dv, dS in the compute dtype ``cdt``,
-    for a kernel that also forms dQ). ``c``: s is the raw Q K^T, scaled inside the exponent
-    (:func:`probs`)."""
+    for a kernel that also forms dQ)."""
     p = probs(s, mask, lse, c)
     dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
     ds = dscores(p, do, v, gs, delta, prec).astype(cdt)
@@ -190,28 +187,24 @@ def dkv_accumulate(dk, dv, s, mask, q, do, v, gs, lse, delta, prec, cdt, c=None)
     return dk, dv, ds
 
 
-def dkv_accumulate_t(dk, dv, st, mask_t, q, do, v, gs, lse, delta, prec, cdt, c=None,
+def dkv_accumulate_t(dk, dv, st, mask_t, q, do, v, gs, lse, delta, prec, cdt, c,
                      row_bias=None):
-    """:func:`dkv_accumulate` with keys as rows: ``st`` = K Q^T * scale * log2(e) [keys, rows]
-    (``mask_t`` the same shape, or None: st is -inf where masked), so P^T and dS^T come out of
-    their dots already as the left operands of dV += P^T dO and dK += dS^T Q (in registers, no
-    transpose through shared memory and the barrier around it) and dP^T = V dO^T. The same
-    values up to the dots' summation order. -> (dk, dv).
+    """:func:`dkv_accumulate` with keys as rows: ``st`` = K Q^T, raw [keys, rows] (``mask_t`` the
+    same shape, or None; ``row_bias`` [rows], 0 or -inf per query row, taken as lse - bias), so
+    P^T and dS^T come out of their dots already as the left operands of dV += P^T dO and dK +=
+    dS^T Q (in registers, no transpose through shared memory and the barrier around it) and
+    dP^T = V dO^T. The same values up to the dots' summation order. -> (dk, dv).
 
     Measured on an H100 (bench/NOTES.md, twenty-third session): it pays where a kernel's q / dO
     are contiguous tiles and no dQ dot follows (tiled selection dK/dV -7%, document-local dK/dV
     -19%); where dQ += dS K follows (block-major backward, +19%) or the rows are gathered (the
     compressed backward, +44%) the transpose comes back and those kernels keep
-    :func:`dkv_accumulate`.
-
-    ``c``: st is the raw K Q^T and P^T = exp2(st * c - (lse - row_bias)) (:func:`probs`;
-    ``row_bias`` [rows], 0 or -inf per query row)."""
-    if c is None:
-        pt = jnp.exp2((st if mask_t is None else jnp.where(mask_t, st, NEG_INF)) - lse[None, :])
-    else:
-        sub = lse[None, :] if row_bias is None else lse[None, :] - row_bias[None, :]
-        x = st * c - sub
-        pt = jnp.exp2(x if mask_t is None else jnp.where(mask_t, x, NEG_INF))
+    :func:`dkv_accumulate`."""
+    # P^T as in probs, its subtrahend formed broadcast: formed as a vector first, the sm_90 proxy
+    # (bench/kernel_sass.py) compiled this loop with 5x the shared-memory loads
+    sub = lse[None, :] if row_bias is None else lse[None, :] - row_bias[None, :]
+    x = st * c - sub
+    pt = jnp.exp2(x if mask_t is None else jnp.where(mask_t, x, NEG_INF))
     dv = dv + dot((pt * gs[None, :]).astype(cdt), do, precision=prec)
     dpt = dot(v, do, trans_b=True, precision=prec) * gs[None, :]
     dk = dk + dot((pt * (dpt - delta[None, :])).astype(cdt), q, precision=prec)
