@@ -17,7 +17,8 @@ from nsa_jax.pallas import BlockSizes, selection_kernels
 from nsa_jax.pallas.common import LN2, use_interpret
 from nsa_jax.pallas.selection import sel_backward, sel_forward
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
-from nsa_jax.pallas.tiled_index import diagonal_tiles, full_blocks, tile_index
+from nsa_jax.pallas.tiled_index import (diagonal_tiles, full_blocks, member_table, tile_index,
+                                        words_by_block, words_by_tile)
 from nsa_testutil import random_inputs
 
 TOL = 2e-5
@@ -179,6 +180,44 @@ def test_tile_index_lists_each_tile_union_and_its_inverse():
             for j in range(Ts):
                 diag = [i * bq < (j + 1) * l - 1 for i in tiles[b, g, j, :tcount[b, g, j]]]
                 assert diag == [True] * ndiag[b, g, j] + [False] * (len(diag) - ndiag[b, g, j])
+
+
+@pytest.mark.parametrize("bq", [16, 64])
+def test_member_words_mark_the_rows_of_each_listed_pair(bq):
+    """Bit r of a pair's words (in both lists' order) is set iff row r of the tile has the block
+    among its ids; out-of-range ids, -1 and an id listed twice by one row count as the
+    reference's any(idx == j) does. bq = 64 spans two 32-bit words."""
+    cfg = TINY
+    B, T, G = 2, 150, 2
+    Ts = cfg.num_sel_blocks(T)
+    idx = np.array(_selection(np.random.default_rng(5), B, T, G, cfg))
+    idx[1, 40, 1, 0] = Ts + 2           # out of range
+    idx[0, 70, 0, 1] = idx[0, 70, 0, 0]  # a row naming one block twice
+    idx[0, 100, 1, :2] = [0, 0]
+    blocks, bcount, tiles, tcount, by_tile, by_block = [np.asarray(x) for x in jax.jit(
+        lambda i: (lambda bl, bc, ti, tc: (bl, bc, ti, tc) + (
+            words_by_tile(member_table(i, T, cfg, bq), bl),
+            words_by_block(member_table(i, T, cfg, bq), ti)))(*tile_index(i, T, cfg, bq)))(
+        jnp.asarray(idx))]
+    assert by_tile.shape[-1] == -(-bq // 32) and by_block.shape[-1] == by_tile.shape[-1]
+
+    def bits(w):
+        return [(int(w[r // 32]) >> (r % 32)) & 1 == 1 for r in range(bq)]
+
+    def rows(i, g, b, j):
+        return [i * bq + r < T and j in idx[b, i * bq + r, g] for r in range(bq)]
+
+    seen = 0
+    for b in range(B):
+        for g in range(G):
+            for i in range(blocks.shape[2]):
+                for u in range(bcount[b, g, i]):
+                    assert bits(by_tile[b, g, i, u]) == rows(i, g, b, blocks[b, g, i, u])
+                    seen += 1
+            for j in range(Ts):
+                for u in range(tcount[b, g, j]):
+                    assert bits(by_block[b, g, j, u]) == rows(tiles[b, g, j, u], g, b, j)
+    assert seen > 20
 
 
 # ---- packed documents (document-relative ids; issue #16) -----------------------------------------

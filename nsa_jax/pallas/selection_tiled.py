@@ -80,33 +80,39 @@ from jax.experimental.pallas import triton as plgpu
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, compiler_params,
                                    dkv_accumulate_t, dot, dot_precision, dscores, grad_rows, idiv,
-                                   load, next_pow2, probs, sel_sub_tiles, softmax_finish,
+                                   load, probs, sel_sub_tiles, softmax_finish,
                                    softmax_init, softmax_step, store)
-from nsa_jax.pallas.tiled_index import diagonal_counts, full_counts, tile_index
+from nsa_jax.pallas.tiled_index import (WORD_BITS, diagonal_counts, full_counts, rows_operand,
+                                        tile_lists)
 
 
 def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
     return sel_sub_tiles(cfg.sel_block, bs.sel_keys)
 
 
-def _row_bias(sel, j):
-    """[bq] float32: 0 where the row selected block j, -inf where not (a full pair's mask)."""
-    return jnp.where(_members(sel, j), 0.0, NEG_INF)
+def _row_bias(member):
+    """[bq] float32: 0 where the row selected the pair's block, -inf where not (a full pair's
+    mask)."""
+    return jnp.where(member, 0.0, NEG_INF)
+
+
+def _list_members(words_ref, b, g, a, u, bq: int):
+    """[bq] bool: the rows of a (tile, block) pair that selected its block (unpacked rows), from
+    the pair's bits ``words_ref[b, g, a, u, :]`` (``tiled_index.member_table``; a is the tile
+    whose block list, or the block whose tile list, holds the pair at position u): two scalar
+    loads and a shift per row, where a test of the row's ids costs a [bq, n] compare and a
+    reduction per pair."""
+    nw = words_ref.shape[-1]
+    r = jnp.arange(bq, dtype=jnp.int32)
+    word = words_ref[b, g, a, u, nw - 1]
+    for i in range(nw - 2, -1, -1):
+        word = jnp.where(r < (i + 1) * WORD_BITS, words_ref[b, g, a, u, i], word)
+    return (lax.shift_right_logical(word, r % WORD_BITS) & 1) != 0
 
 
 def _full_keys(l_sel: int, bk: int, n_sub: int) -> bool:
     """The sub-tiles cover exactly l' keys (no key past the block to mask)."""
     return bk * n_sub == l_sel
-
-
-def _padded_idx(idx):
-    """Selection slots padded with -1 to a power of two (a loadable tile width)."""
-    n = idx.shape[-1]
-    n_p = next_pow2(max(n, 1))
-    idx = idx.astype(jnp.int32)
-    if n_p == n:
-        return idx
-    return jnp.pad(idx, [(0, 0)] * 3 + [(0, n_p - n)], constant_values=-1)
 
 
 def _members(sel, j):
@@ -117,24 +123,22 @@ def _members(sel, j):
 
 def _block_rule(sel, j, l_sel: int, st):
     """Per-row facts that decide which keys of aligned block j (keys [j*l', (j+1)*l')) a tile's
-    rows see (``_visible``). Unpacked (``st`` None): block j is in row r's selection or not.
-    Packed (``st`` [bq] document starts): row r's document-relative block of key s is
+    packed rows see (``_visible``; unpacked rows' rule is their membership, ``_list_members``).
+    With ``st`` [bq] the document starts, row r's document-relative block of key s is
     floor((s - st_r) / l'), which over block j takes at most two values, j0 = floor((j*l' -
     st_r) / l') below the split st_r + (j0 + 1)*l' and j0 + 1 from there; -> (j0 selected,
     j0 + 1 selected, split, st). j*l' - st_r is clamped to >= -l' (an earlier block lies wholly
     before the document, masked by s >= st_r) so the division is of non-negative values; a
     clamped j0 = -1 may match an unused -1 slot, but only for keys s < split = st_r."""
-    if st is None:
-        return _members(sel, j)
     j0 = idiv(jnp.maximum(j * l_sel - st, -l_sel) + l_sel, l_sel) - 1
     return (_members(sel, j0[:, None]), _members(sel, j0[:, None] + 1),
             st + (j0 + 1) * l_sel, st)
 
 
 def _visible(rule, t, kpos, kvalid, keys_first: bool = False):
-    """[bq, bk] bool (``keys_first``: [bk, bq]): row t sees key kpos (``rule`` from
-    ``_block_rule``): s in one of its selected blocks, s <= t, s < T (and s >= its document's
-    start, packed)."""
+    """[bq, bk] bool (``keys_first``: [bk, bq]): row t sees key kpos (``rule``: the rows'
+    membership [bq], or packed ``_block_rule``): s in one of its selected blocks, s <= t, s < T
+    (and s >= its document's start, packed)."""
     def row(x):   # a per-row vector along the rows' axis
         return x[None, :] if keys_first else x[:, None]
 
@@ -166,6 +170,17 @@ def _tile_rows(qt, bq: int, T: int):
     return t, t < T
 
 
+def _tile_rule(rows_ref, st_ref, b, g, qt, bq: int, l_sel: int, ok):
+    """-> rule(u, j): the forward / dQ tile's rule for the pair at position u of its block list
+    (block j): unpacked (``st_ref`` None), the rows' membership from the pair's bits; packed,
+    ``_block_rule`` of the rows' ids (loaded once per tile) and document starts."""
+    if st_ref is None:
+        return lambda u, j: _list_members(rows_ref, b, g, qt, u, bq)
+    sel = load(rows_ref.at[b, pl.ds(qt * bq, bq), g, :], ok[:, None], other=-1)
+    st = _starts(st_ref, b, qt, bq, ok)
+    return lambda u, j: _block_rule(sel, j, l_sel, st)
+
+
 def _full_sub_tile(k_ref, v_ref, b, base, sub, g, bk: int, l_sel: int, n_sub: int):
     """K, V of sub-tile ``sub`` of a full pair's block and the column bias of its keys past l'
     (None when the sub-tiles cover exactly l'). A full block lies before the tile's first query,
@@ -183,16 +198,14 @@ def _with_cols(s, col_bias):
     return s if col_bias is None else s + col_bias[None, :]
 
 
-def _pair_sub_tiles(full: bool, q, k_ref, v_ref, b, g, j, sel, st, t, *, T: int, l_sel: int,
+def _pair_sub_tiles(full: bool, q, k_ref, v_ref, b, g, j, rule, t, *, T: int, l_sel: int,
                     bk: int, n_sub: int, prec):
     """For each key sub-tile of block j against a query tile (forward and dQ): (k, v, the raw
     logits q k^T, their mask). A full pair's mask is None: its rows' membership enters as the
     caller's row bias (``_row_bias``, folded into the exponent with the scale:
     ``common.softmax_step`` / ``probs`` with ``c``), and keys past l' carry -inf in s; any
-    other pair's mask is ``_visible``."""
+    other pair's mask is ``_visible`` of ``rule``."""
     base = j * l_sel
-    if not full:
-        rule = _block_rule(sel, j, l_sel, st)
     for sub in range(n_sub):
         if full:
             k, v, cb = _full_sub_tile(k_ref, v_ref, b, base, sub, g, bk, l_sel, n_sub)
@@ -207,8 +220,10 @@ def _pair_sub_tiles(full: bool, q, k_ref, v_ref, b, g, j, sel, st, t, *, T: int,
 
 
 # ---- forward ---------------------------------------------------------------------------------
-def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_ref, *refs, h, bq,
+def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_ref, *refs, h, bq,
                 l_sel, bk, n_sub, scale, prec, packed=False):
+    """``rows_ref``: unpacked, the pairs' membership bits (``tiled_index.member_table``, by
+    tile); packed, the rows' padded ids."""
     if packed:
         st_ref, o_ref, lse_ref = refs
     else:
@@ -218,18 +233,18 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_ref,
     g = idiv(hd, h)
     t, ok = _tile_rows(qt, bq, T)
     q = load(q_ref.at[b, pl.ds(qt * bq, bq), hd, :], ok[:, None])
-    sel = load(idx_ref.at[b, pl.ds(qt * bq, bq), g, :], ok[:, None], other=-1)
-    st = _starts(st_ref, b, qt, bq, ok) if packed else None
+    rule = _tile_rule(rows_ref, st_ref if packed else None, b, g, qt, bq, l_sel, ok)
     c = scale * LOG2E
 
-    pairs = functools.partial(_pair_sub_tiles, q=q, k_ref=k_ref, v_ref=v_ref, b=b, g=g, sel=sel,
-                              st=st, t=t, T=T, l_sel=l_sel, bk=bk, n_sub=n_sub, prec=prec)
+    pairs = functools.partial(_pair_sub_tiles, q=q, k_ref=k_ref, v_ref=v_ref, b=b, g=g, t=t, T=T,
+                              l_sel=l_sel, bk=bk, n_sub=n_sub, prec=prec)
 
     def block(u, carry, full):
         m, lsum, acc = carry
         j = blocks_ref[b, g, qt, u]
-        bias = _row_bias(sel, j) if full else None
-        for k, v, s, vis in pairs(full, j=j):
+        r = rule(u, j)
+        bias = _row_bias(r) if full else None
+        for k, v, s, vis in pairs(full, j=j, rule=r):
             s = s if vis is None else jnp.where(vis, s, NEG_INF)
             m, alpha, p, lsum = softmax_step(m, lsum, s, c, bias)
             acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
@@ -265,7 +280,7 @@ def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
     bq = bs.sel_tile_q
     bk, n_sub = _sub_tiles(cfg, bs)
     segs = _seg_args(seg)
-    blocks, bcount, _, _ = tile_index(idx, T, cfg, bq, *segs)
+    (blocks, bcount, _, _), table = tile_lists(idx, T, cfg, bq, seg)
     nfull = full_counts(blocks, bcount, bq, cfg, seg)
     kern = functools.partial(_fwd_kernel, h=Hq // G, bq=bq, l_sel=cfg.sel_block, bk=bk,
                              n_sub=n_sub, scale=scale,
@@ -276,12 +291,14 @@ def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
                    jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_fwd",
-    )(blocks, bcount, nfull, q, k, v, _padded_idx(idx), *segs)
+    )(blocks, bcount, nfull, q, k, v, rows_operand(idx, T, cfg, bq, seg, table, blocks=blocks),
+      *segs)
 
 
 # ---- backward: dQ ------------------------------------------------------------------------------
-def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref,
-                   lse_ref, delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec, packed=False):
+def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_ref, do_ref,
+                   gs_ref, lse_ref, delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec,
+                   packed=False):
     if packed:
         st_ref, dq_ref = refs
     else:
@@ -294,17 +311,17 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_r
     rows = pl.ds(qt * bq, bq)
     q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
                                       b, rows, hd, ok, cdt)
-    sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
-    st = _starts(st_ref, b, qt, bq, ok) if packed else None
+    rule = _tile_rule(rows_ref, st_ref if packed else None, b, g, qt, bq, l_sel, ok)
     c = scale * LOG2E
 
-    pairs = functools.partial(_pair_sub_tiles, q=q, k_ref=k_ref, v_ref=v_ref, b=b, g=g, sel=sel,
-                              st=st, t=t, T=T, l_sel=l_sel, bk=bk, n_sub=n_sub, prec=prec)
+    pairs = functools.partial(_pair_sub_tiles, q=q, k_ref=k_ref, v_ref=v_ref, b=b, g=g, t=t, T=T,
+                              l_sel=l_sel, bk=bk, n_sub=n_sub, prec=prec)
 
     def block(u, dq, full):
         j = blocks_ref[b, g, qt, u]
-        bias = _row_bias(sel, j) if full else None
-        for k, v, s, vis in pairs(full, j=j):
+        r = rule(u, j)
+        bias = _row_bias(r) if full else None
+        for k, v, s, vis in pairs(full, j=j, rule=r):
             ds = dscores(probs(s, vis, lse, c, bias), do, v, gs, delta, prec)
             dq = dq + dot(ds.astype(cdt), k, precision=prec)
         return dq
@@ -321,8 +338,11 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, idx_r
 
 
 # ---- backward: dK/dV ---------------------------------------------------------------------------
-def _bwd_dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref,
-                    lse_ref, delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec, packed=False):
+def _bwd_dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, rows_ref, do_ref,
+                    gs_ref, lse_ref, delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec,
+                    packed=False):
+    """``rows_ref``: unpacked, the pairs' membership bits (``tiled_index.member_table``, by
+    block); packed, the rows' padded ids."""
     if packed:
         st_ref, dk_ref, dv_ref = refs
     else:
@@ -354,7 +374,11 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, idx_r
             qt = tiles_ref[b, g, j, u]
             t, ok = _tile_rows(qt, bq, T)
             rows = pl.ds(qt * bq, bq)
-            sel = load(idx_ref.at[b, rows, g, :], ok[:, None], other=-1)
+            if packed:
+                sel = load(rows_ref.at[b, rows, g, :], ok[:, None], other=-1)
+                member = None
+            else:
+                member = _list_members(rows_ref, b, g, j, u, bq)
             dk, dv = carry
             q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
                                               b, rows, g * h + i, ok, cdt)
@@ -362,12 +386,13 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, idx_r
             s_t = dot(k, q, trans_b=True, precision=prec)   # raw; scaled in the exponent
             bias = None
             if full:   # the tile starts at or after the block's last key (module docstring)
-                bias, vis_t = _row_bias(sel, j), None
+                bias, vis_t = _row_bias(member), None
                 if col_bias is not None:
                     s_t = s_t + col_bias[:, None]
             else:
-                st = _starts(st_ref, b, qt, bq, ok) if packed else None
-                vis_t = _visible(_block_rule(sel, j, l_sel, st), t, kpos, kvalid, keys_first=True)
+                rule = (_block_rule(sel, j, l_sel, _starts(st_ref, b, qt, bq, ok)) if packed
+                        else member)
+                vis_t = _visible(rule, t, kpos, kvalid, keys_first=True)
             return dkv_accumulate_t(dk, dv, s_t, vis_t, q, do, v, gs, lse, delta, prec, cdt,
                                     c, bias)
 
@@ -390,10 +415,12 @@ def _bwd_common(q, k, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: b
 
 
 def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAConfig,
-                     bs: BlockSizes, scale: float, interpret: bool, *, choices=None, seg=None):
+                     bs: BlockSizes, scale: float, interpret: bool, *, choices=None, seg=None,
+                     table=None):
     """dQ float32 [B,T,Hq,Dk] (kernel ``nsa_sel_tiled_bwd_dq``) from ``tile_index``'s per-tile
     lists, float32 ``gs`` and ``delta = gs * rowsum(o * do)`` (``seg``: packed rows' layout,
-    the one ``tile_index`` was given)."""
+    the one ``tile_index`` was given; ``table``: unpacked rows' ``member_table``, None = built
+    here)."""
     B, T, Hq, Dk = q.shape
     return pl.pallas_call(
         functools.partial(_bwd_dq_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret,
@@ -403,11 +430,13 @@ def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAC
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dq",
     )(blocks, bcount, full_counts(blocks, bcount, bs.sel_tile_q, cfg, seg), q, k, v,
-      _padded_idx(idx), do, gs, lse, delta, *_seg_args(seg))
+      rows_operand(idx, T, cfg, bs.sel_tile_q, seg, table, blocks=blocks), do, gs, lse, delta,
+      *_seg_args(seg))
 
 
 def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAConfig,
-                      bs: BlockSizes, scale: float, interpret: bool, *, choices=None, seg=None):
+                      bs: BlockSizes, scale: float, interpret: bool, *, choices=None, seg=None,
+                      table=None):
     """dK, dV float32 [B,T,G,D] (kernel ``nsa_sel_tiled_bwd_dkv``) from ``tile_index``'s
     per-block tile lists; other arguments as ``sel_tiled_bwd_dq``."""
     B, T, G, Dk = k.shape
@@ -421,7 +450,8 @@ def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAC
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dkv",
     )(tiles, tcount, diagonal_counts(tiles, tcount, bs.sel_tile_q, cfg, seg), q, k, v,
-      _padded_idx(idx), do, gs, lse, delta, *_seg_args(seg))
+      rows_operand(idx, T, cfg, bs.sel_tile_q, seg, table, tiles=tiles), do, gs, lse, delta,
+      *_seg_args(seg))
 
 
 def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,
@@ -433,8 +463,10 @@ def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     B, T, Hq, _ = q.shape
     gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
-    blocks, bcount, tiles, tcount = tile_index(idx, T, cfg, bs.sel_tile_q, *_seg_args(seg))
+    (blocks, bcount, tiles, tcount), table = tile_lists(idx, T, cfg, bs.sel_tile_q, seg)
     args = (do, gs, lse, delta, cfg, bs, scale, interpret)
-    dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, *args, choices=choices, seg=seg)
-    dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args, choices=choices, seg=seg)
+    dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, *args, choices=choices, seg=seg,
+                          table=table)
+    dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args, choices=choices, seg=seg,
+                               table=table)
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)

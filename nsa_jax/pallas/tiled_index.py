@@ -11,13 +11,22 @@ The causal split's counts (``full_counts``, ``diagonal_counts``): a (tile, block
 the block ends at or before the tile's first query. Because both lists ascend, the full pairs are
 a prefix of each tile's block list and a suffix of each block's tile list, so a count per list
 tells a kernel where its unmasked loop ends or begins.
+
+Row membership (unpacked rows, ``member_table``): which rows of a (tile, block) pair selected the
+block, as bits of two int32 words per pair, gathered in each list's order (``words_by_tile``,
+``words_by_block``); a kernel tests a row with a shift instead of comparing the row's n ids with
+the block (bench/NOTES.md, twenty-fourth session). ``tile_lists`` builds the lists and the table
+from one scatter; ``rows_operand`` is the kernels' per-row operand (the words, or packed rows'
+padded ids).
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
 
 from nsa_jax.nsa.config import NSAConfig
-from nsa_jax.pallas.common import cdiv, idiv
+from nsa_jax.pallas.common import cdiv, idiv, next_pow2
+
+WORD_BITS = 32
 
 
 def _aligned_blocks(jj, start, T: int, l_sel: int, Ts: int):
@@ -33,7 +42,7 @@ def _aligned_blocks(jj, start, T: int, l_sel: int, Ts: int):
                            axis=-1)
 
 
-def tile_index(idx, T: int, cfg: NSAConfig, bq: int, start=None):
+def tile_index(idx, T: int, cfg: NSAConfig, bq: int, start=None, table=None):
     """Block-sparse layout of a selection for query tiles of ``bq`` rows.
 
     idx int32 [B,T,G,n] -> (blocks [B,G,nqt,Ts], bcount [B,G,nqt], tiles [B,G,Ts,nqt],
@@ -46,18 +55,25 @@ def tile_index(idx, T: int, cfg: NSAConfig, bq: int, start=None):
     Packed rows (``start`` [B,T], the document starts; idx document-relative): the lists hold
     *aligned* blocks [u*l', (u+1)*l'), each row contributing the one or two aligned blocks each
     of its selected blocks overlaps at or before the row (``_aligned_blocks``).
+
+    ``table``: unpacked rows' :func:`member_table` of the same idx and bq, when the caller has it:
+    the union is read from it (a word is non-zero iff some row selected the block) instead of a
+    scatter of its own.
     """
     B, _, G, n = idx.shape
     Ts = cfg.num_sel_blocks(T)
     nqt = cdiv(T, bq)
-    idx = idx.astype(jnp.int32)
-    jj = jnp.where((idx >= 0) & (idx < Ts), idx, Ts)
-    if start is not None:
-        jj = _aligned_blocks(jj, start, T, cfg.sel_block, Ts)
-    bi = jnp.arange(B, dtype=jnp.int32)[:, None, None, None]
-    ti = idiv(jnp.arange(T, dtype=jnp.int32), bq)[None, :, None, None]
-    gi = jnp.arange(G, dtype=jnp.int32)[None, None, :, None]
-    has = jnp.zeros((B, G, nqt, Ts + 1), jnp.int32).at[bi, gi, ti, jj].set(1)[..., :Ts] > 0
+    if table is not None:
+        has = jnp.any(table[:, :, :, :Ts] != 0, axis=-1)
+    else:
+        idx = idx.astype(jnp.int32)
+        jj = jnp.where((idx >= 0) & (idx < Ts), idx, Ts)
+        if start is not None:
+            jj = _aligned_blocks(jj, start, T, cfg.sel_block, Ts)
+        bi = jnp.arange(B, dtype=jnp.int32)[:, None, None, None]
+        ti = idiv(jnp.arange(T, dtype=jnp.int32), bq)[None, :, None, None]
+        gi = jnp.arange(G, dtype=jnp.int32)[None, None, :, None]
+        has = jnp.zeros((B, G, nqt, Ts + 1), jnp.int32).at[bi, gi, ti, jj].set(1)[..., :Ts] > 0
     last = jnp.minimum((jnp.arange(nqt) + 1) * bq, T) - 1  # last query of each tile
     blk = jnp.arange(Ts, dtype=jnp.int32)
     has = has & (blk[None, :] * cfg.sel_block <= last[:, None])
@@ -101,3 +117,75 @@ def diagonal_counts(tiles, tcount, bq: int, cfg: NSAConfig, seg):
     if seg is not None:
         return tcount
     return diagonal_tiles(tiles, tcount, bq, cfg.sel_block)
+
+
+def member_table(idx, T: int, cfg: NSAConfig, bq: int):
+    """Which rows of each query tile selected each block, as bits (unpacked rows; the tiled
+    kernels' membership test without a [bq, n] compare of each row's ids per pair).
+
+    idx int32 [B,T,G,n] -> int32 [B,G,nqt,Ts+1,nw], nw = ceil(bq / 32): bit r % 32 of word r // 32
+    of [b, g, i, j] is set iff row r of tile i (query i*bq + r) has block j among its ids. Ids
+    outside [0, Ts) select nothing (they land in the extra column Ts, which no list names), and an
+    id a row lists twice counts once (the words are sums of distinct bits)."""
+    B, _, G, n = idx.shape
+    Ts = cfg.num_sel_blocks(T)
+    nqt = cdiv(T, bq)
+    nw = cdiv(bq, WORD_BITS)
+    idx = idx.astype(jnp.int32)
+    jj = jnp.where((idx >= 0) & (idx < Ts), idx, Ts)
+    earlier = jnp.tril(jnp.ones((n, n), bool), -1)   # [slot, other]: other < slot
+    dup = jnp.any((jj[..., :, None] == jj[..., None, :]) & earlier, axis=-1)
+    jj = jnp.where(dup, Ts, jj)
+    r = jnp.arange(T, dtype=jnp.int32) % bq
+    bit = jnp.left_shift(jnp.int32(1), r % WORD_BITS)[None, :, None, None]
+    bi = jnp.arange(B, dtype=jnp.int32)[:, None, None, None]
+    gi = jnp.arange(G, dtype=jnp.int32)[None, None, :, None]
+    ti = idiv(jnp.arange(T, dtype=jnp.int32), bq)[None, :, None, None]
+    wi = idiv(r, WORD_BITS)[None, :, None, None]
+    return jnp.zeros((B, G, nqt, Ts + 1, nw), jnp.int32).at[bi, gi, ti, jj, wi].add(
+        jnp.broadcast_to(bit, jj.shape))
+
+
+def words_by_tile(table, blocks):
+    """:func:`member_table` in the order of each tile's block list (``tile_index``'s blocks):
+    [B,G,nqt,Ts,nw], entry [b, g, i, u] for block blocks[b, g, i, u]."""
+    return jnp.take_along_axis(table, blocks[..., None], axis=3)
+
+
+def words_by_block(table, tiles):
+    """:func:`member_table` in the order of each block's tile list (``tile_index``'s tiles):
+    [B,G,Ts,nqt,nw], entry [b, g, j, u] for tile tiles[b, g, j, u] (padding entries clamped)."""
+    nqt = table.shape[2]
+    by_block = jnp.swapaxes(table[:, :, :, :-1], 2, 3)   # [B,G,Ts,nqt,nw]
+    return jnp.take_along_axis(by_block, jnp.minimum(tiles, nqt - 1)[..., None], axis=3)
+
+
+def padded_idx(idx):
+    """Selection slots padded with -1 to a power of two (a loadable tile width): the packed rows'
+    per-row operand of the tiled kernels."""
+    n = idx.shape[-1]
+    n_p = next_pow2(max(n, 1))
+    idx = idx.astype(jnp.int32)
+    if n_p == n:
+        return idx
+    return jnp.pad(idx, [(0, 0)] * 3 + [(0, n_p - n)], constant_values=-1)
+
+
+def tile_lists(idx, T: int, cfg: NSAConfig, bq: int, seg):
+    """-> (:func:`tile_index`'s four lists, the unpacked rows' :func:`member_table` or None) for
+    the tiled kernels (``seg``: packed rows' ``semantics.SegmentLayout`` or None): one scatter of
+    the selection for both (packed rows: ``tile_index``'s own)."""
+    table = None if seg is not None else member_table(idx, T, cfg, bq)
+    return tile_index(idx, T, cfg, bq, *(() if seg is None else (seg.start,)), table=table), table
+
+
+def rows_operand(idx, T: int, cfg: NSAConfig, bq: int, seg, table=None, *, blocks=None,
+                 tiles=None):
+    """The kernels' per-row operand: unpacked, the pairs' membership bits in the order of
+    ``blocks`` (forward / dQ) or ``tiles`` (dK/dV), from ``table`` (None: built here); packed
+    (``seg``), the rows' padded ids."""
+    if seg is not None:
+        return padded_idx(idx)
+    if table is None:
+        table = member_table(idx, T, cfg, bq)
+    return words_by_tile(table, blocks) if tiles is None else words_by_block(table, tiles)
