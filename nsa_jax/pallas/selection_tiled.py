@@ -10,8 +10,9 @@ that query's n blocks, these kernels tile the queries:
   group head // h). The program walks the *union* of the blocks its rows selected, in sub-tiles
   of ``bs.sel_keys`` keys, with an online softmax (forward) or recomputing p from the saved lse
   (dQ: dS = P * (dP - delta), dQ = dS K). Key s counts for row t iff its block is in t's
-  selection (``any(idx[b, t, g, :] == j)``, evaluated in the kernel) and s <= t. Blocks no row
-  selected are never loaded.
+  selection (``any(idx[b, t, g, :] == j)``: unpacked rows read it as a bit of the pair's words,
+  ``tiled_index.member_table``; packed rows compare their ids in the kernel) and s <= t. Blocks
+  no row selected are never loaded.
 * dK/dV: one program per (group, batch, key block) walks, in one loop, the (query tile, head)
   pairs of the tiles whose union holds the block and the group's h heads (unpacked rows: two
   loops, the tiles that overlap the block's keys, then the rest; see the causal split below),
