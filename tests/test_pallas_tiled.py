@@ -218,6 +218,10 @@ def test_member_words_mark_the_rows_of_each_listed_pair(bq):
                 for u in range(tcount[b, g, j]):
                     assert bits(by_block[b, g, j, u]) == rows(tiles[b, g, j, u], g, b, j)
     assert seen > 20
+    # a table is for unpacked rows: with document starts, tile_index says so
+    with pytest.raises(ValueError, match="unpacked"):
+        tile_index(jnp.asarray(idx), T, cfg, bq, jnp.zeros((B, T), jnp.int32),
+                   table=member_table(jnp.asarray(idx), T, cfg, bq))
 
 
 # ---- packed documents (document-relative ids; issue #16) -----------------------------------------

@@ -100,9 +100,9 @@ def _row_bias(member):
 def _list_members(words_ref, b, g, a, u, bq: int):
     """[bq] bool: the rows of a (tile, block) pair that selected its block (unpacked rows), from
     the pair's bits ``words_ref[b, g, a, u, :]`` (``tiled_index.member_table``; a is the tile
-    whose block list, or the block whose tile list, holds the pair at position u): two scalar
-    loads and a shift per row, where a test of the row's ids costs a [bq, n] compare and a
-    reduction per pair."""
+    whose block list, or the block whose tile list, holds the pair at position u): ceil(bq / 32)
+    scalar loads per pair and a select and a shift per row, where a test of the row's ids costs
+    a [bq, n] compare and a reduction per pair."""
     nw = words_ref.shape[-1]
     r = jnp.arange(bq, dtype=jnp.int32)
     word = words_ref[b, g, a, u, nw - 1]

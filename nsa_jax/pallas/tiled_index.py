@@ -13,11 +13,13 @@ a prefix of each tile's block list and a suffix of each block's tile list, so a 
 tells a kernel where its unmasked loop ends or begins.
 
 Row membership (unpacked rows, ``member_table``): which rows of a (tile, block) pair selected the
-block, as bits of two int32 words per pair, gathered in each list's order (``words_by_tile``,
-``words_by_block``); a kernel tests a row with a shift instead of comparing the row's n ids with
-the block (bench/NOTES.md, twenty-fourth session). ``tile_lists`` builds the lists and the table
-from one scatter; ``rows_operand`` is the kernels' per-row operand (the words, or packed rows'
-padded ids).
+block, as bits of ceil(bq / 32) int32 words per pair (two at the default bq = 64), gathered in each
+list's order (``words_by_tile``, ``words_by_block``); a kernel tests a row with a shift instead of
+comparing the row's n ids with the block (bench/NOTES.md, twenty-fourth session). ``tile_lists``
+builds the lists and the table from one scatter; ``rows_operand`` is the kernels' per-row operand
+(the words, or packed rows' padded ids). The table and each of its two gathered copies hold
+~B*G*T^2 / (32*l') int32 values at bq = 64, twice the union table (0.27 MB at 2k / B=16; 17 MB at
+64k, B=1, G=2, for a forced ``sel_impl: tiled``).
 """
 from __future__ import annotations
 
@@ -58,8 +60,12 @@ def tile_index(idx, T: int, cfg: NSAConfig, bq: int, start=None, table=None):
 
     ``table``: unpacked rows' :func:`member_table` of the same idx and bq, when the caller has it:
     the union is read from it (a word is non-zero iff some row selected the block) instead of a
-    scatter of its own.
+    scatter of its own. Not with ``start`` (packed rows list aligned blocks, which the table does
+    not hold).
     """
+    if table is not None and start is not None:
+        raise ValueError("tile_index: a member_table is for unpacked rows; packed rows (start) "
+                         "build their own union")
     B, _, G, n = idx.shape
     Ts = cfg.num_sel_blocks(T)
     nqt = cdiv(T, bq)
