@@ -51,7 +51,6 @@ def lower(tree: str, out: str, route: str, shape: str, T: int):
     """Write each Triton kernel of the op's fwd+bwd for ``route`` as OUT/NN_name.ttir."""
     sys.path.insert(0, os.path.abspath(tree))
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import jax
     import jax.numpy as jnp
 
     import nsa_jax
@@ -60,30 +59,12 @@ def lower(tree: str, out: str, route: str, shape: str, T: int):
     import nsa_jax.pallas.nsa as pnsa
     import nsa_jax.pallas.window as pwin
     import triton_ir
-    from harness import SHAPES
-    from nsa_jax.nsa import NSAConfig
-    from nsa_jax.nsa.options import KernelChoices
 
     pwin.cudnn_applies = pnsa.cudnn_applies = lambda *a: False
-    packed = route.startswith("packed")
     sel = route.split("-")[-1]
-    choices = KernelChoices(sel_impl="tiled" if sel == "tiled" else "gather",
-                            sel_fwd="block" if sel == "block" else "query",
-                            sel_dq="block" if sel == "block" else "query", cmp_attn="pallas")
-    cfg = NSAConfig()
-    Hq, G, D = SHAPES[shape]
-    S, dt = jax.ShapeDtypeStruct, jnp.bfloat16
-    Tc = cfg.num_cmp_blocks(T)
-    shapes = [S((1, T, Hq, D), dt), S((1, Tc, G, D), dt), S((1, Tc, G, D), dt)]
-    shapes += [S((1, T, G, D), dt)] * 4 + [S((1, T, Hq, 3), dt)]
-    shapes += [S((1, T), jnp.int32)] if packed else []
-
-    def f(*a):
-        seg = {"segment_ids": a[-1]} if packed else {}
-        args = a[:-1] if packed else a
-        o, vjp = jax.vjp(lambda *x: pnsa.nsa_attention_pallas(*x, cfg, choices=choices, **seg),
-                         *args)
-        return o, vjp(o)
+    f, shapes = triton_ir.op_route(jnp.bfloat16, route.startswith("packed"),
+                                   "tiled" if sel == "tiled" else "gather",
+                                   "block" if sel == "block" else "query", shape, T)
 
     modules = []
     triton_ir.lower_for_cuda(f, *shapes, on_module=lambda m: modules.append(

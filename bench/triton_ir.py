@@ -52,7 +52,13 @@ def route(name: str, shape: str = "125m", **kw):
     """-> (f, arg shapes): the op's fwd+bwd by route ``name`` (``ROUTES``; the compressed branch
     through the Pallas kernels) for the head layout ``SHAPES[shape]``; ``kw`` go to
     ``nsa_attention_pallas`` (e.g. ``block_sizes``). Packed routes take segment ids last."""
-    dtype, packed, sel_impl, sel_fwd = ROUTES[name]
+    return op_route(*ROUTES[name], shape, T, **kw)
+
+
+def op_route(dtype, packed: bool, sel_impl: str, sel_fwd: str, shape: str = "125m", T: int = T,
+             **kw):
+    """:func:`route` for any (dtype, packed rows, sel_impl, sel_fwd = sel_dq) and length T (one
+    row), not only the named ``ROUTES``; also what ``bench/kernel_sass.py`` lowers."""
     choices = KernelChoices(sel_impl=sel_impl, sel_fwd=sel_fwd, sel_dq=sel_fwd, cmp_attn="pallas")
     S = jax.ShapeDtypeStruct
     Hq, G, D = SHAPES[shape]

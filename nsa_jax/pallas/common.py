@@ -117,25 +117,18 @@ def softmax_init(rows: int, dv: int):
             jnp.zeros((rows, dv), jnp.float32))
 
 
-def softmax_step(m, lsum, s, c=None, row_bias=None):
-    """One online-softmax update (FlashAttention-2) over base-2 logits ``s`` [R, K], masked
-    entries -inf: -> (m_new, alpha, p, lsum_new). The caller rescales its accumulator by alpha
-    and adds p V. A row that has seen no key keeps m = -inf and gets p = 0 (no NaN).
+def softmax_step(m, lsum, s, c, row_bias=None):
+    """One online-softmax update (FlashAttention-2) over the raw dot ``s`` = Q K^T [R, K] (masked
+    entries -inf) with ``c`` = scale * log2(e), base-2 logits s * c (+ ``row_bias`` [R], 0 or -inf
+    per row): -> (m_new, alpha, p, lsum_new). The caller rescales its accumulator by alpha and
+    adds p V. A row that has seen no key keeps m = -inf and gets p = 0 (no NaN); a row whose
+    bias is -inf gets p = 0 (s * c - inf). A kernel whose s is already scaled passes c = 1.
 
-    ``c`` (scale * log2 e): ``s`` is the raw dot Q K^T (masked entries -inf) and the logits are
-    s * c (+ ``row_bias`` [R], 0 or -inf per row), formed inside the exponent as one fused
-    multiply-add per entry, p = exp2(s * c - (m - bias)), with the row maximum taken over the raw
-    s (c > 0, so max(s * c) = c * max(s) exactly). Against scaling (and biasing) s first, one or
-    two instructions fewer per entry: the tiled selection forward, issue-bound, went -6% on an
-    H100 at 2k; kernels held by latency or bandwidth did not move (bench/NOTES.md,
-    twenty-fourth session). p agrees with the two-step form to float32 rounding. A row whose bias
-    is -inf gets p = 0 (s * c - inf)."""
-    if c is None:
-        m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-        alpha = jnp.exp2(m - m_safe)
-        p = jnp.exp2(s - m_safe[:, None])
-        return m_new, alpha, p, lsum * alpha + jnp.sum(p, axis=1)
+    p = exp2(s * c - (m - bias)) is one fused multiply-add per entry, with the row maximum taken
+    over the raw s (c > 0, so max(s * c) = c * max(s) exactly). Against scaling (and biasing) s
+    first, one or two instructions fewer per entry: the tiled selection forward, issue-bound,
+    went -6% on an H100 at 2k; kernels held by latency or bandwidth did not move (bench/NOTES.md,
+    twenty-fourth session). p agrees with the two-step form to float32 rounding."""
     mx = jnp.max(s, axis=1) * c
     if row_bias is not None:
         mx = mx + row_bias

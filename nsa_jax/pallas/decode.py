@@ -65,9 +65,10 @@ def _rows(h: int) -> int:
 
 
 def _online(carry, s, v, prec):
-    """One online-softmax update (base 2, ``common.softmax_step``): s [hp, K] logits, v [K, Dv]."""
+    """One online-softmax update (base 2, ``common.softmax_step``): s [hp, K] logits, already
+    scaled (the compressed kernel stores them for the scores), v [K, Dv]."""
     m, l, acc = carry
-    m, alpha, p, l = softmax_step(m, l, s)
+    m, alpha, p, l = softmax_step(m, l, s, 1.0)
     return m, l, acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
 
 

@@ -84,7 +84,7 @@ from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, compiler_pa
                                    load, probs, sel_sub_tiles, softmax_finish,
                                    softmax_init, softmax_step, store)
 from nsa_jax.pallas.tiled_index import (WORD_BITS, diagonal_counts, full_counts, rows_operand,
-                                        tile_lists)
+                                        seg_args, tile_lists)
 
 
 def _sub_tiles(cfg: NSAConfig, bs: BlockSizes):
@@ -265,11 +265,6 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_ref
     store(lse_ref.at[b, t_st, hd], lse, ok)
 
 
-def _seg_args(seg):
-    """Extra kernel operands of packed rows (the document starts); none unpacked."""
-    return () if seg is None else (seg.start,)
-
-
 def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float,
                       interpret: bool, *, choices=None, seg=None):
     """-> o float32 [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of scaled logits,
@@ -280,7 +275,7 @@ def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
     G, Dv = k.shape[2], v.shape[-1]
     bq = bs.sel_tile_q
     bk, n_sub = _sub_tiles(cfg, bs)
-    segs = _seg_args(seg)
+    segs = seg_args(seg)
     (blocks, bcount, _, _), table = tile_lists(idx, T, cfg, bq, seg)
     nfull = full_counts(blocks, bcount, bq, cfg, seg)
     kern = functools.partial(_fwd_kernel, h=Hq // G, bq=bq, l_sel=cfg.sel_block, bk=bk,
@@ -432,7 +427,7 @@ def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAC
         interpret=interpret, name="nsa_sel_tiled_bwd_dq",
     )(blocks, bcount, full_counts(blocks, bcount, bs.sel_tile_q, cfg, seg), q, k, v,
       rows_operand(idx, T, cfg, bs.sel_tile_q, seg, table, blocks=blocks), do, gs, lse, delta,
-      *_seg_args(seg))
+      *seg_args(seg))
 
 
 def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAConfig,
@@ -452,7 +447,7 @@ def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAC
         interpret=interpret, name="nsa_sel_tiled_bwd_dkv",
     )(tiles, tcount, diagonal_counts(tiles, tcount, bs.sel_tile_q, cfg, seg), q, k, v,
       rows_operand(idx, T, cfg, bs.sel_tile_q, seg, table, tiles=tiles), do, gs, lse, delta,
-      *_seg_args(seg))
+      *seg_args(seg))
 
 
 def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,

@@ -177,12 +177,18 @@ def padded_idx(idx):
     return jnp.pad(idx, [(0, 0)] * 3 + [(0, n_p - n)], constant_values=-1)
 
 
+def seg_args(seg):
+    """Extra operands of packed rows (the document starts) for ``tile_index`` and the tiled
+    kernels; none unpacked."""
+    return () if seg is None else (seg.start,)
+
+
 def tile_lists(idx, T: int, cfg: NSAConfig, bq: int, seg):
     """-> (:func:`tile_index`'s four lists, the unpacked rows' :func:`member_table` or None) for
     the tiled kernels (``seg``: packed rows' ``semantics.SegmentLayout`` or None): one scatter of
     the selection for both (packed rows: ``tile_index``'s own)."""
     table = None if seg is not None else member_table(idx, T, cfg, bq)
-    return tile_index(idx, T, cfg, bq, *(() if seg is None else (seg.start,)), table=table), table
+    return tile_index(idx, T, cfg, bq, *seg_args(seg), table=table), table
 
 
 def rows_operand(idx, T: int, cfg: NSAConfig, bq: int, seg, table=None, *, blocks=None,
