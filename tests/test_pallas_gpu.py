@@ -99,6 +99,14 @@ def test_bf16_matches_f32_reference(shape, T, **kw):
     assert not bad, f"relative RMSE above 5e-3: {bad}"
 
 
+@pytest.mark.parametrize("shape,T", [("125m", 2048), ("125m", 1027), ("bench", 2048)])
+def test_pallas_window_bf16_matches_f32_reference(shape, T):
+    """The window branch by the document-local Pallas kernel (KernelChoices.win_attn="pallas",
+    one document per row) instead of cuDNN: the same bf16-vs-float32 check as above."""
+    test_bf16_matches_f32_reference(shape, T, choices=KernelChoices(cmp_attn="pallas",
+                                                                    win_attn="pallas"))
+
+
 @pytest.mark.parametrize("shape,T", [("125m", 2048), ("125m", 1027), ("bench", 1027)])
 def test_sel_fwd_block_bf16_matches_f32_reference(shape, T):
     """The block-major selection kernels (KernelChoices.sel_fwd="block" and sel_dq="block",

@@ -17,6 +17,7 @@ SCORE_DOTS = ("ieee", "tf32x3")
 SCORE_HEADS = ("auto", "rows", "loop")
 F32_DOTS = ("ieee", "tf32")
 CMP_ATTNS = ("auto", "pallas", "cudnn", "xla")
+WIN_ATTNS = ("auto", "cudnn", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +99,13 @@ class KernelChoices:
                         Packed rows: "auto" takes "pallas"; "cudnn"/"xla" group the queries by
                         document slots and add the documents' slot mask (``nsa_jax/pallas/
                         cmp_grouped.py``; measured slower than "pallas" in the whole packed op).
+    win_attn:           sliding-window branch of unpacked rows: "cudnn" (cuDNN's fused attention
+                        with a local window; bf16/fp16 on a GPU, equal head dims <= 128),
+                        "pallas" (the document-local FlashAttention kernel of ``nsa_jax/pallas/
+                        local.py`` with one document per row; in interpret mode on the CPU) or
+                        "auto" (cudnn where it applies, else the Pallas kernel on a GPU and
+                        masked XLA attention on the CPU). Packed rows always take the
+                        document-local kernel.
     """
     sel_impl: str = "auto"
     sel_tiled_max_t: int = 4096
@@ -110,6 +118,7 @@ class KernelChoices:
     score_heads: str = "auto"
     f32_dot: str = "ieee"
     cmp_attn: str = "auto"
+    win_attn: str = "auto"
 
     def __post_init__(self):
         def fail(field, msg):
@@ -132,6 +141,8 @@ class KernelChoices:
             fail("score_heads", f"one of {list(SCORE_HEADS)}, got {self.score_heads!r}")
         if self.cmp_attn not in CMP_ATTNS:
             fail("cmp_attn", f"one of {list(CMP_ATTNS)}, got {self.cmp_attn!r}")
+        if self.win_attn not in WIN_ATTNS:
+            fail("win_attn", f"one of {list(WIN_ATTNS)}, got {self.win_attn!r}")
         if self.f32_dot not in F32_DOTS:
             fail("f32_dot", f"one of {list(F32_DOTS)}, got {self.f32_dot!r}")
         if not isinstance(self.sel_tiled_max_t, int) or self.sel_tiled_max_t < 0:

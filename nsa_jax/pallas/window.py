@@ -53,11 +53,22 @@ def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
                      choices: KernelChoices | None = None, seg=None,
                      block_sizes: BlockSizes | None = None):
     """q [B,T,Hq,D], k/v [B,T,G,D] -> o float32 [B,T,Hq,Dv]; ``seg``: packed rows' layout;
-    ``block_sizes``: tiles of the document-local kernel (None = by shape)."""
+    ``block_sizes``: tiles of the document-local kernel (None = by shape). Unpacked rows go by
+    ``choices.win_attn`` (an explicit "cudnn" that cannot run is one error naming the key)."""
     if seg is not None:
         return local_attention(q, k, v, seg.start, cfg.window, block_sizes,
                                interpret=interpret, choices=choices)
-    if cudnn_applies(q, v, interpret):
+    impl = choices_or_default(choices).win_attn
+    ok = cudnn_applies(q, v, interpret)
+    if impl == "cudnn" and not ok:
+        raise ValueError(
+            "kernel.win_attn: 'cudnn' needs bf16/fp16 operands on a GPU with equal head dims "
+            f"<= 128 (multiples of 8); got {jnp.dtype(q.dtype).name}, head dims {q.shape[-1]}/"
+            f"{v.shape[-1]}, {'interpret mode' if interpret else 'GPU'}; use 'pallas' or 'auto'")
+    if impl == "pallas" or (impl == "auto" and not ok and not interpret):
+        return local_attention(q, k, v, None, cfg.window, block_sizes, interpret=interpret,
+                               choices=choices)
+    if ok:
         T = q.shape[1]
         k, v = k.astype(q.dtype), v.astype(q.dtype)
         if T % 2:
@@ -70,7 +81,4 @@ def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
             q, k, v, is_causal=True, scale=1.0 / math.sqrt(q.shape[-1]),
             local_window_size=(cfg.window - 1, 0), implementation="cudnn")
         return o[:, :T].astype(jnp.float32)
-    if not interpret:
-        return local_attention(q, k, v, None, cfg.window, block_sizes, interpret=False,
-                               choices=choices)
     return _masked_window(q, k, v, cfg, xla_precision(choices))
