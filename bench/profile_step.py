@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python bench/profile_step.py [--models nsa_125m dense_125m]
         [--points 65536:1 2048:16] [--steps 2] [--out bench/results/profile_<dev>.json]
-        [--trace-dir DIR] [--top 25] [--smoke]
+        [--trace-dir DIR] [--top 25] [--override KEY=VALUE ...] [--smoke]
 
 For each (model, T, B) point it builds the product's train step exactly like
 ``bench/train_throughput.py`` (same configs, synthetic tokens), compiles it, runs 2 warm-up
@@ -119,8 +119,8 @@ def summarise(trace: dict, steps: int, top: int) -> dict:
             "gpu_trace": bool(gpu)}
 
 
-def profile_point(name, T, B, steps, smoke, trace_root, top) -> dict:
-    cfg, devices, step, state, batches = build_point(name, T, B, steps, smoke, None)
+def profile_point(name, T, B, steps, smoke, trace_root, top, extra=()) -> dict:
+    cfg, devices, step, state, batches = build_point(name, T, B, steps, smoke, None, 1, extra)
     step = step.lower(state, batches[0]).compile()
     for i in range(2):
         state, stats = step(state, batches[i % 4])
@@ -133,7 +133,7 @@ def profile_point(name, T, B, steps, smoke, trace_root, top) -> dict:
         jax.block_until_ready(stats["loss"])
     wall = (time.perf_counter() - t0) / steps
     summary = summarise(load_trace(trace_dir), steps, top)
-    return {"model": name, "seq_len": T, "batch": B, "steps": steps,
+    return {"model": name, "seq_len": T, "batch": B, "steps": steps, "overrides": list(extra),
             "wall_ms_per_step_profiled": wall * 1e3, **summary}
 
 
@@ -157,6 +157,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out")
     ap.add_argument("--trace-dir", help="keep the raw traces here (default: a temporary dir)")
+    ap.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides for every point (e.g. exec.kernel.cmp_pallas_max_t=0)")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args(argv)
     if a.smoke and a.points == ap.get_default("points"):
@@ -171,7 +173,8 @@ def main(argv=None) -> int:
             T, B = (int(x) for x in pt.split(":"))
             for name in a.models:
                 try:
-                    r = profile_point(name, T, B, a.steps, a.smoke, root, a.top)
+                    r = profile_point(name, T, B, a.steps, a.smoke, root, a.top,
+                                      tuple(a.override))
                 except Exception as e:  # noqa: BLE001 - one failed point must not lose the rest
                     r = {"model": name, "seq_len": T, "batch": B,
                          "error": str(e).splitlines()[0][:300]}

@@ -62,3 +62,21 @@ def test_cudnn_choice_off_gpu_is_one_clear_error():
         nsa_attention(*args, TINY, impl="pallas", choices=KernelChoices(cmp_attn="cudnn"))
     with pytest.raises(ValueError, match="kernel.cmp_attn"):
         KernelChoices(cmp_attn="flash")
+
+
+@pytest.mark.parametrize("T,packed,choices,want", [
+    (4096, False, KernelChoices(), "pallas"),                  # short rows: Pallas
+    (4097, False, KernelChoices(), "cudnn"),
+    (4097, True, KernelChoices(), "pallas"),                   # packed rows: always Pallas
+    (2048, False, KernelChoices(cmp_pallas_max_t=0), "cudnn"),
+    (2048, False, KernelChoices(cmp_attn="cudnn"), "cudnn"),
+    (9000, False, KernelChoices(cmp_attn="pallas"), "pallas"),
+])
+def test_auto_cmp_attn_by_row_length(T, packed, choices, want):
+    """cmp_attn "auto" on operands cuDNN can run (bf16, compiled): cuDNN above
+    ``cmp_pallas_max_t`` tokens, the Pallas kernels at or below it and for packed rows."""
+    from nsa_jax.pallas.nsa import _cmp_attn, _Static
+    q = jax.ShapeDtypeStruct((1, T, 4, 64), jnp.bfloat16)
+    v = jax.ShapeDtypeStruct((1, 8, 2, 64), jnp.bfloat16)
+    st = _Static(TINY, BlockSizes(), choices, False, True)
+    assert _cmp_attn(q, v, st, packed) == want

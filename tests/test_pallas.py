@@ -378,6 +378,8 @@ def test_block_sizes_reject_bad_values(field, value):
 
 @pytest.mark.parametrize("field,value", [("sel_bwd", "x"), ("score_dot", "bf16"),
                                          ("sel_impl", "dense"), ("sel_tiled_max_t", -1),
+                                         ("cmp_pallas_max_t", -1), ("cmp_pallas_max_t", True),
+                                         ("win_attn", "x"),
                                          ("cmp_bwd_split", 0), ("sel_fwd", "x"),
                                          ("sel_dq", "x"), ("sel_partial_mib", 0),
                                          ("sel_partial_mib", "512"), ("sel_partial_mib", True),

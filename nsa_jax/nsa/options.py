@@ -94,11 +94,18 @@ class KernelChoices:
                         the d queries of a stride in the head axis; bf16/fp16 on a GPU, equal head
                         dims <= 128; the selection scores still run in Pallas), "xla" (the same
                         grouping in XLA, O(Tc^2) memory: the CPU twin of "cudnn") or "auto"
-                        (cudnn where it applies, else pallas; measured on an H200 at 64k: NSA
-                        fwd+bwd 137.3 -> 115.4 ms at the bench shape, 26.7 -> 21.9 ms at 125M).
+                        (cudnn where it applies and T > cmp_pallas_max_t, else pallas; measured
+                        on an H200 at 64k: NSA fwd+bwd 137.3 -> 115.4 ms at the bench shape,
+                        26.7 -> 21.9 ms at 125M).
                         Packed rows: "auto" takes "pallas"; "cudnn"/"xla" group the queries by
                         document slots and add the documents' slot mask (``nsa_jax/pallas/
                         cmp_grouped.py``; measured slower than "pallas" in the whole packed op).
+    cmp_pallas_max_t:   longest T for which cmp_attn "auto" keeps the Pallas kernels on unpacked
+                        rows: at short T cuDNN's fixed costs (its dO.O, fp32 dQ conversion and
+                        GQA head-reduction kernels) outweigh its faster matmuls. On an H100 at the
+                        125M shape, bf16, NSA fwd+bwd with Pallas / cuDNN: 3.13 / 3.27 ms at 2k
+                        (B=16), 4.62 / 4.67 at 4k (B=8), 5.46 / 5.33 at 8k (B=4) (bench/NOTES.md,
+                        twenty-fifth session). 4096.
     win_attn:           sliding-window branch of unpacked rows: "cudnn" (cuDNN's fused attention
                         with a local window; bf16/fp16 on a GPU, equal head dims <= 128),
                         "pallas" (the document-local FlashAttention kernel of ``nsa_jax/pallas/
@@ -118,6 +125,7 @@ class KernelChoices:
     score_heads: str = "auto"
     f32_dot: str = "ieee"
     cmp_attn: str = "auto"
+    cmp_pallas_max_t: int = 4096
     win_attn: str = "auto"
 
     def __post_init__(self):
@@ -145,8 +153,10 @@ class KernelChoices:
             fail("win_attn", f"one of {list(WIN_ATTNS)}, got {self.win_attn!r}")
         if self.f32_dot not in F32_DOTS:
             fail("f32_dot", f"one of {list(F32_DOTS)}, got {self.f32_dot!r}")
-        if not isinstance(self.sel_tiled_max_t, int) or self.sel_tiled_max_t < 0:
-            fail("sel_tiled_max_t", f"must be an integer >= 0, got {self.sel_tiled_max_t!r}")
+        for f in ("sel_tiled_max_t", "cmp_pallas_max_t"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                fail(f, f"must be an integer >= 0, got {v!r}")
         if (isinstance(self.sel_partial_mib, bool)
                 or not isinstance(self.sel_partial_mib, (int, float))
                 or not self.sel_partial_mib > 0):

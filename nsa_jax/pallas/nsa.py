@@ -155,13 +155,14 @@ def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg
 
 def _cmp_attn(q, v_cmp, st: _Static, packed: bool) -> str:
     """``KernelChoices.cmp_attn`` resolved: "auto" -> "cudnn" where cuDNN applies to unpacked
-    rows, else "pallas" (packed rows: the grouped cuDNN path with its document mask measured
-    slower in the whole op, bench/NOTES.md); an explicit "cudnn" that cannot run is one error
-    naming the key."""
+    rows longer than ``cmp_pallas_max_t``, else "pallas" (packed rows: the grouped cuDNN path
+    with its document mask measured slower in the whole op; short rows: cuDNN's fixed costs,
+    bench/NOTES.md); an explicit "cudnn" that cannot run is one error naming the key."""
     c = st.choices.cmp_attn
     ok = cudnn_applies(q, v_cmp, st.interpret)
     if c == "auto":
-        return "cudnn" if ok and not packed else "pallas"
+        long_rows = q.shape[1] > st.choices.cmp_pallas_max_t
+        return "cudnn" if ok and not packed and long_rows else "pallas"
     if c == "cudnn" and not ok:
         raise ValueError(
             "kernel.cmp_attn: 'cudnn' needs bf16/fp16 operands on a GPU with equal head dims "
