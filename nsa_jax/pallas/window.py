@@ -6,7 +6,10 @@ implementation="cudnn")``), which skips the tiles outside the band in forward an
 Other inputs on a GPU (float32) run the document-local Pallas kernel (``local.py``) with the
 window, its float32 dots at the precision ``KernelChoices.f32_dot`` names (IEEE by default, so
 float32 runs do not silently drop to tf32). On the CPU it is masked attention in XLA over
-``semantics.window_visible`` (O(T^2) memory; CPU shapes are small).
+``semantics.window_visible`` (O(T^2) memory; CPU shapes are small). ``KernelChoices.win_attn``
+picks explicitly: "pallas" runs the document-local kernel for unpacked bf16 rows too (and in
+interpret mode on the CPU); measured slower than cuDNN at the 125M shape at 2k-64k on an H100
+(bench/NOTES.md, twenty-fifth session), so "auto" keeps cuDNN.
 
 Packed documents (``seg``, a ``semantics.SegmentLayout``): keys also satisfy s >= start(t).
 On every device this is the document-local kernel with the window (interpret mode on the CPU):
