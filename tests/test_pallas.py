@@ -431,6 +431,40 @@ def test_f32_dot_choice_sets_every_float32_matmul_precision():
 WIDE = dataclasses.replace(TINY, n_sel=16, n_init=1, n_local=2)
 
 
+@pytest.mark.parametrize("kind,bs", [("one_value", None), ("two_values", None),
+                                     ("top_in_one_segment", None), ("few_finite", None),
+                                     ("segment_edges", None),
+                                     ("two_values", BlockSizes(topn_elems=256))])  # 1 row each
+def test_topn_tournament_equals_semantics(kind, bs):
+    """The tournament kernel of the wide unpacked buckets (``topn._tour_kernel``; T = 4200 at
+    l' = 16: buckets of 256 and 512 columns, 1-4 rows per program) == ``lax.top_k``'s rule on
+    rows built against it: every candidate equal (picks by index alone), two values, all high
+    scores in one 32-column segment (one segment is reloaded every round), fewer finite
+    candidates than picks (-inf scores are never selected: slots -1), and ties that straddle
+    segment edges (columns 31/32, 63/64 equal to the row maximum)."""
+    from nsa_jax.nsa import semantics
+    from nsa_jax.pallas.topn import topn_pallas
+    B, T, G, cfg = 1, 4200, 2, WIDE
+    Ts = cfg.num_sel_blocks(T)
+    rng = np.random.default_rng(7)
+    if kind == "one_value":
+        s = np.ones((B, T, G, Ts))
+    elif kind == "two_values":
+        s = rng.integers(0, 2, (B, T, G, Ts)).astype(float)
+    elif kind == "top_in_one_segment":
+        s = rng.random((B, T, G, Ts)) * 0.5
+        s[..., 64:96] += 1.0
+    elif kind == "few_finite":
+        s = np.where(rng.random((B, T, G, Ts)) < 0.03, rng.random((B, T, G, Ts)), -np.inf)
+    else:
+        s = rng.random((B, T, G, Ts)) * 0.5
+        s[..., [31, 32, 63, 64, 200]] = 2.0
+    scores = jnp.asarray(s.astype(np.float32))
+    want = semantics.topn_from_scores(scores, jnp.arange(T)[None, :, None], cfg)
+    got = jax.jit(lambda x: topn_pallas(x, cfg, True, None, bs))(scores)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 @pytest.mark.parametrize("T,cfg,packed,bs,distinct", [
     (700, TINY, False, None, False),       # Ts = 44 -> width buckets 16, 32, 64; B = 2 rows
     (700, TINY, True, None, False),        # packed: the same buckets, document-relative t

@@ -32,7 +32,8 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
-from nsa_jax.pallas.common import BlockSizes, compiler_params, idiv, load, next_pow2, store
+from nsa_jax.pallas.common import (NEG_INF, POS_INF, BlockSizes, compiler_params, idiv, load,
+                                   next_pow2, store)
 
 MAX_ROW = 16384  # longest score row (Ts padded) one program holds; longer rows use lax.top_k
 
@@ -90,6 +91,86 @@ def _topn_kernel(sc_ref, *refs, rows, width, t0, n_bucket, T, G, k, n_sel, n_ini
           jnp.full((rows, slot.shape[0]), -1, jnp.int32), pad)
 
 
+SEG = 32              # columns per segment of the tournament top-n
+TOUR_MIN_WIDTH = 256  # narrowest unpacked bucket that takes the tournament kernel
+BIG = 2 ** 30         # id of an empty pick (sorts after every block id)
+
+
+def _tour_kernel(sc_ref, _ids_in, ids_ref, *, rows, width, t0, n_bucket, T, G, n_sel, n_init,
+                 n_local, l_sel):
+    """Top-n of unpacked rows whose forced blocks are all distinct candidates (every row of the
+    bucket has cur = t // l' >= n_init + n_local), as a tournament over segments of ``SEG``
+    columns. The picks come in the order of ``lax.top_k`` (higher score first, ties to the lower
+    index), so after r rounds the picked set is the r largest (score, -index) pairs and the next
+    pick is the largest pair below the last one: no mask of picked columns is kept. Each segment
+    keeps the maximum of its pairs below the last pick; a round takes the largest segment
+    maximum (the lowest segment among equals: segments are ascending column ranges), reloads that
+    one segment's ``SEG`` scores (L1 / L2: the program read them in the first pass), picks its
+    largest pair below the last pick and recomputes its maximum without it. So a round touches
+    n_segments + ``SEG`` values instead of every column of the row (the rounds kernel's max,
+    argmin and mask over the whole row). The chosen ids are written ascending through a rank
+    count over the n_sel picks (a [n_sel] x [n_sel] comparison, not a prefix scan over the
+    row)."""
+    N, Ts = sc_ref.shape
+    b = pl.program_id(1)
+    i = pl.program_id(0) * rows + jnp.arange(rows)
+    r_ok = i < n_bucket
+    r_safe = b * (T * G) + t0 * G + jnp.where(r_ok, i, 0)
+    cur = idiv(idiv(r_safe, G) - b * T, l_sel)                       # [rows]
+    nseg = width // SEG
+    kk = jnp.arange(SEG)
+    sidx = jnp.arange(nseg)
+
+    def scores(seg):
+        """[rows, SEG] scores of segment ``seg`` ([rows]); forced, non-candidate and padding
+        columns at -inf."""
+        cols = seg[:, None] * SEG + kk[None, :]
+        ok = r_ok[:, None] & (cols < Ts)
+        v = load(sc_ref.at[r_safe[:, None], jnp.minimum(cols, Ts - 1)], ok, NEG_INF)
+        keep = (cols >= n_init) & (cols <= (cur - n_local)[:, None])
+        return cols, jnp.where(keep, v, NEG_INF)
+
+    seg_max = jnp.full((rows, nseg), NEG_INF, jnp.float32)
+    for sg in range(nseg):
+        _, v = scores(jnp.full((rows,), sg, jnp.int32))
+        seg_max = jnp.where(sidx[None, :] == sg, jnp.max(v, axis=1)[:, None], seg_max)
+    n_f = n_init + n_local
+    picks = [jnp.full((rows,), f, jnp.int32) for f in range(n_init)]
+    picks += [cur - (n_local - 1) + f for f in range(n_local)]
+    m_prev = jnp.full((rows,), POS_INF, jnp.float32)
+    j_prev = jnp.full((rows,), -1, jnp.int32)
+    for _ in range(n_sel - n_f):
+        m = jnp.max(seg_max, axis=1)
+        valid = m > NEG_INF
+        sw = jnp.min(jnp.where(seg_max == m[:, None], sidx[None, :], nseg), axis=1)
+        sw = jnp.where(valid, sw, 0)
+        cols, v = scores(sw)
+        below = (v < m_prev[:, None]) | ((v == m_prev[:, None]) & (cols > j_prev[:, None]))
+        v = jnp.where(below, v, NEG_INF)
+        jm = jnp.min(jnp.where(v == m[:, None], cols, BIG), axis=1)
+        rest = jnp.max(jnp.where(cols == jm[:, None], NEG_INF, v), axis=1)
+        seg_max = jnp.where((sidx[None, :] == sw[:, None]) & valid[:, None], rest[:, None],
+                            seg_max)
+        picks.append(jnp.where(valid, jm, BIG))
+        m_prev, j_prev = m, jm
+    for a, pa in enumerate(picks):   # ascending: rank = ids below, ties (empty picks) by slot
+        rank = jnp.zeros((rows,), jnp.int32)
+        for c, pc in enumerate(picks):
+            if c != a:
+                rank += ((pc < pa) | ((pc == pa) & (c < a))).astype(jnp.int32)
+        ok = r_ok & (rank < n_sel)
+        store(ids_ref.at[jnp.where(ok, r_safe, N), jnp.where(ok, rank, 0)],
+              jnp.where(pa == BIG, -1, pa), ok)
+
+
+def _tournament(width: int, t0: int, Ts: int, cfg: NSAConfig, packed: bool) -> bool:
+    """The bucket [t0, ...) of ``width`` columns takes ``_tour_kernel``: unpacked, wide, and every
+    row's forced blocks distinct candidates with n_sel picks to make."""
+    n_f = cfg.n_init + cfg.n_local
+    return (not packed and width >= TOUR_MIN_WIDTH and width % SEG == 0 and n_f <= cfg.n_sel
+            <= Ts and t0 // cfg.sel_block >= n_f)
+
+
 def _buckets(T: int, tsp: int, l_sel: int):
     """[(t0, t1, width)]: query ranges whose candidates fit ``width`` columns (packed rows too:
     a document-relative position is at most the row position)."""
@@ -117,10 +198,15 @@ def topn_pallas(scores, cfg: NSAConfig, interpret: bool, rel=None, bs: BlockSize
     for t0, t1, width in _buckets(T, tsp, cfg.sel_block):
         rows = max(1, min(64, bs.topn_elems // width))
         n_bucket = (t1 - t0) * G
-        kern = functools.partial(
-            _topn_kernel, rows=rows, width=width, t0=t0, n_bucket=n_bucket, T=T, G=G,
-            k=min(cfg.n_sel, Ts), n_sel=cfg.n_sel, n_init=cfg.n_init, n_local=cfg.n_local,
-            l_sel=cfg.sel_block, packed=rel is not None)
+        if _tournament(width, t0, Ts, cfg, rel is not None):
+            kern = functools.partial(
+                _tour_kernel, rows=rows, width=width, t0=t0, n_bucket=n_bucket, T=T, G=G,
+                n_sel=cfg.n_sel, n_init=cfg.n_init, n_local=cfg.n_local, l_sel=cfg.sel_block)
+        else:
+            kern = functools.partial(
+                _topn_kernel, rows=rows, width=width, t0=t0, n_bucket=n_bucket, T=T, G=G,
+                k=min(cfg.n_sel, Ts), n_sel=cfg.n_sel, n_init=cfg.n_init, n_local=cfg.n_local,
+                l_sel=cfg.sel_block, packed=rel is not None)
         extra = () if rel is None else (rel,)
         ids = pl.pallas_call(
             kern, grid=(pl.cdiv(n_bucket, rows), B),
