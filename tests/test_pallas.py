@@ -435,15 +435,18 @@ WIDE = dataclasses.replace(TINY, n_sel=16, n_init=1, n_local=2)
                                      ("top_in_one_segment", None), ("few_finite", None),
                                      ("segment_edges", None),
                                      ("two_values", BlockSizes(topn_elems=256))])  # 1 row each
-def test_topn_tournament_equals_semantics(kind, bs):
+def test_topn_tournament_equals_semantics(kind, bs, monkeypatch):
     """The tournament kernel of the wide unpacked buckets (``topn._tour_kernel``; T = 4200 at
-    l' = 16: buckets of 256 and 512 columns, 1-4 rows per program) == ``lax.top_k``'s rule on
+    l' = 16 with the kernel's threshold lowered to 256 columns: buckets of 256 and 512 columns,
+    1-4 rows per program) == ``lax.top_k``'s rule on
     rows built against it: every candidate equal (picks by index alone), two values, all high
     scores in one 32-column segment (one segment is reloaded every round), fewer finite
     candidates than picks (-inf scores are never selected: slots -1), and ties that straddle
     segment edges (columns 31/32, 63/64 equal to the row maximum)."""
     from nsa_jax.nsa import semantics
+    from nsa_jax.pallas import topn
     from nsa_jax.pallas.topn import topn_pallas
+    monkeypatch.setattr(topn, "TOUR_MIN_WIDTH", 256)
     B, T, G, cfg = 1, 4200, 2, WIDE
     Ts = cfg.num_sel_blocks(T)
     rng = np.random.default_rng(7)

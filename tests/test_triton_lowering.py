@@ -216,11 +216,14 @@ def test_cache_write_kernel_lowers_to_triton():
 
 
 def test_topn_kernel_lowers_to_triton():
-    """Top-n at T = 16k (Ts = 256): every width bucket from 16 to 256 columns lowers."""
-    from nsa_jax.pallas.topn import topn_pallas
-    Ts = CFG.num_sel_blocks(16384)
-    names = triton_kernels(lambda s: topn_pallas(s, CFG, False), S(1, 16384, G, Ts,
-                                                                    dtype=jnp.float32))
+    """Top-n at T = 32k (Ts = 512): every width bucket from 16 to 512 columns lowers, the
+    512-column one through the tournament kernel."""
+    from nsa_jax.pallas import topn
+    T = 32768
+    Ts = CFG.num_sel_blocks(T)
+    assert topn._tournament(Ts, T // 2, Ts, CFG, False)
+    names = triton_kernels(lambda s: topn.topn_pallas(s, CFG, False), S(1, T, G, Ts,
+                                                                         dtype=jnp.float32))
     assert names == {"nsa_topn"}, names
 
 

@@ -92,7 +92,10 @@ def _topn_kernel(sc_ref, *refs, rows, width, t0, n_bucket, T, G, k, n_sel, n_ini
 
 
 SEG = 32              # columns per segment of the tournament top-n
-TOUR_MIN_WIDTH = 256  # narrowest unpacked bucket that takes the tournament kernel
+TOUR_MIN_WIDTH = 512  # narrowest unpacked bucket that takes the tournament kernel: on an H100 at
+#                       125M 64k the 256-column bucket (4 rows per program) took 0.107 ms with it,
+#                       0.050 with the rounds kernel; 512: 0.093 vs 0.167, 1024: 0.151 vs 0.550
+#                       (bench/NOTES.md, twenty-fifth session)
 BIG = 2 ** 30         # id of an empty pick (sorts after every block id)
 
 
