@@ -431,6 +431,20 @@ def test_f32_dot_choice_sets_every_float32_matmul_precision():
 WIDE = dataclasses.replace(TINY, n_sel=16, n_init=1, n_local=2)
 
 
+def test_topn_tournament_rule():
+    """Which buckets take the tournament kernel: unpacked, 512..2048 columns, rows whose forced
+    blocks are distinct candidates, n_sel picks within the row."""
+    from nsa_jax.pallas.topn import _tournament
+    cfg = NSAConfig()                                   # l' = 64, n = 16, 1 + 2 forced
+    assert _tournament(1024, 512 * 64, 1024, cfg, False)
+    assert _tournament(2048, 1024 * 64, 2048, cfg, False)
+    assert not _tournament(256, 128 * 64, 1024, cfg, False)      # narrow: rounds kernel
+    assert not _tournament(4096, 2048 * 64, 4096, cfg, False)    # unrolled first pass too long
+    assert not _tournament(1024, 512 * 64, 1024, cfg, True)      # packed rows
+    assert not _tournament(1024, 2 * 64, 1024, cfg, False)       # cur < n_init + n_local
+    assert not _tournament(1024, 512 * 64, 8, cfg, False)        # fewer blocks than n_sel
+
+
 @pytest.mark.parametrize("kind,bs", [("one_value", None), ("two_values", None),
                                      ("top_in_one_segment", None), ("few_finite", None),
                                      ("segment_edges", None),

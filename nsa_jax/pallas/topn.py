@@ -96,6 +96,9 @@ TOUR_MIN_WIDTH = 512  # narrowest unpacked bucket that takes the tournament kern
 #                       125M 64k the 256-column bucket (4 rows per program) took 0.107 ms with it,
 #                       0.050 with the rounds kernel; 512: 0.093 vs 0.167, 1024: 0.151 vs 0.550
 #                       (bench/NOTES.md, twenty-fifth session)
+TOUR_MAX_WIDTH = 2048  # widest bucket that takes it: its first pass is unrolled over the row's
+#                       segments (64 at 2048 columns, T = 128k at l' = 64); wider rows keep the
+#                       rounds kernel (neither was timed there)
 BIG = 2 ** 30         # id of an empty pick (sorts after every block id)
 
 
@@ -170,8 +173,8 @@ def _tournament(width: int, t0: int, Ts: int, cfg: NSAConfig, packed: bool) -> b
     """The bucket [t0, ...) of ``width`` columns takes ``_tour_kernel``: unpacked, wide, and every
     row's forced blocks distinct candidates with n_sel picks to make."""
     n_f = cfg.n_init + cfg.n_local
-    return (not packed and width >= TOUR_MIN_WIDTH and width % SEG == 0 and n_f <= cfg.n_sel
-            <= Ts and t0 // cfg.sel_block >= n_f)
+    return (not packed and TOUR_MIN_WIDTH <= width <= TOUR_MAX_WIDTH and width % SEG == 0
+            and n_f <= cfg.n_sel <= Ts and t0 // cfg.sel_block >= n_f)
 
 
 def _buckets(T: int, tsp: int, l_sel: int):
