@@ -1,4 +1,4 @@
-"""Top-n block selection with forced blocks (NSA §3.3.2, Eq. 11): a Pallas kernel.
+"""Top-n block selection with forced blocks (NSA §3.3.2, Eq. 11): Pallas kernels.
 
 Same result as ``semantics.topn_from_scores`` at t = the row's position: block j is a
 candidate for query t iff j*l' <= t; the first ``n_init`` and the ``n_local`` most recent
@@ -15,6 +15,12 @@ t < w*l' have at most w candidates, so their programs load and reduce only the f
 columns (w = powers of two up to Ts padded; at 64k this is 2/3 of the full-width work). Rows
 longer than ``MAX_ROW`` (Ts padded; T > ~1M tokens at l' = 64) do not fit one program and go
 through ``semantics.topn_from_scores`` (``lax.top_k``, same result).
+
+Unpacked buckets of ``TOUR_MIN_WIDTH``..``TOUR_MAX_WIDTH`` columns take a second kernel,
+``_tour_kernel``: a tournament over 32-column segments whose rounds reload one segment each
+instead of reducing the whole row (its docstring). On an H100 at the 125M shape, 64k, the
+1024-column bucket 0.550 -> 0.151 ms and the NSA 64k train step 306.8 -> 302.0 ms
+(bench/NOTES.md, twenty-fifth session).
 
 Packed documents: ``rel`` [B,T] (the document-relative position r(t)) replaces t, so candidates
 and forced blocks are the query's own document's blocks and the ids document-relative. Their rows
