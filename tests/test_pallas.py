@@ -370,7 +370,8 @@ def test_packed_inverted_index_lists_each_pair_once_under_a_range_holding_its_ke
 @pytest.mark.parametrize("field,value", [("cmp_rows", 48), ("sel_keys", 8), ("num_warps", 3),
                                          ("score_q", 8), ("score_q", 48), ("cmp_bwd_rows", 48),
                                          ("cmp_bwd_rows", 8), ("cmp_bwd_warps", 3),
-                                         ("sel_bwd_warps", 3)])
+                                         ("sel_bwd_warps", 3), ("topn_tour_rows", 0),
+                                         ("topn_tour_rows", 3), ("topn_tour_rows", 128)])
 def test_block_sizes_reject_bad_values(field, value):
     with pytest.raises(ValueError, match=f"BlockSizes.{field}"):
         BlockSizes(**{field: value})
@@ -448,11 +449,12 @@ def test_topn_tournament_rule():
 @pytest.mark.parametrize("kind,bs", [("one_value", None), ("two_values", None),
                                      ("top_in_one_segment", None), ("few_finite", None),
                                      ("segment_edges", None),
-                                     ("two_values", BlockSizes(topn_elems=256))])  # 1 row each
+                                     ("two_values", BlockSizes(topn_tour_rows=1)),
+                                     ("segment_edges", BlockSizes(topn_tour_rows=8))])
 def test_topn_tournament_equals_semantics(kind, bs, monkeypatch):
     """The tournament kernel of the wide unpacked buckets (``topn._tour_kernel``; T = 4200 at
     l' = 16 with the kernel's threshold lowered to 256 columns: buckets of 256 and 512 columns,
-    1-4 rows per program) == ``lax.top_k``'s rule on
+    1-8 rows per program) == ``lax.top_k``'s rule on
     rows built against it: every candidate equal (picks by index alone), two values, all high
     scores in one 32-column segment (one segment is reloaded every round), fewer finite
     candidates than picks (-inf scores are never selected: slots -1), and ties that straddle

@@ -299,6 +299,11 @@ class BlockSizes:
     topn_elems, topn_warps: score elements (rows x row width) and warps per top-n program (one
                   warp per 1024-wide row: 1.67 ms against 2.05 for 4 rows over 4 warps at
                   the 125M shape, 64k, on an H200; bench/NOTES.md).
+    topn_tour_rows: rows per program of the tournament top-n (``topn._tour_kernel``, buckets of
+                  512-2048 columns); None: ``topn_elems`` // width, as the rounds kernel (2 rows
+                  at 512 columns, 1 at 1024: on an H100 at the 125M shape, 64k, 2.8 and 2.3 ns
+                  per row, and 6.5 ns at 256 columns with 4 rows; bench/NOTES.md,
+                  twenty-fifth session).
     """
     cmp_rows: int = 128
     cmp_keys: int = 128
@@ -323,6 +328,7 @@ class BlockSizes:
     sel_stages: int = 2
     topn_elems: int = 1024
     topn_warps: int = 1
+    topn_tour_rows: int | None = None
 
     def __post_init__(self):
         unset_ok = ("cmp_bwd_rows", "sel_bwd_warps", "cmp_bwd_warps")   # None: the shared field
@@ -334,6 +340,11 @@ class BlockSizes:
                 continue
             if v < MIN_DOT or v & (v - 1):
                 raise ValueError(f"BlockSizes.{f}: must be a power of two >= {MIN_DOT}, got {v}")
+        v = self.topn_tour_rows
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1
+                              or v & (v - 1) or v > 64):
+            raise ValueError("BlockSizes.topn_tour_rows: None or a power of two in 1..64, "
+                             f"got {v!r}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
         for f in ("num_warps", "sel_warps", "score_warps", "topn_warps", "sel_bwd_warps",

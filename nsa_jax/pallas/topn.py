@@ -211,6 +211,7 @@ def topn_pallas(scores, cfg: NSAConfig, interpret: bool, rel=None, bs: BlockSize
         rows = max(1, min(64, bs.topn_elems // width))
         n_bucket = (t1 - t0) * G
         if _tournament(width, t0, Ts, cfg, rel is not None):
+            rows = bs.topn_tour_rows or rows
             kern = functools.partial(
                 _tour_kernel, rows=rows, width=width, t0=t0, n_bucket=n_bucket, T=T, G=G,
                 n_sel=cfg.n_sel, n_init=cfg.n_init, n_local=cfg.n_local, l_sel=cfg.sel_block)
