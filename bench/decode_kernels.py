@@ -14,6 +14,8 @@ per kernel and per layer. A variant is ``default`` or ``key=value,...`` over
 ``splits``, ``sel_chunk``, ``merge_tile``, ``sel_rank``, ``score_warps``, ...; integers or names). ``--tree DIR`` imports ``nsa_jax`` from another
 checkout (e.g. the tree before a change, for a same-call comparison; arguments it lacks are
 dropped with a note). ``--smoke``: tiny shapes on the CPU (interpret mode; not a measurement).
+``--warm-only``: compile and run each variant twice, nothing timed or traced (for Nsight Compute,
+whose kernel filter then sees launches 13-24 of a kernel warm).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tree", default=None, help="import nsa_jax from this checkout")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--warm-only", action="store_true")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(Path(a.tree).resolve() if a.tree else HERE.parent))
     sys.path.insert(0, str(HERE))
@@ -96,6 +99,10 @@ def main(argv=None) -> int:
                 return jax.lax.fori_loop(0, a.layers, body, jnp.zeros(q0.shape, jnp.float32))
 
             jax.block_until_ready(run(q0, kv, t, gates))
+            if a.warm_only:
+                jax.block_until_ready(run(q0, kv, t, gates))
+                print(f"N={N} B={B} {var}: ran twice (--warm-only)", flush=True)
+                continue
             ts = []
             for _ in range(3 if a.smoke else 10):
                 t0 = time.perf_counter()

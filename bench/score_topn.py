@@ -7,7 +7,9 @@ apart, per ``BlockSizes`` variant, with the result checked against the product's
 Each variant is a space-separated list of ``BlockSizes`` or ``KernelChoices`` field overrides
 ("" = the defaults, always run first; e.g. "score_heads=loop score_q=64"). Scores must equal
 the default's to 1e-6 relative and the ids exactly (the variants change tiles and the order of
-the head sum, not the arithmetic). Inputs: ``bench/kernels.make_inputs`` (bf16, random),
+the head sum, not the arithmetic). One more key, for a sweep only: ``tour_min_width=N`` sets
+``nsa_jax.pallas.topn.TOUR_MIN_WIDTH`` (the narrowest bucket on the tournament kernel) while
+that variant is traced, and restores it after. Inputs: ``bench/kernels.make_inputs`` (bf16, random),
 lse from the Pallas compressed forward. Runs against an older tree too
 (``PYTHONPATH=old/tree``: a ``topn_pallas`` without ``bs`` takes its fixed tile) for a
 before/after in one call.
@@ -32,6 +34,7 @@ from nsa_jax.pallas.scoring import cmp_block_scores  # noqa: E402
 from nsa_jax.nsa.options import KernelChoices  # noqa: E402
 from nsa_jax.pallas.common import BlockSizes  # noqa: E402
 from nsa_jax.pallas.compressed import cmp_forward  # noqa: E402
+from nsa_jax.pallas import topn as topn_mod  # noqa: E402
 from nsa_jax.pallas.topn import topn_pallas  # noqa: E402
 
 
@@ -55,6 +58,11 @@ def main(argv=None):
         ref_s = ref_i = None
         for var in [""] + [v for v in a.variants if v]:
             specs = var.split()
+            tmw = [int(x.split("=")[1]) for x in specs if x.startswith("tour_min_width=")]
+            specs = [x for x in specs if not x.startswith("tour_min_width=")]
+            saved = getattr(topn_mod, "TOUR_MIN_WIDTH", None)
+            if tmw and saved is not None:
+                topn_mod.TOUR_MIN_WIDTH = tmw[0]
             ch = KernelChoices(**fields([x for x in specs if x.split("=")[0] in kc_names],
                                         KernelChoices))
             bs = dataclasses.replace(base, **fields(
@@ -76,6 +84,9 @@ def main(argv=None):
                 r["topn_ms"] = round(timed(topn, [(s,)], a.reps), 4)
             except Exception as e:  # keep going: one failing variant must not hide the others
                 r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            finally:
+                if saved is not None:
+                    topn_mod.TOUR_MIN_WIDTH = saved
             print(json.dumps(r), flush=True)
             rows.append(r)
     if a.out:

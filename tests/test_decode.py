@@ -442,13 +442,17 @@ def test_pallas_decode_kernel_matches_jnp_decode(case):
 
 
 @pytest.mark.gpu
-def test_gpu_pallas_decode_bf16_matches_jnp_decode():
+@pytest.mark.parametrize("B,S,positions", [
+    (4, 4096, [(0, 30, 31, 63), (64, 511, 512, 1023), (2047, 4000, 4094, 4095)]),
+    # 128k, one row: 128 splits of one tile each (decode._splits), some past the row's position
+    (1, 131072, [(131071,), (131055,), (70000,), (1000,)])])
+def test_gpu_pallas_decode_bf16_matches_jnp_decode(B, S, positions):
     """Compiled Pallas decode kernels, bf16 caches at the 125M shape (h=6, D=64, paper NSA
     defaults), rows at positions around emissions and block edges: relative RMSE <= 5e-3
     against the jax.numpy decode path on the same caches."""
     from nsa_jax.pallas.decode import nsa_decode_pallas
     cfg = NSAConfig()
-    B, G, h, D, S = 4, 2, 6, 64, 4096
+    G, h, D = 2, 6, 64
     ks = jax.random.split(jax.random.PRNGKey(0), 9)
     Tc = cfg.num_cmp_blocks(S)
     bf = jnp.bfloat16
@@ -461,7 +465,7 @@ def test_gpu_pallas_decode_bf16_matches_jnp_decode():
     gates = jax.nn.sigmoid(jax.random.normal(ks[6], (B, G * h, 3))).astype(bf)
     f_ref = jax.jit(lambda q, t: nsa_decode_attention(q, kv, t, gates, cfg))
     f_pal = jax.jit(lambda q, t: nsa_decode_pallas(q, kv, t, gates, cfg))
-    for i, ts in enumerate([(0, 30, 31, 63), (64, 511, 512, 1023), (2047, 4000, 4094, 4095)]):
+    for i, ts in enumerate(positions):
         q = (2.0 * jax.random.normal(jax.random.fold_in(ks[7], i), (B, G * h, D))).astype(bf)
         t = jnp.asarray(ts, jnp.int32)
         want = np.asarray(f_ref(q, t), np.float32)

@@ -49,3 +49,18 @@ def test_decode_selection_with_tied_scores_matches_jnp(merge_tile):
         np.testing.assert_array_equal(_sorted_ids(ids), np.asarray(info["ids"]),
                                       err_msg=f"t={t0}")
         assert rel_err(got, want) <= 2e-5, (t0, rel_err(got, want))
+
+
+def test_cmp_splits_rule():
+    """The compressed decode kernel's key splits (``decode._splits``, 125M shape: G=2, 64-key
+    tiles): one tile per program up to 1024 (row, group, tile) units, capped at 128 splits;
+    above, about 2048 programs of at most 32 splits (the measured settings, bench/NOTES.md)."""
+    from nsa_jax.pallas.decode import _splits
+    tc = {8: 512, 64: 4096, 128: 8192, 256: 16384}           # context (k tokens) -> Tc at d=16
+    assert _splits(1, 2, tc[128], 64) == 128                 # 256 units: a program per tile
+    assert _splits(8, 2, tc[64], 64) == 64                   # 1024 units: still one tile each
+    assert _splits(8, 2, tc[8], 64) == 8
+    assert _splits(1, 2, tc[256], 64) == 128                 # capped: two tiles per program
+    assert _splits(8, 2, tc[128], 64) == 32                  # 2048 units: 4 tiles per program
+    assert _splits(64, 2, tc[128], 64) == 16                 # 2048 programs of 8 tiles
+    assert _splits(1, 1, 1, 64) == 1

@@ -301,9 +301,8 @@ class BlockSizes:
                   the 125M shape, 64k, on an H200; bench/NOTES.md).
     topn_tour_rows: rows per program of the tournament top-n (``topn._tour_kernel``, buckets of
                   512-2048 columns); None: ``topn_elems`` // width, as the rounds kernel (2 rows
-                  at 512 columns, 1 at 1024: on an H100 at the 125M shape, 64k, 2.8 and 2.3 ns
-                  per row, and 6.5 ns at 256 columns with 4 rows; bench/NOTES.md,
-                  twenty-fifth session).
+                  at 512 columns). One row: the top-n at the 125M shape, 64k, 0.561 -> 0.528 ms
+                  on an H100 (bench/NOTES.md, twenty-sixth session).
     """
     cmp_rows: int = 128
     cmp_keys: int = 128
@@ -328,7 +327,7 @@ class BlockSizes:
     sel_stages: int = 2
     topn_elems: int = 1024
     topn_warps: int = 1
-    topn_tour_rows: int | None = None
+    topn_tour_rows: int | None = 1
 
     def __post_init__(self):
         unset_ok = ("cmp_bwd_rows", "sel_bwd_warps", "cmp_bwd_warps")   # None: the shared field

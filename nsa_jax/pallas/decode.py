@@ -127,7 +127,7 @@ def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, o_ref, lse_ref,
     store(lse_ref.at[b, g, sp, rs], own, r < h)
 
 
-def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret, stages=2):
+def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret, stages=2, warps=None):
     B, G, h, _ = q.shape
     Tc, Dv = k_cmp.shape[2], v_cmp.shape[-1]
     hp = _rows(h)
@@ -142,7 +142,7 @@ def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret, stages=2):
                    jax.ShapeDtypeStruct((B, G, splits, h), f32),
                    jax.ShapeDtypeStruct((B, G, splits, h, Dv), f32),
                    jax.ShapeDtypeStruct((B, G, splits, h), f32)],
-        compiler_params=compiler_params(4 if hp * Dv > 4096 else 2, stages),
+        compiler_params=compiler_params(warps or (4 if hp * Dv > 4096 else 2), stages),
         interpret=interpret, name="nsa_decode_cmp",
     )(t, q, k_cmp, v_cmp)
 
@@ -302,14 +302,24 @@ def _finish_call(gates, cmp_parts, sw_parts, n_sp, br, dtype, interpret, B, G, h
 
 
 MAX_SPLITS = 32        # partial states per (row, group) that the select and finish kernels merge
+ONE_TILE_UNITS = 1024  # (row, group, tile) units up to which every compressed tile has a program
+MAX_TILE_SPLITS = 128  # ... at most this many per (row, group)
 
 
 def _splits(B: int, G: int, Tc: int, bk: int) -> int:
-    """Key splits of the compressed kernel: about CMP_PROGRAMS (row, group, split) programs, at
-    most one per tile and MAX_SPLITS (each split is a partial state to merge later). At large
-    B x context the kernel streams the compressed cache (268 MB per layer at 128k/B=64): 16
-    splits there took 71 us per layer against 85 us with 3 (H200; bench/NOTES.md)."""
-    return int(max(1, min(cdiv(Tc, bk), cdiv(CMP_PROGRAMS, B * G), MAX_SPLITS)))
+    """Key splits of the compressed kernel. Up to ONE_TILE_UNITS (row, group, tile) units in all,
+    one tile per program (at most MAX_TILE_SPLITS per row and group): at small B x context the
+    programs are few and short, so each should wait on one tile's loads only (H100, 125M shape,
+    per layer: 128k / B=1, 128 splits 3.1 us against 5.2 with 32; 64k / B=8, 64 splits 5.8
+    against 6.1; bench/NOTES.md, twenty-sixth session). Above it, about CMP_PROGRAMS (row, group,
+    split) programs, at most MAX_SPLITS: at 128k / B=8, 32 splits (4 tiles each) took 13.1 us
+    against 13.6 with 64 and 14.7 with 128; at large B x context the kernel streams the
+    compressed cache (268 MB per layer at 128k / B=64): 16 splits there took 71 us per layer
+    against 85 us with 3 (H200, nineteenth session)."""
+    tiles = cdiv(Tc, bk)
+    if B * G * tiles <= ONE_TILE_UNITS:
+        return int(max(1, min(tiles, MAX_TILE_SPLITS)))
+    return int(max(1, min(tiles, cdiv(CMP_PROGRAMS, B * G), MAX_SPLITS)))
 
 
 def _slc_per(B: int, G: int, n_sel: int, n_win: int) -> int:
@@ -327,8 +337,8 @@ def _pad_last(x, D):
 def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = CMP_KEYS,
                       win_keys: int = WIN_KEYS, splits: int | None = None,
                       sel_chunk: int | None = None, merge_tile: int = MERGE_TILE,
-                      cmp_stages: int = CMP_STAGES, slc_per: int | None = None,
-                      return_ids: bool = False):
+                      cmp_stages: int = CMP_STAGES, cmp_warps: int | None = None,
+                      slc_per: int | None = None, return_ids: bool = False):
     """q [B,Hq,Dk] at positions t [B] over the caches ``kv`` (layout in
     :mod:`nsa_jax.nsa.decoding`, tokens 0..t[b] written); gates [B,Hq,3] (or
     :class:`GateLogits`) -> [B,Hq,Dv] in q.dtype.
@@ -338,8 +348,9 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
     the GPU); ``sel_chunk`` selection blocks per scoring program (default:
     ``decode_select.default_chunk``) and ``merge_tile`` candidates per top-n merge program
     (powers of two); ``cmp_stages``
-    software-pipeline stages of the compressed kernel's key loop (Triton ``num_stages``);
-    ``slc_per`` selected blocks (or window tiles) per program of the selected + window kernel
+    software-pipeline stages of the compressed kernel's key loop (Triton ``num_stages``) and
+    ``cmp_warps`` its warps per program (default: 4 when h padded to >= 16 rows times Dv is
+    over 4096, else 2); ``slc_per`` selected blocks (or window tiles) per program of the selected + window kernel
     (default: ``_slc_per``). ``return_ids``: also the selected block ids [B,G,n_sel] (score
     order, -1 in unused slots; None without the selection branch). Head dims that are not a
     power of two >= 16 are zero-padded (a copy of the caches: fine for tests, slow for real
@@ -362,7 +373,7 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
         Tc = kv["k_cmp"].shape[2]
         ns = splits or _splits(B, G, Tc, cmp_keys)
         s, m, l, o, lse = _cmp_call(t, qg, kv["k_cmp"], kv["v_cmp"], cfg, ns, cmp_keys, scale,
-                                    interpret, cmp_stages)
+                                    interpret, cmp_stages, cmp_warps)
         cmp_parts = (m, l, o)
         if "slc" in br:
             Ts = kv["k_slc"].shape[2] // cfg.sel_block
