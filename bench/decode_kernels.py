@@ -14,8 +14,8 @@ per kernel and per layer. A variant is ``default`` or ``key=value,...`` over
 ``splits``, ``sel_chunk``, ``merge_tile``, ``sel_rank``, ``score_warps``, ...; integers or names). ``--tree DIR`` imports ``nsa_jax`` from another
 checkout (e.g. the tree before a change, for a same-call comparison; arguments it lacks are
 dropped with a note). ``--smoke``: tiny shapes on the CPU (interpret mode; not a measurement).
-``--warm-only``: compile and run each variant twice, nothing timed or traced (for Nsight Compute,
-whose kernel filter then sees launches 13-24 of a kernel warm).
+``--warm-only``: compile and run each variant twice, nothing timed or traced (for Nsight Compute:
+with one point, one variant and ``--layers`` L, launches L+1..2L of a kernel are warm).
 """
 from __future__ import annotations
 

@@ -72,6 +72,8 @@ def main(argv=None):
             kw = {"bs": bs} if "bs" in inspect.signature(topn_pallas).parameters else {}
             topn = jax.jit(lambda s, kw=kw: topn_pallas(s, CFG, INTERP, **kw))
             r = {"T": T, "variant": var or "default"}
+            if tmw and saved is None:
+                r["dropped"] = "tour_min_width (this tree has no TOUR_MIN_WIDTH)"
             try:
                 s = score(q, kc, lse)
                 i = topn(s)

@@ -53,8 +53,10 @@ def test_decode_selection_with_tied_scores_matches_jnp(merge_tile):
 
 def test_cmp_splits_rule():
     """The compressed decode kernel's key splits (``decode._splits``, 125M shape: G=2, 64-key
-    tiles): one tile per program up to 1024 (row, group, tile) units, capped at 128 splits;
-    above, about 2048 programs of at most 32 splits (the measured settings, bench/NOTES.md)."""
+    tiles): one tile per program up to 1280 (row, group, tile) units, capped at 128 splits;
+    above, about 2048 programs of at most 32 splits (the measured settings, bench/NOTES.md),
+    also for the decoder's padded caches (``decode.cache_sizes``)."""
+    from nsa_jax.decode import cache_sizes
     from nsa_jax.pallas.decode import _splits
     tc = {8: 512, 64: 4096, 128: 8192, 256: 16384}           # context (k tokens) -> Tc at d=16
     assert _splits(1, 2, tc[128], 64) == 128                 # 256 units: a program per tile
@@ -64,3 +66,38 @@ def test_cmp_splits_rule():
     assert _splits(8, 2, tc[128], 64) == 32                  # 2048 units: 4 tiles per program
     assert _splits(64, 2, tc[128], 64) == 16                 # 2048 programs of 8 tiles
     assert _splits(1, 1, 1, 64) == 1
+    cfg = NSAConfig()
+    for ctx, B, want in [(65536, 8, 68), (131072, 1, 128), (131072, 8, 32), (8192, 8, 12)]:
+        padded = cache_sizes(cfg, ctx + 200)["cmp"]          # a few tokens past the context
+        assert _splits(B, 2, padded, 64) == want, (ctx, B, padded)
+
+
+@pytest.mark.parametrize("cmp_keys,splits", [(16, 128), (8, 100), (4, 128)])
+def test_decode_many_splits_matches_jnp(cmp_keys, splits):
+    """More than 32 compressed splits, as ``decode._splits`` now gives: 33 tiles over 128
+    splits (most programs see no key), 65 over 100 (merged as 128 padded partial states), 130
+    over 128 (two tiles in some programs); rows at different positions, some before the first
+    compressed block. Float32, interpret mode: the jax.numpy decode path to 2e-5."""
+    from nsa_jax.pallas.decode import nsa_decode_pallas
+    cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16, n_init=1,
+                    n_local=2)
+    B, G, h, D, S = 2, 1, 3, 16, 2080
+    Tc = cfg.num_cmp_blocks(S)
+    ks = jax.random.split(jax.random.PRNGKey(5), 8)
+    shapes = {"k_cmp": Tc, "v_cmp": Tc, "k_slc": S, "v_slc": S, "k_win": cfg.window,
+              "v_win": cfg.window}
+    kv = {k: jax.random.normal(ks[i], (B, G, n, D)) for i, (k, n) in enumerate(shapes.items())}
+    gates = jax.nn.sigmoid(jax.random.normal(ks[6], (B, G * h, 3)))
+    want_f = jax.jit(lambda q, t: nsa_decode_attention(q, kv, t, gates, cfg))
+    got_f = jax.jit(lambda q, t: nsa_decode_pallas(q, kv, t, gates, cfg, cmp_keys=cmp_keys,
+                                                   splits=splits, sel_chunk=32))
+    for i, t0 in enumerate([S - 1, 1500, 40, 3]):
+        t = jnp.asarray([t0, max(0, t0 - 37)], jnp.int32)
+        q = 2.0 * jax.random.normal(jax.random.fold_in(ks[7], i), (B, G * h, D))
+        assert rel_err(got_f(q, t), want_f(q, t)) <= 2e-5, t0
+
+
+def test_decode_cmp_warps_is_checked():
+    from nsa_jax.pallas.decode import nsa_decode_pallas
+    with pytest.raises(ValueError, match="cmp_warps"):
+        nsa_decode_pallas(jnp.zeros((1, 2, 16)), {}, 0, None, NSAConfig(), cmp_warps=3)

@@ -301,21 +301,25 @@ def _finish_call(gates, cmp_parts, sw_parts, n_sp, br, dtype, interpret, B, G, h
     )(*gargs, mc, lc, oc, ms, ls, os_)   # gates in their dtype: no convert kernel per layer
 
 
-MAX_SPLITS = 32        # partial states per (row, group) that the select and finish kernels merge
-ONE_TILE_UNITS = 1024  # (row, group, tile) units up to which every compressed tile has a program
+MAX_SPLITS = 32        # splits per (row, group) above ONE_TILE_UNITS
+ONE_TILE_UNITS = 1280  # (row, group, tile) units up to which every compressed tile has a program
 MAX_TILE_SPLITS = 128  # ... at most this many per (row, group)
 
 
 def _splits(B: int, G: int, Tc: int, bk: int) -> int:
-    """Key splits of the compressed kernel. Up to ONE_TILE_UNITS (row, group, tile) units in all,
-    one tile per program (at most MAX_TILE_SPLITS per row and group): at small B x context the
-    programs are few and short, so each should wait on one tile's loads only (H100, 125M shape,
-    per layer: 128k / B=1, 128 splits 3.1 us against 5.2 with 32; 64k / B=8, 64 splits 5.8
-    against 6.1; bench/NOTES.md, twenty-sixth session). Above it, about CMP_PROGRAMS (row, group,
-    split) programs, at most MAX_SPLITS: at 128k / B=8, 32 splits (4 tiles each) took 13.1 us
-    against 13.6 with 64 and 14.7 with 128; at large B x context the kernel streams the
-    compressed cache (268 MB per layer at 128k / B=64): 16 splits there took 71 us per layer
-    against 85 us with 3 (H200, nineteenth session)."""
+    """Key splits of the compressed kernel, from the cache's allocated length Tc (the decoder's
+    caches are padded: ``nsa_jax.decode.cache_sizes``). Up to ONE_TILE_UNITS (row, group, tile)
+    units in all, one tile per program (at most MAX_TILE_SPLITS per row and group): at small
+    B x context the programs are few and short, so each should wait on one tile's loads only
+    (H100, 125M shape, per layer: 128k / B=1, 128 splits 3.1 us against 5.2 with 32; 64k / B=8
+    (1024 units), 64 splits 5.8 against 6.1; bench/NOTES.md, twenty-sixth session). The
+    threshold sits above the measured 1024 so that a padded cache of such a context (up to
+    ALIGN / 64 = 4 more tiles per row: 1088 units at 64k / B=8) stays on this side, and below
+    the 2048 units of 128k / B=8 (2112 padded), where 32 splits (4 tiles each) took 13.1 us
+    against 13.6 with 64 and 14.7 with 128. Above it, about CMP_PROGRAMS (row, group, split)
+    programs, at most MAX_SPLITS: at large B x context the kernel streams the compressed cache
+    (268 MB per layer at 128k / B=64): 16 splits there took 71 us per layer against 85 us with
+    3 (H200, nineteenth session)."""
     tiles = cdiv(Tc, bk)
     if B * G * tiles <= ONE_TILE_UNITS:
         return int(max(1, min(tiles, MAX_TILE_SPLITS)))
@@ -356,6 +360,9 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
     power of two >= 16 are zero-padded (a copy of the caches: fine for tests, slow for real
     models, which use 64 or 128)."""
     B, Hq, Dk = q.shape
+    if cmp_warps is not None and cmp_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"nsa_decode_pallas: cmp_warps must be one of 1, 2, 4, 8, 16 (or None), "
+                         f"got {cmp_warps!r}")
     t = jnp.broadcast_to(jnp.asarray(t, jnp.int32), (B,))
     br = cfg.branches
     G = next(kv[k] for k in ("k_cmp", "k_slc", "k_win") if k in kv).shape[1]
