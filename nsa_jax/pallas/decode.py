@@ -348,17 +348,17 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
     :class:`GateLogits`) -> [B,Hq,Dv] in q.dtype.
 
     ``cmp_keys`` compressed keys per tile, ``win_keys`` window slots per program (powers of two
-    >= 16); ``splits`` programs per (row, group) over the compressed keys (default: enough to fill
-    the GPU); ``sel_chunk`` selection blocks per scoring program (default:
+    >= 16); ``splits`` programs per (row, group) over the compressed keys (default:
+    ``_splits``); ``sel_chunk`` selection blocks per scoring program (default:
     ``decode_select.default_chunk``) and ``merge_tile`` candidates per top-n merge program
-    (powers of two); ``cmp_stages``
-    software-pipeline stages of the compressed kernel's key loop (Triton ``num_stages``) and
-    ``cmp_warps`` its warps per program (default: 4 when h padded to >= 16 rows times Dv is
-    over 4096, else 2); ``slc_per`` selected blocks (or window tiles) per program of the selected + window kernel
-    (default: ``_slc_per``). ``return_ids``: also the selected block ids [B,G,n_sel] (score
-    order, -1 in unused slots; None without the selection branch). Head dims that are not a
-    power of two >= 16 are zero-padded (a copy of the caches: fine for tests, slow for real
-    models, which use 64 or 128)."""
+    (powers of two); ``cmp_stages`` software-pipeline stages of the compressed kernel's key
+    loop (Triton ``num_stages``) and ``cmp_warps`` its warps per program (default: 4 when h
+    padded to >= 16 rows times Dv is over 4096, else 2); ``slc_per`` selected blocks (or window
+    tiles) per program of the selected + window kernel (default: ``_slc_per``).
+    ``return_ids``: also the selected block ids [B,G,n_sel] (score order, -1 in unused slots;
+    None without the selection branch). Head dims that are not a power of two >= 16 are
+    zero-padded (a copy of the caches: fine for tests, slow for real models, which use 64 or
+    128)."""
     B, Hq, Dk = q.shape
     if cmp_warps is not None and cmp_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"nsa_decode_pallas: cmp_warps must be one of 1, 2, 4, 8, 16 (or None), "
