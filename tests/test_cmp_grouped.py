@@ -55,13 +55,16 @@ def test_op_with_grouped_cmp_matches_reference():
     _assert_parity(args, cot, TINY, choices=KernelChoices(cmp_attn="xla"))
 
 
-def test_cudnn_choice_off_gpu_is_one_clear_error():
+@pytest.mark.parametrize("key", ["cmp_attn", "win_attn"])
+def test_cudnn_choice_off_gpu_is_one_clear_error(key):
+    """An explicit "cudnn" for the compressed or the window branch where cuDNN cannot run (here:
+    interpret mode), and an unknown choice: one error naming the key."""
     from nsa_jax.nsa import nsa_attention
     args, _ = _inputs(0, 1, 16, 2, 1, TINY)
-    with pytest.raises(ValueError, match="kernel.cmp_attn"):
-        nsa_attention(*args, TINY, impl="pallas", choices=KernelChoices(cmp_attn="cudnn"))
-    with pytest.raises(ValueError, match="kernel.cmp_attn"):
-        KernelChoices(cmp_attn="flash")
+    with pytest.raises(ValueError, match=f"kernel.{key}"):
+        nsa_attention(*args, TINY, impl="pallas", choices=KernelChoices(**{key: "cudnn"}))
+    with pytest.raises(ValueError, match=f"kernel.{key}"):
+        KernelChoices(**{key: "flash"})
 
 
 @pytest.mark.parametrize("T,packed,choices,want", [

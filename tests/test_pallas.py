@@ -455,10 +455,10 @@ def test_topn_tournament_equals_semantics(kind, bs, monkeypatch):
     """The tournament kernel of the wide unpacked buckets (``topn._tour_kernel``; T = 4200 at
     l' = 16 with the kernel's threshold lowered to 256 columns: buckets of 256 and 512 columns,
     1 row per program (the default), 8, or ``topn_elems`` // width (None: 4 and 2)) ==
-    ``lax.top_k``'s rule on rows built against it: every candidate equal (picks by index alone), two values, all high
-    scores in one 32-column segment (one segment is reloaded every round), fewer finite
-    candidates than picks (-inf scores are never selected: slots -1), and ties that straddle
-    segment edges (columns 31/32, 63/64 equal to the row maximum)."""
+    ``lax.top_k``'s rule on rows built against it: every candidate equal (picks by index
+    alone), two values, all high scores in one 32-column segment (one segment is reloaded every
+    round), fewer finite candidates than picks (-inf scores are never selected: slots -1), and
+    ties that straddle segment edges (columns 31/32, 63/64 equal to the row maximum)."""
     from nsa_jax.nsa import semantics
     from nsa_jax.pallas import topn
     from nsa_jax.pallas.topn import topn_pallas

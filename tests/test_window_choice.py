@@ -1,7 +1,8 @@
 """The sliding-window branch's implementation choice (``KernelChoices.win_attn``): the
 document-local Pallas kernel with one document per row ("pallas", interpret mode here) in the
-whole op against the reference (values and all 8 gradients, float32, <= 2e-5), and the errors
-of a choice that cannot run. The cuDNN path itself runs only on a GPU (tests/test_pallas_gpu.py)."""
+whole op against the reference (values and all 8 gradients, float32, <= 2e-5). The errors of a
+choice that cannot run are tested with the compressed branch's (tests/test_cmp_grouped.py); the
+cuDNN path itself runs only on a GPU (tests/test_pallas_gpu.py)."""
 import pytest
 
 from nsa_jax.nsa import KernelChoices, NSAConfig
@@ -15,12 +16,3 @@ from test_pallas import TINY, _assert_parity, _inputs
 def test_op_with_pallas_window_matches_reference(cfg, T, h, G):
     args, cot = _inputs(7 + h, 1, T, h * G, G, cfg)
     _assert_parity(args, cot, cfg, choices=KernelChoices(win_attn="pallas"))
-
-
-def test_window_choice_errors_name_the_key():
-    from nsa_jax.nsa import nsa_attention
-    args, _ = _inputs(0, 1, 16, 2, 1, TINY)
-    with pytest.raises(ValueError, match="kernel.win_attn"):
-        nsa_attention(*args, TINY, impl="pallas", choices=KernelChoices(win_attn="cudnn"))
-    with pytest.raises(ValueError, match="kernel.win_attn"):
-        KernelChoices(win_attn="flash")

@@ -65,6 +65,16 @@ def cudnn_applies(q, v, interpret: bool) -> bool:
         and q.shape[-1] <= 128 and q.shape[-1] % 8 == 0 and v.shape[-1] == q.shape[-1]
 
 
+def require_cudnn(key: str, q, v, interpret: bool, instead: str) -> None:
+    """An explicit "cudnn" choice (``kernel.<key>``) where :func:`cudnn_applies` says no: one
+    ValueError naming the key, what it got and the choices ``instead``."""
+    if not cudnn_applies(q, v, interpret):
+        raise ValueError(
+            f"kernel.{key}: 'cudnn' needs bf16/fp16 operands on a GPU with equal head dims "
+            f"<= 128 (multiples of 8); got {jnp.dtype(q.dtype).name}, head dims {q.shape[-1]}/"
+            f"{v.shape[-1]}, {'interpret mode' if interpret else 'GPU'}; use {instead}")
+
+
 def compiler_params(num_warps: int, num_stages: int):
     return _CompilerParams(num_warps=num_warps, num_stages=num_stages)
 

@@ -34,7 +34,8 @@ from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import SEL_FWD_BLOCK_MAX_H, KernelChoices
 from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped
 from nsa_jax.pallas.common import (BlockSizes, choices_or_default, cudnn_applies, pad_dim,
-                                   padded_dims, stored_dtype, use_interpret)
+                                   padded_dims, require_cudnn, stored_dtype,
+                                   use_interpret)
 from nsa_jax.pallas.compressed import cmp_backward, cmp_forward
 from nsa_jax.pallas.scoring import cmp_block_scores
 from nsa_jax.pallas.selection import atomic_mode, sel_backward, sel_forward
@@ -159,16 +160,12 @@ def _cmp_attn(q, v_cmp, st: _Static, packed: bool) -> str:
     with its document mask measured slower in the whole op; short rows: cuDNN's fixed costs,
     bench/NOTES.md); an explicit "cudnn" that cannot run is one error naming the key."""
     c = st.choices.cmp_attn
-    ok = cudnn_applies(q, v_cmp, st.interpret)
     if c == "auto":
         long_rows = q.shape[1] > st.choices.cmp_pallas_max_t
+        ok = cudnn_applies(q, v_cmp, st.interpret)
         return "cudnn" if ok and not packed and long_rows else "pallas"
-    if c == "cudnn" and not ok:
-        raise ValueError(
-            "kernel.cmp_attn: 'cudnn' needs bf16/fp16 operands on a GPU with equal head dims "
-            f"<= 128 (multiples of 8); got {jnp.dtype(q.dtype).name}, head dims {q.shape[-1]}/"
-            f"{v_cmp.shape[-1]}, {'interpret mode' if st.interpret else 'GPU'}; use 'pallas' or "
-            "'xla'")
+    if c == "cudnn":
+        require_cudnn("cmp_attn", q, v_cmp, st.interpret, "'pallas' or 'xla'")
     return c
 
 

@@ -29,7 +29,8 @@ from jax import lax
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
-from nsa_jax.pallas.common import BlockSizes, choices_or_default, cudnn_applies
+from nsa_jax.pallas.common import (BlockSizes, choices_or_default, cudnn_applies,
+                                   require_cudnn)
 from nsa_jax.pallas.local import local_attention
 
 def xla_precision(choices: KernelChoices | None):
@@ -62,12 +63,9 @@ def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
         return local_attention(q, k, v, seg.start, cfg.window, block_sizes,
                                interpret=interpret, choices=choices)
     impl = choices_or_default(choices).win_attn
+    if impl == "cudnn":
+        require_cudnn("win_attn", q, v, interpret, "'pallas' or 'auto'")
     ok = cudnn_applies(q, v, interpret)
-    if impl == "cudnn" and not ok:
-        raise ValueError(
-            "kernel.win_attn: 'cudnn' needs bf16/fp16 operands on a GPU with equal head dims "
-            f"<= 128 (multiples of 8); got {jnp.dtype(q.dtype).name}, head dims {q.shape[-1]}/"
-            f"{v.shape[-1]}, {'interpret mode' if interpret else 'GPU'}; use 'pallas' or 'auto'")
     if impl == "pallas" or (impl == "auto" and not ok and not interpret):
         return local_attention(q, k, v, None, cfg.window, block_sizes, interpret=interpret,
                                choices=choices)
