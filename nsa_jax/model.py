@@ -66,18 +66,6 @@ def fused_writes(impl: str):
     return use_interpret()
 
 
-def skinny_interpret(xcfg: ExecConfig):
-    """The decode step's dense layers (norms, matmuls, SwiGLU, residual adds): None (XLA) unless
-    ``exec.decode_matmul`` resolves to the row-skinny Pallas kernels (``pallas.skinny``; "auto":
-    where ``exec.decode_impl`` resolves to the Pallas decode path), then their interpret flag."""
-    if xcfg.decode_matmul == "xla":
-        return None
-    if xcfg.decode_matmul == "auto":
-        return fused_writes(xcfg.decode_impl)
-    from nsa_jax.pallas.common import use_interpret
-    return use_interpret()
-
-
 def _no_packed_cache(cache, segment_ids):
     if cache is not None and segment_ids is not None:
         raise ValueError("segment_ids: packed documents are not supported with a KV cache "
@@ -169,7 +157,7 @@ class NSAAttention(nnx.Module):
         self.w_step = StepWeight(jnp.concatenate(
             [self.wq.kernel[...], self.wkv.kernel[...], self.wg.kernel[...]], axis=1))
 
-    def project_step(self, x, t, fused: bool = False, norm=None):
+    def project_step(self, x, t, fused: bool = False):
         """The decode step's projections (x [B,1,dim] at positions t [B]), un-rotated: q [B,H,D];
         the K/V projection as one [B,6,G,D] array in ``cache_update.ROWS`` order (the
         cache-write kernel reads it whole: no per-cache slice copies); gates [B,H,3]; and RoPE's
@@ -181,11 +169,7 @@ class NSAAttention(nnx.Module):
         then copied q and K/V out of its output: two kernels per layer), and the gates as
         ``pallas.decode.GateLogits`` of it, whose sigmoid the finishing kernel applies (one
         more kernel per layer). Same values up to the matmul's rounding (bench/NOTES.md,
-        thirteenth session).
-
-        ``norm=(scale, eps, interpret)``: x is the block's input before its RMSNorm, which the
-        fused projection applies in the same kernel (``pallas.skinny``; without ``w_step`` the
-        norm runs in XLA first)."""
+        thirteenth session)."""
         B = x.shape[0]
         m = self.mcfg
         H, G, D = m.n_heads, m.n_kv_groups, m.head_dim
@@ -193,18 +177,10 @@ class NSAAttention(nnx.Module):
         if fused and hasattr(self, "w_step"):
             from nsa_jax.pallas.cache_write import Columns
             from nsa_jax.pallas.decode import GateLogits
-            w = self.w_step[...].astype(self.dtype)
-            if norm is not None:
-                from nsa_jax.pallas.skinny import skinny_matmul
-                P = skinny_matmul(x[:, 0], w, norm=norm[:2], interpret=norm[2])
-            else:
-                P = jnp.dot(x[:, 0].astype(self.dtype), w)
+            P = jnp.dot(x[:, 0].astype(self.dtype), self.w_step[...].astype(self.dtype))
             n_q, n_kv = H * D, 6 * G * D
             gates = GateLogits(Columns(P, n_q + n_kv, (3 * H,)), self.wg.bias[...], self.dtype)
             return Columns(P, 0, (H, D)), Columns(P, n_q, (6, G, D)), gates, rope
-        if norm is not None:
-            from nsa_jax.pallas.skinny import rms_norm
-            x = rms_norm(x, norm[0], norm[1], self.dtype)
         q = self.wq(x).reshape(B, H, D)
         kv = self.wkv(x).reshape(B, 6, G, D)
         return q, kv, self._gates(x)[:, 0], rope
@@ -280,8 +256,7 @@ class NSAAttention(nnx.Module):
         B, S, _ = x.shape
         _no_packed_cache(cache, segment_ids)
         if cache is not None and S == 1:
-            o, cache = self.decode_rows(x, cache)
-            return self.wo(o[:, None].astype(self.dtype)), cache
+            return self._decode(x, cache, self.xcfg.decode_impl)
         impl = resolve_nsa_impl(self.xcfg.nsa_impl)
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
         if segment_ids is None:
@@ -302,19 +277,16 @@ class NSAAttention(nnx.Module):
         kv = cache_update.fill_nsa(cache.kv, cache.n, k_c, v_c, k_cmp, v_cmp, k_s, v_s, k_w, v_w)
         return out, dataclasses.replace(cache, kv=kv)
 
-    def decode_rows(self, x, cache: kvcache.LayerCache, norm=None):
-        """One decode step of x [B,1,dim] (normalised, or with ``norm=(scale, eps, interpret)``
-        the block's input before its RMSNorm: :meth:`project_step`) -> (attention output
-        [B, H*D] before ``wo``, cache)."""
+    def _decode(self, x, cache: kvcache.LayerCache, impl: str):
         B = x.shape[0]
         t = cache.pos
-        impl = self.xcfg.decode_impl
         fused = fused_writes(impl)
-        q, rows, gates, rope = self.project_step(x, t, fused is not None, norm)
+        q, rows, gates, rope = self.project_step(x, t, fused is not None)
         kv, q = cache_update.append_nsa(cache.kv, t, self.ncfg, self.compress_block, rows,
                                         q, rope, fused, self._emitter(fused))
         o = nsa_decode(q, kv, t, gates, self.ncfg, impl)
-        return o.reshape(B, -1), dataclasses.replace(cache, kv=kv)
+        out = self.wo(o.reshape(B, 1, -1).astype(self.dtype))
+        return out, dataclasses.replace(cache, kv=kv)
 
 
 class DenseAttention(nnx.Module):
@@ -339,45 +311,13 @@ class DenseAttention(nnx.Module):
             return "cudnn" if on_gpu() and self.dtype == jnp.bfloat16 else "xla"
         return i
 
-    def project(self, x, positions, norm=None):
-        """q, k (rotated) and v of x [B,T,dim]. ``norm=(scale, eps, interpret)`` (decode steps,
-        T = 1): x is the block's input before its RMSNorm; with ``w_step``
-        (:meth:`fuse_step_weights`) the norm and both projections run as one kernel
-        (``pallas.skinny``), else the norm runs in XLA first."""
+    def project(self, x, positions):
         B, T, _ = x.shape
         m = self.mcfg
-        H, G, D = m.n_heads, m.n_kv_groups, m.head_dim
-        if norm is not None and hasattr(self, "w_step"):
-            from nsa_jax.pallas.skinny import skinny_matmul
-            P = skinny_matmul(x.reshape(B * T, -1), self.w_step[...].astype(self.dtype),
-                              norm=norm[:2], interpret=norm[2])
-            q, kv = P[:, :H * D], P[:, H * D:]
-        else:
-            if norm is not None:
-                from nsa_jax.pallas.skinny import rms_norm
-                x = rms_norm(x, norm[0], norm[1], self.dtype)
-            q, kv = self.wq(x), self.wkv(x)
-        q = apply_rope(q.reshape(B, T, H, D), positions, m.rope_theta)
-        kv = kv.reshape(B, T, 2, G, D)
+        q = apply_rope(self.wq(x).reshape(B, T, m.n_heads, m.head_dim), positions, m.rope_theta)
+        kv = self.wkv(x).reshape(B, T, 2, m.n_kv_groups, m.head_dim)
         k = apply_rope(kv[:, :, 0], positions, m.rope_theta)
         return q, k, kv[:, :, 1]
-
-    def fuse_step_weights(self):
-        """Add ``w_step`` = [wq | wkv] for the decode steps' fused norm + projection kernel
-        (where ``exec.decode_matmul`` resolves to it; :func:`nsa_jax.decode.step_state`)."""
-        if skinny_interpret(self.xcfg) is not None:
-            self.w_step = StepWeight(jnp.concatenate([self.wq.kernel[...], self.wkv.kernel[...]],
-                                                     axis=1))
-
-    def decode_rows(self, x, cache: kvcache.LayerCache, norm=None):
-        """One decode step of x [B,1,dim] (``norm``: as in :meth:`project`) -> (attention output
-        [B, H*D] before ``wo``, cache)."""
-        B = x.shape[0]
-        t = cache.pos
-        q, k, v = self.project(x, t[:, None], norm)
-        kv = cache_update.append_dense(cache.kv, t, k, v, fused_writes(self.xcfg.decode_impl))
-        o = dense_decode_attention(q[:, 0], kv["k"], kv["v"], t)
-        return o.reshape(B, -1), dataclasses.replace(cache, kv=kv)
 
     def __call__(self, x, positions, cache: kvcache.LayerCache | None = None, segment_ids=None):
         """x [B,S,dim] -> (out, cache); cache modes and ``segment_ids`` as in
@@ -385,8 +325,11 @@ class DenseAttention(nnx.Module):
         B, S, _ = x.shape
         _no_packed_cache(cache, segment_ids)
         if cache is not None and S == 1:
-            o, cache = self.decode_rows(x, cache)
-            return self.wo(o[:, None]), cache
+            t = cache.pos
+            q, k, v = self.project(x, t[:, None])
+            kv = cache_update.append_dense(cache.kv, t, k, v, fused_writes(self.xcfg.decode_impl))
+            o = dense_decode_attention(q[:, 0], kv["k"], kv["v"], t)
+            return self.wo(o.reshape(B, 1, -1)), dataclasses.replace(cache, kv=kv)
         q, k, v = self.project(x, positions)
         impl = self.impl()
         if segment_ids is None:
@@ -428,33 +371,10 @@ class Block(nnx.Module):
         self.mlp = SwiGLU(mcfg, rngs=rngs)
 
     def __call__(self, x, positions, cache: kvcache.LayerCache | None = None, segment_ids=None):
-        """-> (x, cache): the attention's cache passes through (None in training). A decode step
-        (one token per row) where ``exec.decode_matmul`` resolves to Pallas: :meth:`decode_skinny`."""
-        if cache is not None and x.shape[1] == 1:
-            interpret = skinny_interpret(self.attn.xcfg)
-            if interpret is not None:
-                return self.decode_skinny(x, cache, interpret)
+        """-> (x, cache): the attention's cache passes through (None in training)."""
         a, cache = self.attn(self.norm1(x), positions, cache, segment_ids)
         x = x + a
         return x + self.mlp(self.norm2(x)), cache
-
-    def decode_skinny(self, x, cache: kvcache.LayerCache, interpret: bool):
-        """The block's decode step (x [B,1,dim]) with its dense layers as four row-skinny
-        kernels (``pallas.skinny``): norm1 + the step projection (in the attention), wo + the
-        residual, norm2 + w_in + SwiGLU, w_out + the residual; the same expression as
-        :meth:`__call__`, rounded at the same points."""
-        from nsa_jax.pallas.skinny import skinny_matmul
-        dt = self.attn.dtype
-        x2 = x[:, 0]
-        o, cache = self.attn.decode_rows(x, cache, (self.norm1.scale[...], self.norm1.epsilon,
-                                                    interpret))
-        h = skinny_matmul(o.astype(dt), self.attn.wo.kernel[...].astype(dt), residual=x2,
-                          interpret=interpret)
-        u = skinny_matmul(h, self.mlp.w_in.kernel[...].astype(dt), glu=True,
-                          norm=(self.norm2.scale[...], self.norm2.epsilon), interpret=interpret)
-        out = skinny_matmul(u, self.mlp.w_out.kernel[...].astype(dt), residual=h,
-                            interpret=interpret)
-        return out[:, None], cache
 
 
 class NSALM(nnx.Module):

@@ -214,9 +214,6 @@ class ExecConfig:
     dense_impl: Literal["auto", "xla", "cudnn"] = "auto"
     remat: Literal["none", "block"] = "none"     # block: recompute each block's activations
     decode_impl: Literal["auto", "reference", "pallas"] = "auto"  # the decoder's NSA step
-    # the decode step's norms, matmuls, SwiGLU and residual adds: "pallas" = one row-skinny
-    # kernel per matmul with the rest fused in (pallas/skinny.py); auto: with decode_impl's Pallas
-    decode_matmul: Literal["auto", "xla", "pallas"] = "auto"
     kernel: KernelChoices = dataclasses.field(default_factory=KernelChoices)
 
     def validate(self) -> None:
