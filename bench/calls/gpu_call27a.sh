@@ -3,6 +3,7 @@
 # (pallas/skinny.py). GPU tests of the kernels and of the decode path; the kernels alone against the XLA expression
 # with a tile sweep (bench/skinny.py); the decode loop of nsa_125m and dense_125m at 64k, B = 1 and 8, with
 # exec.decode_matmul=xla (before) and the default (pallas), each in its own process, the 64k / B=8 point profiled.
+# Needs commit bb0320a's tree (pallas/skinny.py, bench/skinny.py and exec.decode_matmul, removed after).
 set -u
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; rc=0
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1

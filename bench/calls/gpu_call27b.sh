@@ -2,6 +2,7 @@
 # One device call (twenty-seventh session, issues 14 and 15): the skinny decode kernels with the weight stored [N, K]
 # (bench/skinny.py variants t=1...), then the 125M train step at 64k / B=1, 8k / B=4 and 2k / B=16, NSA and dense in
 # one process (bench/train_throughput.py --steps 8): the issue-15 training targets on this machine.
+# Its skinny part needs commit bb0320a's tree (bench/skinny.py, removed after); the train part runs on any tree.
 set -u
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; rc=0
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
