@@ -55,6 +55,18 @@ def nsa_decode(q, kv, t, gates, cfg: NSAConfig, impl: str):
     return nsa_decode_attention(q, kv, t, gates, cfg)
 
 
+def dense_decode(q, k, v, t, impl: str):
+    """One decode step's dense attention (q [B,Hq,D] at positions t [B] over caches [B,G,S,D])
+    by ``exec.decode_impl``, as the NSA step: the Pallas flash-decoding kernel
+    (``pallas.decode_dense``) where it resolves to Pallas, else XLA (the same treatment for
+    both models, so the benchmark compares like with like)."""
+    from nsa_jax.nsa.attention import Backend, resolve_impl
+    if resolve_impl(impl) is Backend.PALLAS:
+        from nsa_jax.pallas.decode_dense import dense_decode_pallas
+        return dense_decode_pallas(q, k, v, t)
+    return dense_decode_attention(q, k, v, t)
+
+
 def fused_writes(impl: str):
     """The decode step's cache writes: None (XLA scatters) unless ``exec.decode_impl`` resolves to
     the Pallas kernels, then the interpret flag of ``pallas.cache_write`` (one kernel per layer
@@ -328,7 +340,7 @@ class DenseAttention(nnx.Module):
             t = cache.pos
             q, k, v = self.project(x, t[:, None])
             kv = cache_update.append_dense(cache.kv, t, k, v, fused_writes(self.xcfg.decode_impl))
-            o = dense_decode_attention(q[:, 0], kv["k"], kv["v"], t)
+            o = dense_decode(q[:, 0], kv["k"], kv["v"], t, self.xcfg.decode_impl)
             return self.wo(o.reshape(B, 1, -1)), dataclasses.replace(cache, kv=kv)
         q, k, v = self.project(x, positions)
         impl = self.impl()

@@ -213,7 +213,8 @@ class ExecConfig:
     # unless "xla" (masked, O(T^2) memory)
     dense_impl: Literal["auto", "xla", "cudnn"] = "auto"
     remat: Literal["none", "block"] = "none"     # block: recompute each block's activations
-    decode_impl: Literal["auto", "reference", "pallas"] = "auto"  # the decoder's NSA step
+    # the decode step's attention (NSA, and dense: its flash-decoding kernel) and cache writes
+    decode_impl: Literal["auto", "reference", "pallas"] = "auto"
     kernel: KernelChoices = dataclasses.field(default_factory=KernelChoices)
 
     def validate(self) -> None:

@@ -93,8 +93,13 @@ def _load_q(q_ref, b, g, h):
 
 
 # ---- 1. compressed attention + logits of the visible blocks ---------------------------------
-def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, o_ref, lse_ref, *, h, l_cmp,
-                d_cmp, splits, bk, scale, prec):
+def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, *outs, h, l_cmp, d_cmp, splits, bk, scale, prec,
+                logits=True):
+    """One split of the visible keys of (row b, group g): keys i with i*d + l - 1 <= t (Eq. 8;
+    l = d = 1: every key up to t, plain causal attention: ``decode_dense``). ``logits``: also
+    store the scaled logits and the split's lse for the block scores (outs = s, m, l, o, lse),
+    else outs = m, l, o."""
+    s_ref, m_ref, l_ref, o_ref, lse_ref = outs if logits else (None, *outs, None)
     b, g, sp = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     Tc = k_ref.shape[2]
     t = t_ref[b]
@@ -116,34 +121,42 @@ def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, o_ref, lse_ref,
         k = load(k_ref.at[b, g, pl.ds(i * bk, bk), :], ok[:, None])
         v = load(v_ref.at[b, g, pl.ds(i * bk, bk), :], ok[:, None])
         s = jnp.where(ok[None, :], dot(q, k, trans_b=True, precision=prec) * c, NEG_INF)
-        store(s_ref.at[b, g, rs[:, None], jnp.where(ok, idx, Tc)[None, :]], s,
-              (r < h)[:, None] & ok[None, :])
+        if logits:
+            store(s_ref.at[b, g, rs[:, None], jnp.where(ok, idx, Tc)[None, :]], s,
+                  (r < h)[:, None] & ok[None, :])
         return _online(carry, s, v, prec)
 
     state = lax.fori_loop(lo, hi, tile, softmax_init(hp, v_ref.shape[-1]))
     _store_state(m_ref, l_ref, o_ref, b, g, sp, state, h)
+    if not logits:
+        return
     m, l, _ = state          # the split's own lse (-inf: no key), for decode_select._merged_lse
     own = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), NEG_INF)
     store(lse_ref.at[b, g, sp, rs], own, r < h)
 
 
-def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret, stages=2, warps=None):
+def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret, stages=2, warps=None, *,
+              block=None, logits=True, name="nsa_decode_cmp"):
+    """-> (s, m, l, o, lse), or with ``logits=False`` (m, l, o): the partial states of the
+    ``splits`` key ranges. ``block=(l, d)`` overrides the visibility rule's (cfg.block_l,
+    cfg.stride_d); (1, 1) is causal attention over the keys themselves."""
     B, G, h, _ = q.shape
     Tc, Dv = k_cmp.shape[2], v_cmp.shape[-1]
     hp = _rows(h)
-    kern = functools.partial(_cmp_kernel, h=h, l_cmp=cfg.block_l, d_cmp=cfg.stride_d,
+    l_cmp, d_cmp = block or (cfg.block_l, cfg.stride_d)
+    kern = functools.partial(_cmp_kernel, h=h, l_cmp=l_cmp, d_cmp=d_cmp,
                              splits=splits, bk=bk, scale=scale,
-                             prec=dot_precision(q.dtype, interpret))
+                             prec=dot_precision(q.dtype, interpret), logits=logits)
     f32 = jnp.float32
+    state = [jax.ShapeDtypeStruct((B, G, splits, h), f32),
+             jax.ShapeDtypeStruct((B, G, splits, h), f32),
+             jax.ShapeDtypeStruct((B, G, splits, h, Dv), f32)]
+    out_shape = ([jax.ShapeDtypeStruct((B, G, h, Tc), f32), *state,
+                  jax.ShapeDtypeStruct((B, G, splits, h), f32)] if logits else state)
     return pl.pallas_call(
-        kern, grid=(B, G, splits),
-        out_shape=[jax.ShapeDtypeStruct((B, G, h, Tc), f32),
-                   jax.ShapeDtypeStruct((B, G, splits, h), f32),
-                   jax.ShapeDtypeStruct((B, G, splits, h), f32),
-                   jax.ShapeDtypeStruct((B, G, splits, h, Dv), f32),
-                   jax.ShapeDtypeStruct((B, G, splits, h), f32)],
+        kern, grid=(B, G, splits), out_shape=out_shape,
         compiler_params=compiler_params(warps or (4 if hp * Dv > 4096 else 2), stages),
-        interpret=interpret, name="nsa_decode_cmp",
+        interpret=interpret, name=name,
     )(t, q, k_cmp, v_cmp)
 
 
