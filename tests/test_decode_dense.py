@@ -22,6 +22,7 @@ def _inputs(B, Hq, G, S, D, dtype=jnp.float32, seed=0):
     (3, 4, 2, 100, 8, 16, None, [0, 37, 99]),   # t = 0, mid-tile, the last slot; D padded to 16
     (2, 6, 2, 64, 16, 16, 3, [63, 5]),           # h = 6 (rows padded to 16), uneven splits
     (1, 2, 1, 300, 32, 32, 64, [250]),           # more splits than visible tiles
+    (1, 2, 1, 1024, 16, 16, 256, [700]),         # MAX_SPLITS: the finishing merge's widest load
 ])
 def test_dense_decode_pallas_matches_xla(B, Hq, G, S, D, keys, splits, ts):
     """float32, interpret mode: == the XLA decode attention to float rounding, for rows at
