@@ -20,7 +20,7 @@ def _inputs(B, Hq, G, S, D, dtype=jnp.float32, seed=0):
 
 @pytest.mark.parametrize("B,Hq,G,S,D,keys,splits,ts", [
     (3, 4, 2, 100, 8, 16, None, [0, 37, 99]),   # t = 0, mid-tile, the last slot; D padded to 16
-    (2, 6, 2, 64, 16, 16, 3, [63, 5]),           # h = 6 (rows padded to 16), uneven splits
+    (2, 6, 2, 64, 16, 16, 3, [63, 5]),           # h = 3 (rows padded to 16), uneven splits
     (1, 2, 1, 300, 32, 32, 64, [250]),           # more splits than visible tiles
     (1, 2, 1, 1024, 16, 16, 256, [700]),         # MAX_SPLITS: the finishing merge's widest load
 ])
@@ -58,6 +58,11 @@ def test_dense_decode_bad_input_is_one_clear_error():
         dense_decode_pallas(q, k, v, 3, keys=24)
     with pytest.raises(ValueError, match="Hq a multiple of G"):
         dense_decode_pallas(q[:, :3], k, v, 3)
+    with pytest.raises(ValueError, match=r"k \[B,G,S,Dk\]"):      # q's batch != the caches'
+        dense_decode_pallas(jnp.concatenate([q, q]), k, v, 3)
+    for bad in (0, -1, 2.0, 257):
+        with pytest.raises(ValueError, match="splits must be an int in 1..256"):
+            dense_decode_pallas(q, k, v, 3, splits=bad)
 
 
 @pytest.mark.gpu

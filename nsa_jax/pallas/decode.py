@@ -11,7 +11,8 @@ write partial softmax states (m, l, acc) that the finishing kernel merges:
 
 1. ``_cmp_kernel`` (grid B x G x splits): compressed attention (Eq. 8) over the *visible*
    compressed blocks only — the loop stops at the last visible tile, nothing past t is read. It
-   also writes the scaled logits of the visible blocks and each split's lse, from which
+   also writes the scaled logits of the visible blocks and each split's lse (its ``logits`` flag;
+   off for the dense model's decode attention, ``decode_dense``), from which
    :mod:`nsa_jax.pallas.decode_select` forms the group-summed block scores (Eq. 9-10) and the
    top-n with the forced blocks (Eq. 11): ids in score order, forced blocks first.
 2. ``_slc_win_kernel`` (grid B x G x (n_sel + window tiles) / per): ``per`` selected blocks

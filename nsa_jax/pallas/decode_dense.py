@@ -7,12 +7,13 @@ step's compressed-attention kernel with the visibility rule of the keys themselv
 up to t; ``decode._cmp_kernel`` with l = d = 1, no logits kept) and its finishing merge with
 unit gates: programs over (row, KV group, key split), each with all h query heads of the group,
 so each K/V tile is read once per group, writing partial softmax states that the finishing
-kernel merges. In XLA the same attention was two GEMM fusions and three softmax fusions per layer
-at about half the cache bytes' HBM time (bench/NOTES.md, twenty-seventh session).
+kernel merges. In XLA the same attention was two GEMM fusions and three softmax fusions per layer,
+reading the cache at about half the HBM bandwidth (bench/NOTES.md, twenty-seventh session).
 """
 from __future__ import annotations
 
 import math
+import numbers
 
 import jax.numpy as jnp
 
@@ -34,16 +35,22 @@ def dense_splits(B: int, G: int, S: int, bk: int = KEYS) -> int:
 def dense_decode_pallas(q, k, v, t, *, keys: int = KEYS, splits: int | None = None):
     """q [B,Hq,Dk] at positions t [B] over caches k [B,G,S,Dk], v [B,G,S,Dv] (slots 0..t[b]
     written) -> [B,Hq,Dv] in q's dtype. ``keys`` per tile (a power of two >= 16), ``splits``
-    per (row, group) (default :func:`dense_splits`). Head dims that are not a power of two >= 16
-    are zero-padded (a copy of the caches: fine for tests, slow for real models)."""
+    per (row, group) (an int in 1..MAX_SPLITS; default :func:`dense_splits`). Head dims that are
+    not a power of two >= 16 are zero-padded (a copy of the caches: fine for tests, slow for real
+    models)."""
     B, Hq, Dk = q.shape
     G, S, Dv = k.shape[1], k.shape[2], v.shape[-1]
     if keys < MIN_DOT or keys & (keys - 1):
         raise ValueError(f"dense_decode_pallas: keys must be a power of two >= {MIN_DOT}, "
                          f"got {keys}")
-    if k.shape[:3] != v.shape[:3] or Hq % G or k.shape[-1] != Dk:
-        raise ValueError(f"dense_decode_pallas: q [B,Hq,D] with Hq a multiple of G, k and v "
-                         f"[B,G,S,D]; got q {q.shape}, k {k.shape}, v {v.shape}")
+    if splits is not None and (not isinstance(splits, numbers.Integral) or isinstance(splits, bool)
+                               or not 1 <= splits <= MAX_SPLITS):
+        raise ValueError(f"dense_decode_pallas: splits must be an int in 1..{MAX_SPLITS} (or "
+                         f"None), got {splits!r}")
+    if (k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3] or k.shape[0] != B or Hq % G
+            or k.shape[-1] != Dk):
+        raise ValueError(f"dense_decode_pallas: q [B,Hq,Dk] with Hq a multiple of G, k [B,G,S,Dk] "
+                         f"and v [B,G,S,Dv]; got q {q.shape}, k {k.shape}, v {v.shape}")
     h = Hq // G
     Dkp, Dvp = max(MIN_DOT, next_pow2(Dk)), max(MIN_DOT, next_pow2(Dv))
     k, v = _pad_last(k, Dkp), _pad_last(v, Dvp)
