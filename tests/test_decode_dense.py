@@ -50,6 +50,7 @@ def test_dense_splits_rule():
     assert dense_splits(1, 2, 131072) == 256           # capped
     assert dense_splits(64, 2, 8192) == 16
     assert dense_splits(1, 1, 40) == 1                 # one tile
+    assert dense_splits(1, 2, 131072, dv=128) == 128   # the merge's load: 16k partial outputs
 
 
 def test_dense_decode_bad_input_is_one_clear_error():

@@ -23,13 +23,16 @@ from nsa_jax.pallas.decode import _cmp_call, _finish_call, _pad_last
 KEYS = 64              # keys per tile
 PROGRAMS = 2048        # (row, group, split) programs to aim for
 MAX_SPLITS = 256       # splits per (row, group) at most (the finishing merge loads them at once)
+MERGE_ELEMS = 16384    # ... and at most this many partial outputs (splits x Dv) per merged head
 
 
-def dense_splits(B: int, G: int, S: int, bk: int = KEYS) -> int:
+def dense_splits(B: int, G: int, S: int, bk: int = KEYS, dv: int = 64) -> int:
     """Key splits per (row, group) for a cache of S slots: about PROGRAMS programs in all, at
-    most MAX_SPLITS and one tile each at least. A split walks only the visible tiles
-    (``decode._cmp_kernel`` divides the tiles up to t among the splits)."""
-    return int(max(1, min(cdiv(S, bk), cdiv(PROGRAMS, B * G), MAX_SPLITS)))
+    most MAX_SPLITS (and MERGE_ELEMS / dv: the finishing kernel loads splits x dv partial outputs
+    per head at once; 256 at the measured dv = 64) and one tile each at least. A split walks only
+    the visible tiles (``decode._cmp_kernel`` divides the tiles up to t among the splits)."""
+    cap = min(MAX_SPLITS, max(1, MERGE_ELEMS // dv))
+    return int(max(1, min(cdiv(S, bk), cdiv(PROGRAMS, B * G), cap)))
 
 
 def dense_decode_pallas(q, k, v, t, *, keys: int = KEYS, splits: int | None = None):
@@ -57,7 +60,7 @@ def dense_decode_pallas(q, k, v, t, *, keys: int = KEYS, splits: int | None = No
     t = jnp.broadcast_to(jnp.asarray(t, jnp.int32), (B,))
     interpret = use_interpret()
     qg = _pad_last(q.reshape(B, G, h, Dk).astype(k.dtype), Dkp)
-    ns = splits or dense_splits(B, G, S, keys)
+    ns = splits or dense_splits(B, G, S, keys, Dvp)
     parts = _cmp_call(t, qg, k, v, None, ns, keys, 1.0 / math.sqrt(Dk), interpret,
                       block=(1, 1), logits=False, name="nsa_decode_dense")
     ones = jnp.ones((B, Hq, 3), jnp.float32)
