@@ -61,6 +61,8 @@ def test_dense_decode_bad_input_is_one_clear_error():
         dense_decode_pallas(q[:, :3], k, v, 3)
     with pytest.raises(ValueError, match=r"k \[B,G,S,Dk\]"):      # q's batch != the caches'
         dense_decode_pallas(jnp.concatenate([q, q]), k, v, 3)
+    with pytest.raises(ValueError, match=r"q \[B,Hq,Dk\], k \[B,G,S,Dk\]"):
+        dense_decode_pallas(q, k[0], v, 3)
     for bad in (0, -1, 2.0, 257):
         with pytest.raises(ValueError, match="splits must be an int in 1..256"):
             dense_decode_pallas(q, k, v, 3, splits=bad)

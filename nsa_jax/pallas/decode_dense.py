@@ -41,6 +41,9 @@ def dense_decode_pallas(q, k, v, t, *, keys: int = KEYS, splits: int | None = No
     per (row, group) (an int in 1..MAX_SPLITS; default :func:`dense_splits`). Head dims that are
     not a power of two >= 16 are zero-padded (a copy of the caches: fine for tests, slow for real
     models)."""
+    if q.ndim != 3 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"dense_decode_pallas: q [B,Hq,Dk], k [B,G,S,Dk] and v [B,G,S,Dv]; got "
+                         f"q {q.shape}, k {k.shape}, v {v.shape}")
     B, Hq, Dk = q.shape
     G, S, Dv = k.shape[1], k.shape[2], v.shape[-1]
     if keys < MIN_DOT or keys & (keys - 1):
@@ -50,8 +53,7 @@ def dense_decode_pallas(q, k, v, t, *, keys: int = KEYS, splits: int | None = No
                                or not 1 <= splits <= MAX_SPLITS):
         raise ValueError(f"dense_decode_pallas: splits must be an int in 1..{MAX_SPLITS} (or "
                          f"None), got {splits!r}")
-    if (k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3] or k.shape[0] != B or Hq % G
-            or k.shape[-1] != Dk):
+    if k.shape[:3] != v.shape[:3] or k.shape[0] != B or Hq % G or k.shape[-1] != Dk:
         raise ValueError(f"dense_decode_pallas: q [B,Hq,Dk] with Hq a multiple of G, k [B,G,S,Dk] "
                          f"and v [B,G,S,Dv]; got q {q.shape}, k {k.shape}, v {v.shape}")
     h = Hq // G
