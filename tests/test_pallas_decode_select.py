@@ -101,3 +101,66 @@ def test_decode_cmp_warps_is_checked():
     from nsa_jax.pallas.decode import nsa_decode_pallas
     with pytest.raises(ValueError, match="cmp_warps"):
         nsa_decode_pallas(jnp.zeros((1, 2, 16)), {}, 0, None, NSAConfig(), cmp_warps=3)
+
+
+@pytest.mark.parametrize("l,d,lp,bk", [(32, 16, 64, 64), (8, 4, 16, 16), (8, 4, 16, 4),
+                                       (16, 4, 24, 16), (4, 4, 8, 16)])
+def test_block_weights_are_the_overlap_weights(l, d, lp, bk):
+    """The compressed decode kernel's per-tile weights (Eq. 9) equal the overlap weights of a
+    tile's own entries and blocks, including tiles that hold a whole number of blocks short of
+    bk (mm = 6 in a 16-key tile: 12 entries), and are zero past them."""
+    from nsa_jax.nsa.semantics import overlap_weights
+    from nsa_jax.pallas.decode import block_weights, cmp_step
+    cfg = NSAConfig(block_l=l, stride_d=d, sel_block=lp, n_sel=4, window=16)
+    mm, r = lp // d, l // d
+    step = cmp_step(bk, mm)
+    nb = step // mm
+    W = np.asarray(block_weights(bk, step, mm, r, 16))
+    np.testing.assert_array_equal(W[:step, :nb], overlap_weights(step, nb, cfg))
+    assert not W[step:].any() and not W[:, nb:].any()
+
+
+@pytest.mark.parametrize("l,d,lp,bk,splits", [(8, 4, 16, 16, 3), (8, 4, 16, 4, 5),
+                                              (16, 4, 24, 16, 2), (4, 4, 8, 16, 1)])
+def test_decode_block_scores_equal_eq9_eq10(l, d, lp, bk, splits):
+    """The scoring kernel's chunk values from the compressed kernel's partial sums are Eq. 9-10
+    computed from the softmax of the visible compressed logits (float32, interpret mode, to
+    1e-5 relative), at positions where a block's tail entries lie in the previous tile, in the
+    previous split, and where the last block is only partly visible; forced blocks +inf."""
+    from nsa_jax.nsa.semantics import block_scores, selection_masks
+    from nsa_jax.pallas.decode import _cmp_call, cmp_step
+    from nsa_jax.pallas.decode_select import chunk_candidates
+    cfg = NSAConfig(block_l=l, stride_d=d, sel_block=lp, n_sel=16, window=16, n_init=1,
+                    n_local=2)
+    B, G, h, D = 2, 2, 3, 16
+    Ts = 12                                     # all candidates fit one chunk's 16 slots
+    S = Ts * lp
+    Tc = cfg.num_cmp_blocks(S)
+    ks = jax.random.split(jax.random.PRNGKey(11), 4)
+    k = jax.random.normal(ks[0], (B, G, Tc, D))
+    v = jax.random.normal(ks[1], (B, G, Tc, D))
+    step = cmp_step(bk, lp // d)
+    scale = 1.0 / np.sqrt(D)
+    for i, t0 in enumerate([S - 1, S // 2 + 5, 3 * lp - 1, lp + l]):
+        t = jnp.asarray([t0, max(0, t0 - 2 * lp - 3)], jnp.int32)
+        q = 2.0 * jax.random.normal(jax.random.fold_in(ks[2], i), (B, G, h, D))
+        _, _, _, *sums = _cmp_call(t, q, k, v, cfg, splits, bk, scale, True)
+        vals, idx = chunk_candidates(t, sums, step, Tc, cfg, Ts, Ts, True)
+        s = jnp.einsum("bghd,bgcd->bghc", q, k) * scale
+        nvis = jnp.clip((t - l + 1) // d + 1, 0, Tc)
+        s = jnp.where(jnp.arange(Tc) < nvis[:, None, None, None], s, -jnp.inf)
+        p = jnp.where(nvis[:, None, None, None] > 0, jax.nn.softmax(s, axis=-1), 0.0)
+        want = np.asarray(block_scores(p, Ts, cfg).sum(axis=2))          # [B, G, Ts]
+        cand, forced = (np.asarray(x) for x in selection_masks(t, Ts, cfg))
+        vals, idx = np.asarray(vals), np.asarray(idx)
+        for bb in range(B):
+            for gg in range(G):
+                got = dict(zip(idx[bb, gg].tolist(), vals[bb, gg].tolist()))
+                for j in range(Ts):
+                    if not cand[bb, j]:
+                        assert j not in got, (t0, bb, j)
+                    elif forced[bb, j]:
+                        assert got[j] == np.inf, (t0, bb, j)
+                    else:
+                        np.testing.assert_allclose(got[j], want[bb, gg, j], rtol=1e-5,
+                                                   atol=1e-7, err_msg=f"t={t0} b={bb} j={j}")
