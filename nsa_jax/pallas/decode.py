@@ -11,11 +11,10 @@ write partial softmax states (m, l, acc) that the finishing kernel merges:
 
 1. ``_cmp_kernel`` (grid B x G x splits): compressed attention (Eq. 8) over the *visible*
    compressed blocks only — the loop stops at the last visible tile, nothing past t is read. It
-   also sums each tile's share of the selection blocks' scores (Eq. 9) from its own softmax
-   probabilities and keeps each split's lse (its ``scores`` flag; off for the dense model's
-   decode attention, ``decode_dense``), from which :mod:`nsa_jax.pallas.decode_select` forms the
-   group-summed block scores (Eq. 9-10) and the top-n with the forced blocks (Eq. 11): ids in
-   score order, forced blocks first.
+   also writes the scaled logits of the visible blocks and each split's lse (its ``logits`` flag;
+   off for the dense model's decode attention, ``decode_dense``), from which
+   :mod:`nsa_jax.pallas.decode_select` forms the group-summed block scores (Eq. 9-10) and the
+   top-n with the forced blocks (Eq. 11): ids in score order, forced blocks first.
 2. ``_slc_win_kernel`` (grid B x G x (n_sel + window tiles) / per): ``per`` selected blocks
    (loaded by index; keys past t masked) or tiles of the window ring buffer per program.
 3. ``_finish_kernel`` (grid B x G x h) merges each branch's partial states and mixes them with
@@ -94,49 +93,20 @@ def _load_q(q_ref, b, g, h):
     return load(q_ref.at[b, g, jnp.where(ok, r, 0)[:, None], dk[None, :]], ok[:, None])
 
 
-# ---- 1. compressed attention + the block scores' partial sums --------------------------------
-def block_weights(bk: int, step: int, mm: int, r: int, nbp: int):
-    """[bk, nbp] float32: the weight of a tile's compressed entry o (o < step) in its selection
-    block jj (jj < step / mm) under Eq. 9, score_j = sum_{k<mm} sum_{u<r} p[j*mm + k - u]: the
-    count of (k, u) pairs with k - u = o - jj*mm, i.e. min(mm - 1, o' + r - 1) - max(0, o') + 1
-    for o' = o - jj*mm in [-(r - 1), mm - 1] (1, 2, 2, 2, 1 for r = 2, mm = 4). Entries of a
-    block's tail that lie in the previous tile (o' < 0 across the tile's start) are not here:
-    the scoring kernel takes them from the kept tail logits."""
-    o = jnp.arange(bk)[:, None] - mm * jnp.arange(nbp)[None, :]
-    w = jnp.minimum(mm - 1, o + r - 1) - jnp.maximum(0, o) + 1
-    ok = (jnp.arange(bk) < step)[:, None] & (jnp.arange(nbp) < step // mm)[None, :]
-    return jnp.where(ok & (w > 0), w, 0).astype(jnp.float32)
-
-
-def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, *outs, h, l_cmp, d_cmp, splits, bk, step, scale,
-                prec, blocks=None):
+# ---- 1. compressed attention + logits of the visible blocks ---------------------------------
+def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, *outs, h, l_cmp, d_cmp, splits, bk, scale, prec,
+                logits=True):
     """One split of the visible keys of (row b, group g): keys i with i*d + l - 1 <= t (Eq. 8;
-    l = d = 1: every key up to t, plain causal attention: ``decode_dense``). Tile u holds keys
-    u*step .. u*step + step - 1 (step <= bk: a multiple of the selection block's mm = l'/d
-    entries when ``blocks`` is set, else bk).
-
-    ``blocks`` = (mm, r, nbp): also the partial sums of the block scores (Eq. 9) for the scoring
-    kernel (outs = m, l, o, lse, own, mt, tail), else outs = m, l, o. With p = 2^(s - m_u), m_u
-    the split's running maximum after tile u (the online softmax's own p), tile u stores
-
-    * ``own`` [.., u*nb + jj] = sum_o p_o W[o, jj] (``block_weights``): selection block
-      u*nb + jj's entries inside the tile, relative to m_u (one float32 dot with IEEE precision);
-    * ``mt`` [.., u] = m_u, so that p_o / 2^lse = own-part * 2^(m_u - lse);
-    * ``tail`` [.., u*(r-1) + e] = the scaled logits of its last r - 1 entries, which the next
-      tile's first block also covers (Eq. 9's u > 0 terms reach r - 1 entries back);
-    * ``lse`` the split's own base-2 lse, merged over splits by the scoring kernel.
-
-    That is nb + 1 + (r - 1) floats per head and tile instead of the tile's step logits (4x fewer
-    at l = 32, d = 16, l' = 64), and the scoring kernel takes one exp per block, not per logit."""
-    if blocks:
-        m_ref, l_ref, o_ref, lse_ref, own_ref, mt_ref, tail_ref = outs
-    else:
-        m_ref, l_ref, o_ref = outs
+    l = d = 1: every key up to t, plain causal attention: ``decode_dense``). ``logits``: also
+    store the scaled logits and the split's lse for the block scores (outs = s, m, l, o, lse),
+    else outs = m, l, o."""
+    s_ref, m_ref, l_ref, o_ref, lse_ref = outs if logits else (None, *outs, None)
     b, g, sp = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    Tc = k_ref.shape[2]
     t = t_ref[b]
     nvis = jnp.where(t + 1 >= l_cmp, (t + 1 - l_cmp) // d_cmp + 1, 0)   # Eq. 8: complete blocks
-    nvis = jnp.minimum(nvis, k_ref.shape[2])
-    n_tiles = (nvis + step - 1) // step
+    nvis = jnp.minimum(nvis, Tc)
+    n_tiles = (nvis + bk - 1) // bk
     per = (n_tiles + splits - 1) // splits
     lo = jnp.minimum(sp * per, n_tiles)
     hi = jnp.minimum(lo + per, n_tiles)
@@ -145,77 +115,45 @@ def _cmp_kernel(t_ref, q_ref, k_ref, v_ref, *outs, h, l_cmp, d_cmp, splits, bk, 
     r = jnp.arange(hp)
     rs = jnp.where(r < h, r, h)
     c = scale * LOG2E
-    off = jnp.arange(bk)
-    if blocks:
-        mm, r_cmp, nbp = blocks
-        nb, rt = step // mm, r_cmp - 1
-        W = block_weights(bk, step, mm, r_cmp, nbp)
-        jj = jnp.arange(nbp)
-        NJ, RT = own_ref.shape[-1], tail_ref.shape[-1]    # masked lanes -> out of bounds
-        row_ok = (r < h)[:, None]
 
     def tile(i, carry):
-        idx = i * step + off
-        ok = (off < step) & (idx < nvis)
-        k = load(k_ref.at[b, g, pl.ds(i * step, bk), :], ok[:, None])
-        v = load(v_ref.at[b, g, pl.ds(i * step, bk), :], ok[:, None])
+        idx = i * bk + jnp.arange(bk)
+        ok = idx < nvis
+        k = load(k_ref.at[b, g, pl.ds(i * bk, bk), :], ok[:, None])
+        v = load(v_ref.at[b, g, pl.ds(i * bk, bk), :], ok[:, None])
         s = jnp.where(ok[None, :], dot(q, k, trans_b=True, precision=prec) * c, NEG_INF)
-        m, l, acc = carry
-        m, alpha, p, l = softmax_step(m, l, s, 1.0)
-        if blocks:
-            own = dot(p, W, precision=lax.Precision.HIGHEST)          # [hp, nbp]
-            store(own_ref.at[b, g, rs[:, None], jnp.where(jj < nb, i * nb + jj, NJ)[None, :]],
-                  own, row_ok & (jj < nb)[None, :])
-            store(mt_ref.at[b, g, rs, i], jnp.where(m == NEG_INF, 0.0, m), r < h)
-            if rt:
-                e = off - (step - rt)                                 # the last rt entries
-                keep = (e >= 0) & (off < step) & ok
-                store(tail_ref.at[b, g, rs[:, None], jnp.where(keep, i * rt + e, RT)[None, :]],
-                      s, row_ok & keep[None, :])
-        return m, l, acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
+        if logits:
+            store(s_ref.at[b, g, rs[:, None], jnp.where(ok, idx, Tc)[None, :]], s,
+                  (r < h)[:, None] & ok[None, :])
+        return _online(carry, s, v, prec)
 
     state = lax.fori_loop(lo, hi, tile, softmax_init(hp, v_ref.shape[-1]))
     _store_state(m_ref, l_ref, o_ref, b, g, sp, state, h)
-    if not blocks:
+    if not logits:
         return
     m, l, _ = state          # the split's own lse (-inf: no key), for decode_select._merged_lse
-    own_lse = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), NEG_INF)
-    store(lse_ref.at[b, g, sp, rs], own_lse, r < h)
-
-
-def cmp_step(bk: int, mm: int) -> int:
-    """Compressed entries per tile when the kernel also sums block scores: the largest multiple
-    of a selection block's mm = l'/d entries that fits a bk-key tile (bk when mm divides it)."""
-    return (bk // mm) * mm
+    own = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), NEG_INF)
+    store(lse_ref.at[b, g, sp, rs], own, r < h)
 
 
 def _cmp_call(t, q, k_cmp, v_cmp, cfg, splits, bk, scale, interpret, stages=2, warps=None, *,
-              block=None, scores=True, name="nsa_decode_cmp"):
-    """-> (m, l, o, lse, own, mt, tail), or with ``scores=False`` (m, l, o): the partial states of
-    the ``splits`` key ranges (and the block scores' partial sums, ``_cmp_kernel``).
-    ``block=(l, d)`` overrides the visibility rule's (cfg.block_l, cfg.stride_d); (1, 1) is
-    causal attention over the keys themselves. With ``scores`` bk must be >= mm = l'/d."""
+              block=None, logits=True, name="nsa_decode_cmp"):
+    """-> (s, m, l, o, lse), or with ``logits=False`` (m, l, o): the partial states of the
+    ``splits`` key ranges. ``block=(l, d)`` overrides the visibility rule's (cfg.block_l,
+    cfg.stride_d); (1, 1) is causal attention over the keys themselves."""
     B, G, h, _ = q.shape
     Tc, Dv = k_cmp.shape[2], v_cmp.shape[-1]
     hp = _rows(h)
     l_cmp, d_cmp = block or (cfg.block_l, cfg.stride_d)
+    kern = functools.partial(_cmp_kernel, h=h, l_cmp=l_cmp, d_cmp=d_cmp,
+                             splits=splits, bk=bk, scale=scale,
+                             prec=dot_precision(q.dtype, interpret), logits=logits)
     f32 = jnp.float32
-    out_shape = [jax.ShapeDtypeStruct((B, G, splits, h), f32),
-                 jax.ShapeDtypeStruct((B, G, splits, h), f32),
-                 jax.ShapeDtypeStruct((B, G, splits, h, Dv), f32)]
-    step, blocks = bk, None
-    if scores:
-        mm, r = cfg.sel_block // cfg.stride_d, cfg.block_l // cfg.stride_d
-        step = cmp_step(bk, mm)
-        nb, NT = step // mm, cdiv(Tc, step)
-        blocks = (mm, r, max(MIN_DOT, next_pow2(nb)))
-        out_shape += [jax.ShapeDtypeStruct((B, G, splits, h), f32),
-                      jax.ShapeDtypeStruct((B, G, h, NT * nb), f32),
-                      jax.ShapeDtypeStruct((B, G, h, NT), f32),
-                      jax.ShapeDtypeStruct((B, G, h, max(1, NT * (r - 1))), f32)]
-    kern = functools.partial(_cmp_kernel, h=h, l_cmp=l_cmp, d_cmp=d_cmp, splits=splits, bk=bk,
-                             step=step, scale=scale, prec=dot_precision(q.dtype, interpret),
-                             blocks=blocks)
+    state = [jax.ShapeDtypeStruct((B, G, splits, h), f32),
+             jax.ShapeDtypeStruct((B, G, splits, h), f32),
+             jax.ShapeDtypeStruct((B, G, splits, h, Dv), f32)]
+    out_shape = ([jax.ShapeDtypeStruct((B, G, h, Tc), f32), *state,
+                  jax.ShapeDtypeStruct((B, G, splits, h), f32)] if logits else state)
     return pl.pallas_call(
         kern, grid=(B, G, splits), out_shape=out_shape,
         compiler_params=compiler_params(warps or (4 if hp * Dv > 4096 else 2), stages),
@@ -454,15 +392,14 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
     ids = cmp_parts = sw_parts = None
     if "cmp" in br or "slc" in br:
         Tc = kv["k_cmp"].shape[2]
-        bk = max(cmp_keys, next_pow2(cfg.sel_block // cfg.stride_d))   # a tile holds a block
-        ns = splits or _splits(B, G, Tc, bk)
-        m, l, o, *sums = _cmp_call(t, qg, kv["k_cmp"], kv["v_cmp"], cfg, ns, bk, scale,
-                                   interpret, cmp_stages, cmp_warps)
+        ns = splits or _splits(B, G, Tc, cmp_keys)
+        s, m, l, o, lse = _cmp_call(t, qg, kv["k_cmp"], kv["v_cmp"], cfg, ns, cmp_keys, scale,
+                                    interpret, cmp_stages, cmp_warps)
         cmp_parts = (m, l, o)
         if "slc" in br:
             Ts = kv["k_slc"].shape[2] // cfg.sel_block
-            ids = select_ids(t, sums, cmp_step(bk, cfg.sel_block // cfg.stride_d), Tc, cfg, Ts,
-                             sel_chunk or default_chunk(B, G, Ts), merge_tile, interpret)
+            ids = select_ids(t, s, lse, cfg, Ts, sel_chunk or default_chunk(B, G, Ts),
+                             merge_tile, interpret)
     n_sp = 0
     if "slc" in br or "win" in br:
         per = slc_per or _slc_per(B, G, cfg.n_sel if "slc" in br else 0,

@@ -4,7 +4,7 @@ comparison gives dense the same treatment as NSA (issue 14).
 
 The kernel twin of :func:`nsa_jax.nsa.decoding.dense_decode_attention`. It is the NSA decode
 step's compressed-attention kernel with the visibility rule of the keys themselves (every key
-up to t; ``decode._cmp_kernel`` with l = d = 1, no block scores) and its finishing merge with
+up to t; ``decode._cmp_kernel`` with l = d = 1, no logits kept) and its finishing merge with
 unit gates: programs over (row, KV group, key split), each with all h query heads of the group,
 so each K/V tile is read once per group, writing partial softmax states that the finishing
 kernel merges. In XLA the same attention was two GEMM fusions and three softmax fusions per layer,
@@ -64,7 +64,7 @@ def dense_decode_pallas(q, k, v, t, *, keys: int = KEYS, splits: int | None = No
     qg = _pad_last(q.reshape(B, G, h, Dk).astype(k.dtype), Dkp)
     ns = splits or dense_splits(B, G, S, keys, Dvp)
     parts = _cmp_call(t, qg, k, v, None, ns, keys, 1.0 / math.sqrt(Dk), interpret,
-                      block=(1, 1), scores=False, name="nsa_decode_dense")
+                      block=(1, 1), logits=False, name="nsa_decode_dense")
     ones = jnp.ones((B, Hq, 3), jnp.float32)
     o = _finish_call(ones, parts, None, 0, ("cmp",), q.dtype, interpret, B, G, h)
     return o[..., :Dv].reshape(B, Hq, Dv)

@@ -1,12 +1,12 @@
 """The Pallas decode step's block selection (NSA Eq. 9-11 for one token per row): the group-summed
-block scores from the compressed kernel's partial sums and the top-n, as two kernels. Used by
+block scores from the compressed kernel's logits and the top-n, as two kernels. Used by
 :func:`nsa_jax.pallas.decode.nsa_decode_pallas` (its module docstring has the whole step).
 
 ``_score_kernel`` (grid B x G x chunks of selection blocks) merges the compressed kernel's
-per-split lse into each head's, forms the group-summed block scores (Eq. 9-10) from the
-compressed kernel's per-tile partial sums (one row load, one gather of tile maxima and a small
-tail gather per head) and keeps each chunk's top-n with the forced blocks (Eq. 11);
-``_topn_merge_kernel`` (grid B x G x candidate slices) picks the top-n of the chunks' candidates. Both rank by counting (a candidate's rank is
+per-split lse into each head's, forms the group-summed block scores
+(Eq. 9-10) from the logits (one row load and one small tail gather per head) and keeps each
+chunk's top-n with the forced blocks (Eq. 11); ``_topn_merge_kernel`` (grid B x G x candidate
+slices) picks the top-n of the chunks' candidates. Both rank by counting (a candidate's rank is
 the number of candidates ahead of it: higher score, or equal score and lower index, the rules of
 :mod:`nsa_jax.nsa.semantics`), one comparison matrix and one reduction instead of n serial
 rounds of argmax (measured slower: bench/NOTES.md, thirteenth session). The ids come out in
@@ -58,18 +58,17 @@ def _ahead(v, i, vj, ij):
     return (vj[None, :] > v[:, None]) | ((vj[None, :] == v[:, None]) & (ij[None, :] < i[:, None]))
 
 
-def _score_kernel(t_ref, lse_ref, own_ref, mt_ref, tail_ref, val_ref, idx_ref, *, h, r, mm, cs,
-                  n_sel, n_init, n_local, l_cmp, d_cmp, l_sel, ts, tc, spp, step):
+def _score_kernel(t_ref, s_ref, lse_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp, n_sel,
+                  n_init, n_local, l_cmp, d_cmp, l_sel, ts, spp):
     """Group-summed block scores (Eq. 9-10) of one chunk of selection blocks of one (row, group),
     forced / non-candidate blocks at +-inf (Eq. 11), and the chunk's top-n (value, id) pairs.
 
-    The compressed kernel summed each tile's share of Eq. 9 (``decode._cmp_kernel``): block j's
-    entries inside its own tile u = j*mm // step as ``own`` [.., j], relative to that tile's
-    running maximum ``mt`` [.., u], and the tile's last r - 1 scaled logits as ``tail``. So, per
-    head with its lse, score_j = own_j * 2^(mt_u - lse) plus, for a block at a tile's start,
-    2^(s_x - lse) * min(mm, r - e) for its tail entries x = j*mm - e (0 < e < r) that lie in the
-    previous tile: one [cs] row load, one [cs] gather of the tile maxima (the same few values)
-    and a mostly masked [cs, r - 1] tail gather per head.
+    Eq. 9 as :mod:`nsa_jax.nsa.semantics` writes it, score_j = sum_{u<r} sum_{k<mm}
+    p[j*mm + k - u], is read as block j's own row p[j*mm + o] (o < mm) with weight
+    min(r, mm - o) plus the previous row's last r - 1 logits p[j*mm - e] (0 < e < r) with weight
+    min(r - e, mm): one contiguous [cs, mm] load and one [cs, r - 1] tail gather per head, instead
+    of r overlapping [cs, mm] loads (each tail logit is also its own block's, so it is read twice,
+    the rest once).
 
     ``lse_ref`` [B,G,splits,h]: the compressed kernel's per-split base-2 lse, merged per head
     here for all heads in one load before the head loop (``_merged_lse``, ``spp`` = splits padded
@@ -81,32 +80,34 @@ def _score_kernel(t_ref, lse_ref, own_ref, mt_ref, tail_ref, val_ref, idx_ref, *
     blocks ranked < n go to slot rank, the slots past the chunk's candidates get (-inf, Ts).
     """
     b, g, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    Ts = ts
-    NJ, NT, RT = own_ref.shape[-1], mt_ref.shape[-1], tail_ref.shape[-1]
+    Tc, Ts = s_ref.shape[-1], ts
     t = t_ref[b]
-    nvis = jnp.minimum(jnp.where(t + 1 >= l_cmp, (t + 1 - l_cmp) // d_cmp + 1, 0), tc)
+    nvis = jnp.minimum(jnp.where(t + 1 >= l_cmp, (t + 1 - l_cmp) // d_cmp + 1, 0), Tc)
     j = c * cs + jnp.arange(cs)
-    vis = j * mm < nvis                                              # own entries visible
-    jo = jnp.where(vis, j, 0)
-    u = jnp.minimum(jo * mm // step, NT - 1)
-    # the tail entries in the previous tile, as a [cs, rp] tile reduced over axis 1
+    k = jnp.arange(mmp)
+    own = j[:, None] * mm + k[None, :]                              # [cs, mmp] logit indices
+    ok_own = (k < mm)[None, :] & (own < nvis)
+    w_own = jnp.minimum(r, mm - k).astype(jnp.float32)[None, :]
+    own = jnp.minimum(own, Tc - 1)
+    # the tail as a [cs, rp] tile reduced over axis 1 like the own row (not a 1-D vector: every
+    # term then shares the row sum's layout, no conversion between two vector layouts per head)
     e = 1 + jnp.arange(max(1, next_pow2(r - 1)))
-    x = j[:, None] * mm - e[None, :]
-    start = (j * mm // step * step)[:, None]
-    cross = (e < r)[None, :] & (x >= 0) & (x < nvis) & (x < start)
-    xi = jnp.where(cross, x, 0)
-    at_tail = jnp.clip(xi // step * (r - 1) + xi % step - (step - (r - 1)), 0, RT - 1)
+    tail = j[:, None] * mm - e[None, :]
+    ok_tail = (e < r)[None, :] & (tail >= 0) & (tail < nvis)
     w_tail = jnp.minimum(r - e, mm).astype(jnp.float32)[None, :]
+    tail = jnp.clip(tail, 0, Tc - 1)
     score = jnp.zeros((cs,), jnp.float32)
     lse, hr = _merged_lse(lse_ref, b, g, h, spp)      # one load for all heads, before the loop
     for hh in range(h):
         lse_h = jnp.sum(jnp.where(hr == hh, lse, 0.0))
-        own = load(own_ref.at[b, g, hh, jnp.minimum(jo, NJ - 1)], vis, 0.0)
-        mt = load(mt_ref.at[b, g, hh, u], vis, 0.0)
-        part = jnp.where(vis, own * jnp.exp2(mt - lse_h), 0.0)
+        sv = load(s_ref.at[b, g, hh, own], ok_own, NEG_INF)
+        part = jnp.where(ok_own, jnp.exp2(sv - lse_h) * w_own, 0.0)
         if r > 1:
-            sv = load(tail_ref.at[b, g, hh, at_tail], cross, NEG_INF)
-            part = part + jnp.sum(jnp.where(cross, jnp.exp2(sv - lse_h) * w_tail, 0.0), axis=1)
+            sv = load(s_ref.at[b, g, hh, tail], ok_tail, NEG_INF)
+            part = jnp.sum(part, axis=1) + jnp.sum(
+                jnp.where(ok_tail, jnp.exp2(sv - lse_h) * w_tail, 0.0), axis=1)
+        else:
+            part = jnp.sum(part, axis=1)
         score = score + part
     cur = t // l_sel
     cand = j <= cur
@@ -156,35 +157,33 @@ def _topn_merge_kernel(val_ref, idx_ref, ids_ref, *, n_sel, kt):
     store(ids_ref.at[b, g, jnp.where(pad, slot, n_sel)], jnp.full(slot.shape, -1, jnp.int32), pad)
 
 
-def chunk_candidates(t, sums, step, Tc, cfg, Ts, sel_chunk, interpret):
-    """The scoring kernel: -> (values, ids) [B,G,chunks*n_sel], each chunk's top-n block scores
-    (Eq. 9-10 group sums; forced blocks +inf, empty slots -inf with id Ts) from the compressed
-    kernel's outputs ``sums`` = (lse, own, mt, tail) over tiles of ``step`` of the Tc compressed
-    entries (``decode._cmp_kernel``)."""
-    lse, own, mt, tail = sums
-    B, G, h, _ = own.shape
+def chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret):
+    """The scoring kernel: -> (values, ids) [B,G,chunks*n_sel], each chunk's top-n group-summed
+    block scores (Eq. 9-10; forced blocks +inf, empty slots -inf with id Ts) from the compressed
+    kernel's logits ``s`` [B,G,h,Tc] and per-split lse [B,G,splits,h]."""
+    B, G, h, _ = s.shape
     r, mm = cfg.block_l // cfg.stride_d, cfg.sel_block // cfg.stride_d
     cs = max(sel_chunk if Ts > sel_chunk else next_pow2(Ts), next_pow2(cfg.n_sel))
     C = cdiv(Ts, cs)
     K = C * cfg.n_sel
-    kern = functools.partial(_score_kernel, h=h, r=r, mm=mm, cs=cs, n_sel=cfg.n_sel,
-                             n_init=cfg.n_init, n_local=cfg.n_local, l_cmp=cfg.block_l,
-                             d_cmp=cfg.stride_d, l_sel=cfg.sel_block, ts=Ts, tc=Tc,
-                             spp=next_pow2(lse.shape[2]), step=step)
+    kern = functools.partial(_score_kernel, h=h, r=r, mm=mm, cs=cs, mmp=next_pow2(mm),
+                             n_sel=cfg.n_sel, n_init=cfg.n_init,
+                             n_local=cfg.n_local, l_cmp=cfg.block_l, d_cmp=cfg.stride_d,
+                             l_sel=cfg.sel_block, ts=Ts, spp=next_pow2(lse.shape[2]))
     return pl.pallas_call(
         kern, grid=(B, G, C),
         out_shape=[jax.ShapeDtypeStruct((B, G, K), jnp.float32),
                    jax.ShapeDtypeStruct((B, G, K), jnp.int32)],
         compiler_params=compiler_params(4, 1), interpret=interpret, name="nsa_decode_score",
-    )(t, lse, own, mt, tail)
+    )(t, s, lse)
 
 
-def select_ids(t, sums, step, Tc, cfg, Ts, sel_chunk, merge_tile, interpret):
-    """Selected block ids [B,G,n_sel] in value order (forced blocks first; -1 in unused slots):
-    two launches, the chunk scores + chunk top-n over B x G x chunks programs
-    (:func:`chunk_candidates`, same arguments), then the merge over B x G x (candidates /
-    merge_tile) programs."""
-    vals, idx = chunk_candidates(t, sums, step, Tc, cfg, Ts, sel_chunk, interpret)
+def select_ids(t, s, lse, cfg, Ts, sel_chunk, merge_tile, interpret):
+    """Selected block ids [B,G,n_sel] from the compressed kernel's outputs, in value order (forced
+    blocks first; -1 in unused slots): two launches, the chunk scores + chunk top-n over
+    B x G x chunks programs (:func:`chunk_candidates`), then the merge over
+    B x G x (candidates / merge_tile) programs."""
+    vals, idx = chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret)
     B, G, K = vals.shape
     kt = min(merge_tile, next_pow2(K))
     merge = functools.partial(_topn_merge_kernel, n_sel=cfg.n_sel, kt=kt)
