@@ -35,6 +35,9 @@ per kernel and category (``bench/profile_step.py``'s summariser), and the same p
 decode-loop call (``loop_profile``: busy time, and the device span with the gaps between
 kernels). XLA flags (e.g. CUDA-graph command buffers on/off) come from the environment's ``XLA_FLAGS``, recorded in the JSON.
 ``--smoke`` shrinks the models and contexts so the script runs on the CPU (not a measurement).
+Each model's record names the backend its decode attention resolved to (``decode_backend``: on a GPU
+``pallas`` for both models -- dense on ``pallas.decode_dense`` since the twenty-seventh session, so
+grids before it compared against dense in XLA -- else ``reference``).
 """
 from __future__ import annotations
 
@@ -66,7 +69,7 @@ try:  # the steps' flat state (an older tree, timed with this script, has none)
 except ImportError:
     def flat_state(graphdef, state):
         return graphdef, state
-from nsa_jax.model import build_model, count_params  # noqa: E402
+from nsa_jax.model import build_model, count_params, resolve_nsa_impl  # noqa: E402
 
 MODELS = ("nsa_125m", "dense_125m")
 SMOKE_MODEL = {"n_layers": 2, "dim": 64, "n_heads": 4, "n_kv_groups": 2, "head_dim": 16,
@@ -262,7 +265,10 @@ def main(argv=None) -> int:
         result["models"][name] = {"model": dataclasses.asdict(cfg.model),
                                   "nsa": cfg.to_dict()["nsa"], "exec": cfg.to_dict()["exec"],
                                   "params": count_params(model),
-                                  "inference_weight_bytes": model_bytes}
+                                  "inference_weight_bytes": model_bytes,
+                                  # the decode attention's backend (both models: the Pallas kernels,
+                                  # dense on its flash-decoding kernel, or XLA / jax.numpy)
+                                  "decode_backend": resolve_nsa_impl(cfg.exec.decode_impl)}
         item = jnp.dtype(model.dtype).itemsize
         for N in contexts:
             for B in batches:
