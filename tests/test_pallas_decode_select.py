@@ -109,7 +109,7 @@ def test_decode_cmp_warps_is_checked():
 def test_decode_block_scores_equal_eq9_eq10(l, d, lp, bk, splits):
     """The scoring kernel's chunk values from the compressed kernel's logits and per-split lse
     are Eq. 9-10 computed from the softmax of the visible compressed logits (float32, interpret
-    mode, to 1e-5 relative): tails of r - 1 = 1 and 3 entries, mm = 2, 4 and 6 entries per
+    mode, to 1e-5 relative): tails of r - 1 = 0, 1 and 3 entries, mm = 2, 4 and 6 entries per
     block, logits from several splits, rows where the last block is only partly visible; forced
     blocks +inf, non-candidates absent. (The model-level parity tests did not notice a tail
     weighted by half: bench/NOTES.md, twenty-eighth session.)"""
