@@ -441,6 +441,28 @@ def test_pallas_decode_kernel_matches_jnp_decode(case):
         assert rel_err(got, want) <= 2e-5, (t, rel_err(got, want))
 
 
+def test_pallas_decode_window_ring_longer_than_window():
+    """A window ring of W = 40 slots for a window of w = 20 (``k_win`` may hold more than w
+    positions; the decoder allocates min(w, max_len) slots, where every slot it holds is inside
+    the window, so no other test sees the kernel's ``pos > t - w`` rule): the Pallas decode
+    kernels attend to t - w < s <= t only, as the jax.numpy decode path, not to the older
+    positions still in the ring. Float32, interpret mode, rows at different positions before
+    and after the ring wraps, the ring over 3 window tiles of 16 slots (the last partial)."""
+    from nsa_jax.pallas.decode import nsa_decode_pallas
+    cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=20, branches=("win",))
+    B, G, h, D, W = 2, 2, 3, 16, 40
+    ks = jax.random.split(jax.random.PRNGKey(8), 4)
+    kv = {"k_win": jax.random.normal(ks[0], (B, G, W, D)),
+          "v_win": jax.random.normal(ks[1], (B, G, W, D))}
+    gates = jax.nn.sigmoid(jax.random.normal(ks[2], (B, G * h, 3)))
+    want_f = jax.jit(lambda q, t: nsa_decode_attention(q, kv, t, gates, cfg))
+    got_f = jax.jit(lambda q, t: nsa_decode_pallas(q, kv, t, gates, cfg, win_keys=16))
+    for i, t0 in enumerate([21, 39, 57, 100]):
+        t = jnp.asarray([t0, t0 - 3], jnp.int32)
+        q = 2.0 * jax.random.normal(jax.random.fold_in(ks[3], i), (B, G * h, D))
+        assert rel_err(got_f(q, t), want_f(q, t)) <= 2e-5, t0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("B,S,positions", [
     (4, 4096, [(0, 30, 31, 63), (64, 511, 512, 1023), (2047, 4000, 4094, 4095)]),
@@ -676,3 +698,42 @@ def test_gate_logits_in_the_finishing_kernel_match_the_model_gates():
         nsa_decode_pallas(q, kv, t, GateLogits(Columns(P, 5, (3 * G * h - 3,)), bias, dt), cfg)
     with pytest.raises(ValueError, match="inside"):
         nsa_decode_pallas(q, kv, t, GateLogits(Columns(P, 6, (3 * G * h,)), bias, dt), cfg)
+
+
+def test_gate_logits_add_the_bias_in_the_logits_dtype():
+    """``GateLogits`` in bf16 against gate values formed step by step in numpy (ml_dtypes: logit
+    + bias rounded to bf16, the sigmoid in float32 rounded to bf16, as ``GateLogits`` documents):
+    the same output to 1e-6, while the values from the unrounded sum give another output. The
+    kernels' step is compiled without XLA's excess precision, which on the CPU (interpret mode)
+    keeps the bf16 sum in float32 too. (The model-gates test above accepts either sum, as XLA may
+    skip the rounding inside its own fusion, so an add in float32 in the kernel passed it.)"""
+    import ml_dtypes
+
+    from nsa_jax.pallas.cache_write import Columns
+    from nsa_jax.pallas.decode import GateLogits, nsa_decode_pallas
+    cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16)
+    B, G, h, D, S = 2, 2, 3, 16, 96
+    bf = jnp.bfloat16
+    ks = jax.random.split(jax.random.PRNGKey(7), 9)
+    Tc = cfg.num_cmp_blocks(S)
+    t = jnp.asarray([70, 41], jnp.int32)
+    kv = {n: jax.random.normal(k, (B, G, L, D), bf) for k, (n, L) in zip(ks, [
+        ("k_cmp", Tc), ("v_cmp", Tc), ("k_slc", S), ("v_slc", S), ("k_win", 16), ("v_win", 16)])}
+    q = jax.random.normal(ks[6], (B, G * h, D), bf)
+    P = (2 * jax.random.normal(ks[7], (B, 5 + 3 * G * h))).astype(bf)
+    bias = (0.5 * jax.random.normal(ks[8], (3 * G * h,))).astype(bf)
+    gl = GateLogits(Columns(P, 5, (3 * G * h,)), bias, bf)
+    # XLA (the interpreter's kernels on the CPU) may otherwise keep the bf16 sum in float32
+    got = jax.jit(lambda: nsa_decode_pallas(q, kv, t, gl, cfg)).lower().compile(
+        {"xla_allow_excess_precision": False})()
+    with_values = jax.jit(lambda g: nsa_decode_pallas(q, kv, t, g, cfg))
+
+    def values(z):                                  # float32 [B, 3Hq] -> bf16 gates [B,Hq,3]
+        g = (1.0 / (1.0 + np.exp(-z))).astype(ml_dtypes.bfloat16)
+        return jnp.asarray(g).reshape(B, G * h, 3)
+
+    Pn, bn = np.asarray(P[:, 5:]), np.asarray(bias)                  # ml_dtypes bfloat16
+    want = with_values(values((Pn + bn).astype(np.float32)))          # the sum rounded to bf16
+    unrounded = with_values(values(Pn.astype(np.float32) + bn.astype(np.float32)))
+    assert rel_err(got, want) <= 1e-6, rel_err(got, want)
+    assert rel_err(unrounded, want) > 1e-4, rel_err(unrounded, want)  # the rounding matters

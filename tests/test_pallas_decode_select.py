@@ -51,6 +51,40 @@ def test_decode_selection_with_tied_scores_matches_jnp(merge_tile):
         assert rel_err(got, want) <= 2e-5, (t0, rel_err(got, want))
 
 
+def test_decode_ids_with_fewer_candidates_than_n():
+    """Rows where fewer than n blocks exist (t < (n - 1) l'): ``return_ids`` holds the candidate
+    blocks first and -1 in each unused slot, the ids and the output equal the jax.numpy decode
+    path's; scoring chunks of 8 blocks (the second all padding) and merge slices of 4
+    candidates. (An unused slot holding Ts, or left unwritten, passed every other test: the
+    selected-block kernel reads no block that starts past t.)"""
+    from nsa_jax.pallas.decode import nsa_decode_pallas
+    cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=6, window=16, n_init=1,
+                    n_local=2)
+    B, G, h, D, S = 2, 2, 3, 16, 256
+    Tc = cfg.num_cmp_blocks(S)
+    ks = jax.random.split(jax.random.PRNGKey(6), 8)
+    shapes = {"k_cmp": Tc, "v_cmp": Tc, "k_slc": S, "v_slc": S, "k_win": cfg.window,
+              "v_win": cfg.window}
+    kv = {k: jax.random.normal(ks[i], (B, G, n, D)) for i, (k, n) in enumerate(shapes.items())}
+    gates = jax.nn.sigmoid(jax.random.normal(ks[6], (B, G * h, 3)))
+    want_f = jax.jit(lambda q, t: nsa_decode_attention(q, kv, t, gates, cfg, return_info=True))
+    got_f = jax.jit(lambda q, t: nsa_decode_pallas(q, kv, t, gates, cfg, cmp_keys=16, splits=2,
+                                                   sel_chunk=4, merge_tile=4, return_ids=True))
+    for i, t0 in enumerate([0, 17, 40, 79]):
+        t = jnp.asarray([t0, t0 // 2], jnp.int32)
+        q = 2.0 * jax.random.normal(jax.random.fold_in(ks[7], i), (B, G * h, D))
+        want, info = want_f(q, t)
+        got, ids = got_f(q, t)
+        ids = np.asarray(ids)
+        for bb, n_cand in enumerate(np.asarray(t) // cfg.sel_block + 1):
+            assert n_cand < cfg.n_sel
+            assert (ids[bb, :, :n_cand] >= 0).all() and (ids[bb, :, n_cand:] == -1).all(), (
+                t0, bb, ids[bb])
+        np.testing.assert_array_equal(_sorted_ids(ids), np.asarray(info["ids"]),
+                                      err_msg=f"t={t0}")
+        assert rel_err(got, want) <= 2e-5, (t0, rel_err(got, want))
+
+
 def test_cmp_splits_rule():
     """The compressed decode kernel's key splits (``decode._splits``, 125M shape: G=2, 64-key
     tiles): one tile per program up to 1280 (row, group, tile) units, capped at 128 splits;
@@ -113,11 +147,29 @@ def test_decode_block_scores_equal_eq9_eq10(l, d, lp, bk, splits):
     block, logits from several splits, rows where the last block is only partly visible; forced
     blocks +inf, non-candidates absent. (The model-level parity tests did not notice a tail
     weighted by half: bench/NOTES.md, twenty-eighth session.)"""
+    _check_chunk_scores(NSAConfig(block_l=l, stride_d=d, sel_block=lp, n_sel=16, window=16,
+                                  n_init=1, n_local=2), bk, splits)
+
+
+@pytest.mark.parametrize("l,d,lp,bk,splits", [(8, 4, 16, 16, 3), (16, 4, 24, 16, 2)])
+def test_decode_block_scores_without_forced_blocks(l, d, lp, bk, splits):
+    """As test_decode_block_scores_equal_eq9_eq10 with n_init = n_local = 0 (valid settings, and
+    the only ones where two masks of the scoring kernel matter): block 0, whose tail would start
+    before logit 0, and the current block, whose tail and own row reach past the visible logits
+    at its first l - d tokens, are candidates scored by Eq. 9-10, not forced to +inf. (Dropping
+    the tail's ``>= 0`` or ``< nvis`` mask passed every test while both blocks were forced.)"""
+    _check_chunk_scores(NSAConfig(block_l=l, stride_d=d, sel_block=lp, n_sel=16, window=16,
+                                  n_init=0, n_local=0), bk, splits)
+
+
+def _check_chunk_scores(cfg, bk, splits):
+    """The chunk values of ``decode_select.chunk_candidates`` for Ts = 12 selection blocks (one
+    chunk) == Eq. 9-10 from the visible compressed logits, forced blocks +inf, non-candidates
+    absent; rows at two positions, several of them in the first l - d tokens of a block."""
     from nsa_jax.nsa.semantics import block_scores, selection_masks
     from nsa_jax.pallas.decode import _cmp_call
     from nsa_jax.pallas.decode_select import chunk_candidates
-    cfg = NSAConfig(block_l=l, stride_d=d, sel_block=lp, n_sel=16, window=16, n_init=1,
-                    n_local=2)
+    l, d, lp = cfg.block_l, cfg.stride_d, cfg.sel_block
     B, G, h, D = 2, 2, 3, 16
     Ts = 12                                     # all candidates fit one chunk's 16 slots
     S = Ts * lp
@@ -144,7 +196,9 @@ def test_decode_block_scores_equal_eq9_eq10(l, d, lp, bk, splits):
                 for j in range(Ts):
                     if not cand[bb, j]:
                         assert j not in got, (t0, bb, j)
-                    elif forced[bb, j]:
+                        continue
+                    assert j in got, (t0, bb, j)          # every candidate: Ts <= n_sel
+                    if forced[bb, j]:
                         assert got[j] == np.inf, (t0, bb, j)
                     else:
                         np.testing.assert_allclose(got[j], want[bb, gg, j], rtol=1e-5,
