@@ -515,3 +515,48 @@ def test_topn_kernel_equals_semantics_with_ties(T, cfg, packed, bs, distinct):
         want = semantics.topn_from_scores(scores, jnp.arange(T)[None, :, None], cfg)
     got = jax.jit(lambda s, r: topn_pallas(s, cfg, True, r, bs))(scores, rel)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("n_init,n_local", [(0, 0), (0, 1)])
+def test_topn_kernel_never_selects_minus_inf_without_init_block(n_init, n_local):
+    """Rows with fewer finite candidates than picks and no forced block 0: the rounds kernel's
+    picks at -inf (the row exhausted) must select nothing, so a -inf candidate (e.g. column 0)
+    stays unselected and its slot -1, as ``lax.top_k``'s rule (n_init = 1 hides this: an
+    exhausted round lands on the already chosen block 0)."""
+    from nsa_jax.nsa import semantics
+    from nsa_jax.pallas.topn import topn_pallas
+    cfg = dataclasses.replace(TINY, n_sel=4, n_init=n_init, n_local=n_local)
+    B, T, G = 1, 200, 2
+    Ts = cfg.num_sel_blocks(T)
+    rng = np.random.default_rng(11)
+    s = np.where(rng.random((B, T, G, Ts)) < 0.6, -np.inf, rng.random((B, T, G, Ts)))
+    scores = jnp.asarray(s.astype(np.float32))
+    want = semantics.topn_from_scores(scores, jnp.arange(T)[None, :, None], cfg)
+    assert (np.asarray(want) == -1).any()
+    got = jax.jit(lambda x: topn_pallas(x, cfg, True))(scores)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_topn_kernel_writes_stay_inside_each_row(monkeypatch):
+    """Every enabled store of the top-n kernels indexes inside ids [N, n_sel]: interpret mode
+    drops an out-of-range scatter silently, while a GPU writes it into the next row (e.g. the
+    -1 padding over next_pow2(n_sel) slots at n_sel = 6). Indices are clamped here, so an
+    enabled out-of-range store lands on a real slot and shows in the ids."""
+    from nsa_jax.nsa import semantics
+    from nsa_jax.pallas import topn
+    from nsa_jax.pallas.topn import topn_pallas
+    orig = topn.store
+
+    def clamped_store(view, val, mask):
+        idx = tuple(jnp.clip(i, 0, n - 1) if isinstance(i, jax.Array) else i
+                    for i, n in zip(view.transforms[-1].indices, view.ref.shape))
+        orig(view.ref.at[idx], val, mask)
+
+    monkeypatch.setattr(topn, "store", clamped_store)
+    cfg = dataclasses.replace(TINY, n_sel=6, n_init=1, n_local=1)
+    B, T, G = 1, 300, 2
+    Ts = cfg.num_sel_blocks(T)
+    scores = jnp.asarray(np.random.default_rng(5).random((B, T, G, Ts)).astype(np.float32))
+    want = semantics.topn_from_scores(scores, jnp.arange(T)[None, :, None], cfg)
+    got = jax.jit(lambda x: topn_pallas(x, cfg, True))(scores)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
