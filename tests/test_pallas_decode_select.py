@@ -17,6 +17,14 @@ def _sorted_ids(ids):
     return np.where(np.sort(big, axis=-1) == np.iinfo(np.int32).max, -1, np.sort(big, axis=-1))
 
 
+def _random_caches(keys, cfg, B, G, D, S):
+    """N(0, 1) decode caches of S tokens (their compressed blocks, the window ring) from 6 keys."""
+    Tc = cfg.num_cmp_blocks(S)
+    shapes = {"k_cmp": Tc, "v_cmp": Tc, "k_slc": S, "v_slc": S, "k_win": cfg.window,
+              "v_win": cfg.window}
+    return {k: jax.random.normal(keys[i], (B, G, n, D)) for i, (k, n) in enumerate(shapes.items())}
+
+
 @pytest.mark.parametrize("merge_tile", [4, 64])
 def test_decode_selection_with_tied_scores_matches_jnp(merge_tile):
     """Identical compressed keys make every fully visible selection block score the same, so
@@ -61,11 +69,8 @@ def test_decode_ids_with_fewer_candidates_than_n():
     cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=6, window=16, n_init=1,
                     n_local=2)
     B, G, h, D, S = 2, 2, 3, 16, 256
-    Tc = cfg.num_cmp_blocks(S)
     ks = jax.random.split(jax.random.PRNGKey(6), 8)
-    shapes = {"k_cmp": Tc, "v_cmp": Tc, "k_slc": S, "v_slc": S, "k_win": cfg.window,
-              "v_win": cfg.window}
-    kv = {k: jax.random.normal(ks[i], (B, G, n, D)) for i, (k, n) in enumerate(shapes.items())}
+    kv = _random_caches(ks[:6], cfg, B, G, D, S)
     gates = jax.nn.sigmoid(jax.random.normal(ks[6], (B, G * h, 3)))
     want_f = jax.jit(lambda q, t: nsa_decode_attention(q, kv, t, gates, cfg, return_info=True))
     got_f = jax.jit(lambda q, t: nsa_decode_pallas(q, kv, t, gates, cfg, cmp_keys=16, splits=2,
@@ -116,11 +121,8 @@ def test_decode_many_splits_matches_jnp(cmp_keys, splits):
     cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16, n_init=1,
                     n_local=2)
     B, G, h, D, S = 2, 1, 3, 16, 2080
-    Tc = cfg.num_cmp_blocks(S)
     ks = jax.random.split(jax.random.PRNGKey(5), 8)
-    shapes = {"k_cmp": Tc, "v_cmp": Tc, "k_slc": S, "v_slc": S, "k_win": cfg.window,
-              "v_win": cfg.window}
-    kv = {k: jax.random.normal(ks[i], (B, G, n, D)) for i, (k, n) in enumerate(shapes.items())}
+    kv = _random_caches(ks[:6], cfg, B, G, D, S)
     gates = jax.nn.sigmoid(jax.random.normal(ks[6], (B, G * h, 3)))
     want_f = jax.jit(lambda q, t: nsa_decode_attention(q, kv, t, gates, cfg))
     got_f = jax.jit(lambda q, t: nsa_decode_pallas(q, kv, t, gates, cfg, cmp_keys=cmp_keys,
