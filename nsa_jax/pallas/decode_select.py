@@ -25,6 +25,7 @@ from nsa_jax.pallas.common import NEG_INF, cdiv, compiler_params, load, next_pow
 TARGET_PROGRAMS = 264  # ~2 programs per SM of an H100/H200 (132 SMs): block scoring
 SEL_CHUNKS = (32, 128)  # selection blocks per scoring program: the range of the default
 MERGE_TILE = 64         # candidates per program (and per compared slice) of the top-n merge
+SCORE_WARPS = 4         # warps per scoring program
 
 
 def default_chunk(B: int, G: int, Ts: int) -> int:
@@ -157,10 +158,10 @@ def _topn_merge_kernel(val_ref, idx_ref, ids_ref, *, n_sel, kt):
     store(ids_ref.at[b, g, jnp.where(pad, slot, n_sel)], jnp.full(slot.shape, -1, jnp.int32), pad)
 
 
-def chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret):
+def chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret, warps=SCORE_WARPS):
     """The scoring kernel: -> (values, ids) [B,G,chunks*n_sel], each chunk's top-n group-summed
     block scores (Eq. 9-10; forced blocks +inf, empty slots -inf with id Ts) from the compressed
-    kernel's logits ``s`` [B,G,h,Tc] and per-split lse [B,G,splits,h]."""
+    kernel's logits ``s`` [B,G,h,Tc] and per-split lse [B,G,splits,h]; ``warps`` per program."""
     B, G, h, _ = s.shape
     r, mm = cfg.block_l // cfg.stride_d, cfg.sel_block // cfg.stride_d
     cs = max(sel_chunk if Ts > sel_chunk else next_pow2(Ts), next_pow2(cfg.n_sel))
@@ -174,16 +175,16 @@ def chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret):
         kern, grid=(B, G, C),
         out_shape=[jax.ShapeDtypeStruct((B, G, K), jnp.float32),
                    jax.ShapeDtypeStruct((B, G, K), jnp.int32)],
-        compiler_params=compiler_params(4, 1), interpret=interpret, name="nsa_decode_score",
+        compiler_params=compiler_params(warps, 1), interpret=interpret, name="nsa_decode_score",
     )(t, s, lse)
 
 
-def select_ids(t, s, lse, cfg, Ts, sel_chunk, merge_tile, interpret):
+def select_ids(t, s, lse, cfg, Ts, sel_chunk, merge_tile, interpret, score_warps=SCORE_WARPS):
     """Selected block ids [B,G,n_sel] from the compressed kernel's outputs, in value order (forced
     blocks first; -1 in unused slots): two launches, the chunk scores + chunk top-n over
-    B x G x chunks programs (:func:`chunk_candidates`), then the merge over
-    B x G x (candidates / merge_tile) programs."""
-    vals, idx = chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret)
+    B x G x chunks programs (:func:`chunk_candidates`, ``score_warps`` warps each), then the
+    merge over B x G x (candidates / merge_tile) programs."""
+    vals, idx = chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret, score_warps)
     B, G, K = vals.shape
     kt = min(merge_tile, next_pow2(K))
     merge = functools.partial(_topn_merge_kernel, n_sel=cfg.n_sel, kt=kt)
