@@ -37,7 +37,7 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.cache_write import Columns, flat_columns
-from nsa_jax.pallas.decode_select import MERGE_TILE, SCORE_WARPS, default_chunk, select_ids
+from nsa_jax.pallas.decode_select import MERGE_TILE, default_chunk, select_ids
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, cdiv, compiler_params, dot,
                                    dot_precision, load, next_pow2, softmax_init, softmax_step,
                                    store, use_interpret)
@@ -356,7 +356,7 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
                       win_keys: int = WIN_KEYS, splits: int | None = None,
                       sel_chunk: int | None = None, merge_tile: int = MERGE_TILE,
                       cmp_stages: int = CMP_STAGES, cmp_warps: int | None = None,
-                      slc_per: int | None = None, score_warps: int = SCORE_WARPS,
+                      slc_per: int | None = None, score_warps: int | None = None,
                       return_ids: bool = False):
     """q [B,Hq,Dk] at positions t [B] over the caches ``kv`` (layout in
     :mod:`nsa_jax.nsa.decoding`, tokens 0..t[b] written); gates [B,Hq,3] (or
@@ -378,9 +378,9 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
     if cmp_warps is not None and cmp_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"nsa_decode_pallas: cmp_warps must be one of 1, 2, 4, 8, 16 (or None), "
                          f"got {cmp_warps!r}")
-    if score_warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"nsa_decode_pallas: score_warps must be one of 1, 2, 4, 8, 16, "
-                         f"got {score_warps!r}")
+    if score_warps is not None and score_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"nsa_decode_pallas: score_warps must be one of 1, 2, 4, 8, 16 (or "
+                         f"None), got {score_warps!r}")
     t = jnp.broadcast_to(jnp.asarray(t, jnp.int32), (B,))
     br = cfg.branches
     G = next(kv[k] for k in ("k_cmp", "k_slc", "k_win") if k in kv).shape[1]

@@ -25,7 +25,8 @@ from nsa_jax.pallas.common import NEG_INF, cdiv, compiler_params, load, next_pow
 TARGET_PROGRAMS = 264  # ~2 programs per SM of an H100/H200 (132 SMs): block scoring
 SEL_CHUNKS = (32, 128)  # selection blocks per scoring program: the range of the default
 MERGE_TILE = 64         # candidates per program (and per compared slice) of the top-n merge
-SCORE_WARPS = 4         # warps per scoring program
+SCORE_WARPS = (8, 2)    # warps per scoring program: up to / from SCORE_MANY programs
+SCORE_MANY = 1024       # scoring programs (B x G x chunks) from which each gets SCORE_WARPS[1]
 
 
 def default_chunk(B: int, G: int, Ts: int) -> int:
@@ -35,6 +36,16 @@ def default_chunk(B: int, G: int, Ts: int) -> int:
     the fastest of 32/64/128; bench/NOTES.md)."""
     lo, hi = SEL_CHUNKS
     return int(min(hi, max(lo, next_pow2(cdiv(Ts * B * G, TARGET_PROGRAMS)))))
+
+
+def default_score_warps(B: int, G: int, Ts: int, chunk: int) -> int:
+    """Warps per scoring program: 8 while the B x G x chunks programs are few (each one's rank
+    count split over more threads), 2 from SCORE_MANY programs on (more programs resident per SM;
+    the kernel is issue-bound there). H100, 125M shape, us per layer with 2 / 4 / 8 warps: 128k /
+    B=64 (2,048 programs) 17.5 / 20.4 / 22.7; 64k / B=8 (256) 5.2 / 4.2 / 3.1; 128k / B=8 (256)
+    6.7 / 5.0 / 4.6 (bench/NOTES.md, twenty-ninth session)."""
+    few, many = SCORE_WARPS
+    return many if B * G * cdiv(Ts, chunk) >= SCORE_MANY else few
 
 
 def _merged_lse(lse_ref, b, g, h, spp):
@@ -55,8 +66,12 @@ def _merged_lse(lse_ref, b, g, h, spp):
 
 def _ahead(v, i, vj, ij):
     """[len(v), len(vj)]: candidate (vj, ij) ranks before (v, i): a higher value, or the same
-    value and a lower index (the ``lax.top_k`` order of ``semantics``)."""
-    return (vj[None, :] > v[:, None]) | ((vj[None, :] == v[:, None]) & (ij[None, :] < i[:, None]))
+    value and a lower index (the ``lax.top_k`` order of ``semantics``). Written as one select
+    between two comparisons, ``vj >= v`` where ij < i else ``vj > v`` (the same relation for
+    values that are not NaN; scores never are): one instruction less per pair than
+    ``(vj > v) | ((vj == v) & (ij < i))`` in the rank counts, which are most of the scoring
+    kernel's instructions (bench/NOTES.md, twenty-ninth session)."""
+    return jnp.where(ij[None, :] < i[:, None], vj[None, :] >= v[:, None], vj[None, :] > v[:, None])
 
 
 def _score_kernel(t_ref, s_ref, lse_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp, n_sel,
@@ -158,15 +173,17 @@ def _topn_merge_kernel(val_ref, idx_ref, ids_ref, *, n_sel, kt):
     store(ids_ref.at[b, g, jnp.where(pad, slot, n_sel)], jnp.full(slot.shape, -1, jnp.int32), pad)
 
 
-def chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret, warps=SCORE_WARPS):
+def chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret, warps=None):
     """The scoring kernel: -> (values, ids) [B,G,chunks*n_sel], each chunk's top-n group-summed
     block scores (Eq. 9-10; forced blocks +inf, empty slots -inf with id Ts) from the compressed
-    kernel's logits ``s`` [B,G,h,Tc] and per-split lse [B,G,splits,h]; ``warps`` per program."""
+    kernel's logits ``s`` [B,G,h,Tc] and per-split lse [B,G,splits,h]; ``warps`` per program
+    (default: :func:`default_score_warps`)."""
     B, G, h, _ = s.shape
     r, mm = cfg.block_l // cfg.stride_d, cfg.sel_block // cfg.stride_d
     cs = max(sel_chunk if Ts > sel_chunk else next_pow2(Ts), next_pow2(cfg.n_sel))
     C = cdiv(Ts, cs)
     K = C * cfg.n_sel
+    warps = warps or default_score_warps(B, G, Ts, cs)
     kern = functools.partial(_score_kernel, h=h, r=r, mm=mm, cs=cs, mmp=next_pow2(mm),
                              n_sel=cfg.n_sel, n_init=cfg.n_init,
                              n_local=cfg.n_local, l_cmp=cfg.block_l, d_cmp=cfg.stride_d,
@@ -179,7 +196,7 @@ def chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret, warps=SCORE_WARPS
     )(t, s, lse)
 
 
-def select_ids(t, s, lse, cfg, Ts, sel_chunk, merge_tile, interpret, score_warps=SCORE_WARPS):
+def select_ids(t, s, lse, cfg, Ts, sel_chunk, merge_tile, interpret, score_warps=None):
     """Selected block ids [B,G,n_sel] from the compressed kernel's outputs, in value order (forced
     blocks first; -1 in unused slots): two launches, the chunk scores + chunk top-n over
     B x G x chunks programs (:func:`chunk_candidates`, ``score_warps`` warps each), then the
