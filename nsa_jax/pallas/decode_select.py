@@ -25,8 +25,8 @@ from nsa_jax.pallas.common import NEG_INF, cdiv, compiler_params, load, next_pow
 TARGET_PROGRAMS = 264  # ~2 programs per SM of an H100/H200 (132 SMs): block scoring
 SEL_CHUNKS = (32, 128)  # selection blocks per scoring program: the range of the default
 MERGE_TILE = 64         # candidates per program (and per compared slice) of the top-n merge
-SCORE_WARPS = (8, 2)    # warps per scoring program: up to / from SCORE_MANY programs
-SCORE_MANY = 1024       # scoring programs (B x G x chunks) from which each gets SCORE_WARPS[1]
+SCORE_WARPS = (8, 4, 2)  # warps per scoring program: few long programs / the rest / many programs
+SCORE_MANY = 2048       # scoring programs (B x G x chunks) from which each gets 2 warps
 
 
 def default_chunk(B: int, G: int, Ts: int) -> int:
@@ -39,13 +39,19 @@ def default_chunk(B: int, G: int, Ts: int) -> int:
 
 
 def default_score_warps(B: int, G: int, Ts: int, chunk: int) -> int:
-    """Warps per scoring program: 8 while the B x G x chunks programs are few (each one's rank
-    count split over more threads), 2 from SCORE_MANY programs on (more programs resident per SM;
-    the kernel is issue-bound there). H100, 125M shape, us per layer with 2 / 4 / 8 warps: 128k /
-    B=64 (2,048 programs) 17.5 / 20.4 / 22.7; 64k / B=8 (256) 5.2 / 4.2 / 3.1; 128k / B=8 (256)
-    6.7 / 5.0 / 4.6 (bench/NOTES.md, twenty-ninth session)."""
-    few, many = SCORE_WARPS
-    return many if B * G * cdiv(Ts, chunk) >= SCORE_MANY else few
+    """Warps per scoring program. The kernel is issue-bound (most of its instructions are the
+    chunk's [chunk x chunk] rank count; Nsight Compute, bench/NOTES.md, twenty-ninth session), so
+    the warps only change how its programs share the SMs: 8 where the programs are few (<=
+    TARGET_PROGRAMS) and long (chunks of >= 64 blocks), so that each uses more of an SM; 2 from
+    SCORE_MANY programs on, so that more fit on an SM at once; else 4. H100, 125M shape, us per
+    layer with 2 / 4 / 8 warps: 128k / B=64 (2,048 programs of 128 blocks) 17.5 / 20.4 / 22.7; 64k /
+    B=8 (256 of 64) 5.2 / 4.2 / 3.1; 128k / B=8 (256 of 128) 6.7 / 5.0 / 4.6; 8k / B=8 (64 of 32):
+    8 warps 3.7 against 2.2 with 4."""
+    few, mid, many = SCORE_WARPS
+    programs = B * G * cdiv(Ts, chunk)
+    if programs >= SCORE_MANY:
+        return many
+    return few if programs <= TARGET_PROGRAMS and chunk >= 64 else mid
 
 
 def _merged_lse(lse_ref, b, g, h, spp):
@@ -66,12 +72,8 @@ def _merged_lse(lse_ref, b, g, h, spp):
 
 def _ahead(v, i, vj, ij):
     """[len(v), len(vj)]: candidate (vj, ij) ranks before (v, i): a higher value, or the same
-    value and a lower index (the ``lax.top_k`` order of ``semantics``). Written as one select
-    between two comparisons, ``vj >= v`` where ij < i else ``vj > v`` (the same relation for
-    values that are not NaN; scores never are): one instruction less per pair than
-    ``(vj > v) | ((vj == v) & (ij < i))`` in the rank counts, which are most of the scoring
-    kernel's instructions (bench/NOTES.md, twenty-ninth session)."""
-    return jnp.where(ij[None, :] < i[:, None], vj[None, :] >= v[:, None], vj[None, :] > v[:, None])
+    value and a lower index (the ``lax.top_k`` order of ``semantics``)."""
+    return (vj[None, :] > v[:, None]) | ((vj[None, :] == v[:, None]) & (ij[None, :] < i[:, None]))
 
 
 def _score_kernel(t_ref, s_ref, lse_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp, n_sel,
