@@ -41,8 +41,9 @@ def default_chunk(B: int, G: int, Ts: int) -> int:
 def default_score_warps(B: int, G: int, Ts: int, chunk: int) -> int:
     """Warps per scoring program. The kernel is issue-bound (most of its instructions are the
     chunk's [chunk x chunk] rank count; Nsight Compute, bench/NOTES.md, twenty-ninth session), so
-    the warps only change how its programs share the SMs: 8 where the programs are few (<=
-    TARGET_PROGRAMS) and long (chunks of >= 64 blocks), so that each uses more of an SM; 2 from
+    the warps only change how its programs share the SMs: 8 where the programs are few (<= 2 x
+    TARGET_PROGRAMS: the decoder's padded caches give a few more than ``default_chunk`` aims at)
+    and long (chunks of >= 64 blocks), so that each uses more of an SM; 2 from
     SCORE_MANY programs on, so that more fit on an SM at once; else 4. H100, 125M shape, us per
     layer with 2 / 4 / 8 warps: 128k / B=64 (2,048 programs of 128 blocks) 17.5 / 20.4 / 22.7; 64k /
     B=8 (256 of 64) 5.2 / 4.2 / 3.1; 128k / B=8 (256 of 128) 6.7 / 5.0 / 4.6; 8k / B=8 (64 of 32):
@@ -51,7 +52,7 @@ def default_score_warps(B: int, G: int, Ts: int, chunk: int) -> int:
     programs = B * G * cdiv(Ts, chunk)
     if programs >= SCORE_MANY:
         return many
-    return few if programs <= TARGET_PROGRAMS and chunk >= 64 else mid
+    return few if programs <= 2 * TARGET_PROGRAMS and chunk >= 64 else mid
 
 
 def _merged_lse(lse_ref, b, g, h, spp):
