@@ -26,7 +26,8 @@ TARGET_PROGRAMS = 264  # ~2 programs per SM of an H100/H200 (132 SMs): block sco
 SEL_CHUNKS = (32, 128)  # selection blocks per scoring program: the range of the default
 MERGE_TILE = 64         # candidates per program (and per compared slice) of the top-n merge
 SCORE_WARPS = (8, 4, 2)  # warps per scoring program: few long programs / the rest / many programs
-SCORE_MANY = 2048       # scoring programs (B x G x chunks) from which each gets 2 warps
+SCORE_MID = 1024        # scoring programs (B x G x chunks) from which each gets 4 warps
+SCORE_MANY = 2048       # ... and from which each gets 2
 
 
 def default_chunk(B: int, G: int, Ts: int) -> int:
@@ -41,18 +42,18 @@ def default_chunk(B: int, G: int, Ts: int) -> int:
 def default_score_warps(B: int, G: int, Ts: int, chunk: int) -> int:
     """Warps per scoring program. The kernel is issue-bound (most of its instructions are the
     chunk's [chunk x chunk] rank count; Nsight Compute, bench/NOTES.md, twenty-ninth session), so
-    the warps only change how its programs share the SMs: 8 where the programs are few (<= 2 x
-    TARGET_PROGRAMS: the decoder's padded caches give a few more than ``default_chunk`` aims at)
-    and long (chunks of >= 64 blocks), so that each uses more of an SM; 2 from
-    SCORE_MANY programs on, so that more fit on an SM at once; else 4. H100, 125M shape, us per
-    layer with 2 / 4 / 8 warps: 128k / B=64 (2,048 programs of 128 blocks) 17.5 / 20.4 / 22.7; 64k /
-    B=8 (256 of 64) 5.2 / 4.2 / 3.1; 128k / B=8 (256 of 128) 6.7 / 5.0 / 4.6; 8k / B=8 (64 of 32):
-    8 warps 3.7 against 2.2 with 4."""
+    the warps only change how its programs share the SMs: 8 below SCORE_MID programs of chunks of
+    >= 64 blocks (each program uses more of an SM), 2 from SCORE_MANY programs on (more programs
+    fit on an SM at once), else 4. H100, 125M shape, one cache set per layer, us per layer with 2 /
+    4 / 8 warps: 128k / B=64 (2,048 programs of 128 blocks) 17.4 / 20.5 / 22.8; 64k / B=64 (1,024
+    of 128) 15.1 / 11.1 / 12.0; 32k / B=64 (512 of 128) 13.1 / 8.3 / 6.4; 8k / B=64 (256 of 64) 5.1 /
+    5.0 / 3.1; 64k / B=8 (256 of 64) 5.4 / 4.3 / 3.2; 128k / B=8 (256 of 128) 7.1 / 5.4 / 4.9; 64k /
+    B=1 (64 of 32) 5.0 / 2.5 / 4.1."""
     few, mid, many = SCORE_WARPS
     programs = B * G * cdiv(Ts, chunk)
     if programs >= SCORE_MANY:
         return many
-    return few if programs <= 2 * TARGET_PROGRAMS and chunk >= 64 else mid
+    return few if programs < SCORE_MID and chunk >= 64 else mid
 
 
 def _merged_lse(lse_ref, b, g, h, spp):
