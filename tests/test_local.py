@@ -76,3 +76,59 @@ def test_bad_arguments_name_them():
         local_attention(q, k, v, window=0, interpret=True)
     with pytest.raises(ValueError, match="start must have shape"):
         local_attention(q, k, v, jnp.zeros((1, 7), jnp.int32), interpret=True)
+
+
+def _check_local(lengths, Hq, G, D, window, bs, seed):
+    """The kernel's out / dq / dk / dv against ``masked_local`` (as the test above)."""
+    seg = segments(lengths)
+    start = semantics.document_starts(seg)
+    B, T = seg.shape
+    q, k, v, ct = _inputs(seed, B, T, Hq, G, D, D)
+
+    def run(f):
+        o, vjp = jax.vjp(f, q, k, v)
+        return (o,) + vjp(ct)
+
+    got = jax.jit(lambda: run(lambda a, b, c: local_attention(
+        a, b, c, start, window, bs, interpret=True)))()
+    want = run(lambda a, b, c: masked_local(a, b, c, start, window))
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        assert np.abs(np.asarray(w)).max() > 0, name
+        assert rel_err(g, w) <= 2e-5, (name, rel_err(g, w))
+
+
+@pytest.mark.parametrize("lengths,Hq,G,window,bs", [
+    # one document over the whole row, no window: the last query sees key 0 (the no-window span
+    # must exceed T - 1); T = 33 = 2 * 16 + 1: the last key tile holds one key; query tiles twice
+    # the key tiles (dK/dV's first query tile is kt * bk // bq, not kt)
+    ([[33]], 2, 1, None, BlockSizes(win_q=32, win_keys=16)),
+    # w = 18 = 2 (mod 16): query 32's oldest visible key 15 is the last key of tile 0, query 48's
+    # (31) the last of tile 1 (forward / dQ key range), and key 15's newest query 32 the first of
+    # query tile 2 (dK/dV query range)
+    ([[5, 45]], 4, 2, 18, SMALL),
+])
+def test_local_tile_edges(lengths, Hq, G, window, bs):
+    _check_local(lengths, Hq, G, 8, window, bs, seed=Hq + G)
+
+
+def test_local_backward_applies_the_row_scale():
+    """``local_backward``'s per-row output scale gs (the cotangent is gs * do): delta must carry
+    it too (the op itself always passes gs = None)."""
+    from nsa_jax.pallas.local import local_backward, local_forward
+    lengths, Hq, G, D, window = [[7, 21]], 4, 2, 16, 6
+    start = semantics.document_starts(segments(lengths))
+    B, T = start.shape
+    q, k, v, do = _inputs(3, B, T, Hq, G, D, D)
+    gs = jax.random.uniform(jax.random.PRNGKey(0), (B, T, Hq), minval=0.2, maxval=1.0)
+    scale = 1.0 / math.sqrt(D)
+
+    @jax.jit
+    def kernels(q, k, v, do, gs):
+        o, lse = local_forward(q, k, v, start, window, SMALL, scale, True)
+        return local_backward(q, k, v, start, o, lse, do, gs, window, SMALL, scale, True)
+
+    got = kernels(q, k, v, do, gs)
+    _, vjp = jax.vjp(lambda a, b, c: masked_local(a, b, c, start, window), q, k, v)
+    want = vjp(do * gs[..., None])
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert rel_err(g, w) <= 2e-5, (name, rel_err(g, w))

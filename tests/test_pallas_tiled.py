@@ -487,3 +487,46 @@ def test_gpu_full_nsa_tiled_bf16(T):
     print(T, {k_: f"{e:.2e}" for k_, e in errs.items()})
     bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
     assert not bad, f"relative RMSE above 5e-3: {bad}"
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_tile_index_lists_each_single_row_block_pair(packed):
+    """Each batch row holds one (query t, block j) pair and nothing else, so t's tile list is
+    exactly that pair's blocks: no other row's selection hides a missing or an extra one (the
+    union tests above do). For every t, j = 0 .. t's own block + 1 (the next block: unused),
+    unpacked at T = 65 = 4 * 16 + 1 (query 64, alone in the last tile, selects block 4 that
+    starts at it) and packed at l' = 12 (a row at its block's first key; a row at an aligned
+    boundary inside an unaligned document block, its key t in the next aligned block; an
+    aligned document, whose blocks are aligned blocks; the last tile's last query 72 = 6 * 12)."""
+    bq = 16
+    if packed:
+        cfg = dataclasses.replace(TINY, sel_block=12)
+        start = _starts([[30, 5, 12, 20, 6]])[0]
+    else:
+        cfg = TINY
+        start = np.zeros(65, np.int64)
+    T, l = len(start), cfg.sel_block
+    Ts, nqt = cfg.num_sel_blocks(T), -(-T // bq)
+    pairs = [(t, j) for t in range(T) for j in range((t - start[t]) // l + 2)]
+    E = len(pairs)
+    idx = np.full((E, T, 1, 1), -1, np.int32)
+    for e, (t, j) in enumerate(pairs):
+        idx[e, t, 0, 0] = j
+    args = (jnp.asarray(idx),) + ((jnp.asarray(np.broadcast_to(start, (E, T))),) if packed
+                                  else ())
+    blocks, bcount, tiles, tcount = [np.asarray(x) for x in jax.jit(
+        lambda *a: tile_index(a[0], T, cfg, bq, *a[1:]))(*args)]
+    assert blocks.shape == (E, 1, nqt, Ts) and tiles.shape == (E, 1, Ts, nqt)
+    for e, (t, j) in enumerate(pairs):
+        last = min((t // bq + 1) * bq, T) - 1
+        if packed:
+            S = start[t]
+            want = sorted({s // l for s in range(S + j * l, min(S + (j + 1) * l, t + 1))})
+        else:
+            want = [j] if j < Ts and j * l <= last else []
+        for i in range(nqt):
+            got = list(blocks[e, 0, i, :bcount[e, 0, i]])
+            assert got == (want if i == t // bq else []), (t, j, i, got, want)
+        for u in range(Ts):
+            got = list(tiles[e, 0, u, :tcount[e, 0, u]])
+            assert got == ([t // bq] if u in want else []), (t, j, u, got)

@@ -152,3 +152,44 @@ def test_block_forward_bf16_partials():
     assert o.dtype == jnp.float32
     assert _rel(o, o_w) <= 5e-3
     np.testing.assert_allclose(np.asarray(lse), np.asarray(lse_w), rtol=0, atol=1e-4)
+
+
+def _small_case(dtype):
+    """Zero inputs of one small block-major case (shapes and dtypes only matter)."""
+    B, T, h, G, D = 1, 32, 2, 1, 16
+    q = jnp.zeros((B, T, h * G, D), dtype)
+    kv = jnp.zeros((B, T, G, D), dtype)
+    idx = jnp.zeros((B, T, G, TINY.n_sel), jnp.int32)
+    o = jnp.zeros((B, T, h * G, D), jnp.float32)
+    lse = jnp.zeros((B, T, h * G), jnp.float32)
+    return q, kv, kv, idx, o, lse, o, None
+
+
+def test_fused_backward_rejects_indices_of_other_slot_passes():
+    """An index list from a forward that ran in other slot passes is an error naming it, more
+    indices than passes as well as fewer (a zip over both would silently drop some)."""
+    from nsa_jax.pallas.selection_block import slot_passes
+    q, k, v, idx, o, lse, do, gs = _small_case(jnp.float32)
+    assert len(slot_passes(idx.shape, q.shape[2], q.shape[3], q.dtype)) == 1
+    for index in ((None,) * 3, ()):
+        with pytest.raises(ValueError, match="indices for 1 slot"):
+            sel_backward_block(q, k, v, idx, o, lse, do, gs, TINY, SMALL, 0.3, True,
+                               index=index)
+
+
+@pytest.mark.parametrize("dtype,want", [(jnp.bfloat16, jnp.bfloat16), (jnp.float32, jnp.float32)])
+def test_block_partials_stored_in_16_bit_input_dtype(dtype, want):
+    """The per-slot partial outputs (forward o_i, fused backward dQ_i) are stored in q's dtype
+    when it is 16-bit, else in float32 (half the bytes that ``slot_passes`` budgets for)."""
+    q, k, v, idx, o, lse, do, gs = _small_case(dtype)
+    fwd = jax.make_jaxpr(lambda *a: sel_forward_block(*a, TINY, SMALL, 0.3, True))(q, k, v, idx)
+    bwd = jax.make_jaxpr(lambda *a: sel_backward_block(*a, gs, TINY, SMALL, 0.3, True))(
+        q, k, v, idx, o, lse, do)
+    seen = {}
+    for jp in (fwd, bwd):
+        for e in jp.jaxpr.eqns:
+            if e.primitive.name == "pallas_call":
+                seen[str(e.params["name"])] = [a.aval.dtype for a in e.outvars]
+    assert seen["nsa_sel_fwd_block"][0] == want            # po; plse stays float32
+    assert seen["nsa_sel_fwd_block"][1] == jnp.float32
+    assert seen["nsa_sel_bwd_block"][2] == want            # pdq; dk, dv accumulate in float32
