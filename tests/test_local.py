@@ -38,6 +38,26 @@ def _inputs(seed, B, T, Hq, G, Dk, Dv):
 SMALL = BlockSizes(win_q=16, win_keys=16)
 
 
+def _check_local(lengths, Hq, G, D, window, bs, seed):
+    """``local_attention``'s output and dq / dk / dv against ``masked_local``'s (float32,
+    interpret mode)."""
+    seg = segments(lengths)
+    start = semantics.document_starts(seg)
+    B, T = seg.shape
+    q, k, v, ct = _inputs(seed, B, T, Hq, G, D, D)
+
+    def run(f):
+        o, vjp = jax.vjp(f, q, k, v)
+        return (o,) + vjp(ct)
+
+    got = jax.jit(lambda: run(lambda a, b, c: local_attention(
+        a, b, c, start, window, bs, interpret=True)))()
+    want = run(lambda a, b, c: masked_local(a, b, c, start, window))
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        assert np.abs(np.asarray(w)).max() > 0, name
+        assert rel_err(g, w) <= 2e-5, (name, rel_err(g, w))
+
+
 @pytest.mark.parametrize("lengths,Hq,G,D,window", [
     # documents of length 1, shorter than a tile, straddling tiles, a row cut mid-document
     ([[1, 5, 16, 21, 13], [40, 7, 9]], 4, 2, 8, 6),
@@ -45,21 +65,7 @@ SMALL = BlockSizes(win_q=16, win_keys=16)
     ([[37]], 2, 2, 16, 20),                                # one document: plain window, h = 1
 ])
 def test_local_matches_masked_attention(lengths, Hq, G, D, window):
-    seg = segments(lengths)
-    start = semantics.document_starts(seg)
-    B, T = seg.shape
-    q, k, v, ct = _inputs(len(lengths[0]) + Hq, B, T, Hq, G, D, D)
-
-    def run(f):
-        o, vjp = jax.vjp(f, q, k, v)
-        return (o,) + vjp(ct)
-
-    got = jax.jit(lambda: run(lambda a, b, c: local_attention(
-        a, b, c, start, window, SMALL, interpret=True)))()
-    want = run(lambda a, b, c: masked_local(a, b, c, start, window))
-    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
-        assert np.abs(np.asarray(w)).max() > 0, name
-        assert rel_err(g, w) <= 2e-5, (name, rel_err(g, w))
+    _check_local(lengths, Hq, G, D, window, SMALL, seed=len(lengths[0]) + Hq)
 
 
 def test_doc_last():
@@ -76,25 +82,6 @@ def test_bad_arguments_name_them():
         local_attention(q, k, v, window=0, interpret=True)
     with pytest.raises(ValueError, match="start must have shape"):
         local_attention(q, k, v, jnp.zeros((1, 7), jnp.int32), interpret=True)
-
-
-def _check_local(lengths, Hq, G, D, window, bs, seed):
-    """The kernel's out / dq / dk / dv against ``masked_local`` (as the test above)."""
-    seg = segments(lengths)
-    start = semantics.document_starts(seg)
-    B, T = seg.shape
-    q, k, v, ct = _inputs(seed, B, T, Hq, G, D, D)
-
-    def run(f):
-        o, vjp = jax.vjp(f, q, k, v)
-        return (o,) + vjp(ct)
-
-    got = jax.jit(lambda: run(lambda a, b, c: local_attention(
-        a, b, c, start, window, bs, interpret=True)))()
-    want = run(lambda a, b, c: masked_local(a, b, c, start, window))
-    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
-        assert np.abs(np.asarray(w)).max() > 0, name
-        assert rel_err(g, w) <= 2e-5, (name, rel_err(g, w))
 
 
 @pytest.mark.parametrize("lengths,Hq,G,window,bs", [
