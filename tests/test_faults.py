@@ -753,3 +753,28 @@ def test_disk_full_at_start_is_bad_input(tmp_path, capsys, monkeypatch):
     assert one_error_line(capsys.readouterr().err) == (
         f"error: run.dir: cannot write {run / 'config.yaml'} (No space left on device)")
     assert not (run / "config.yaml").exists() and not (run / "checkpoints").exists()
+
+
+def test_failed_read_collects_orbax_leftovers_without_a_warning():
+    """A failed orbax read leaves coroutines it never awaited; ``checkpoint._reason`` collects
+    them, and Python's "coroutine ... was never awaited" RuntimeWarning, issued while that
+    collection finalises them, is not passed on to the user (seen once in a full test run)."""
+    import gc
+    import warnings
+
+    from nsa_jax.train.checkpoint import _reason
+
+    async def _read_array_index_and_device_put():   # stands for orbax's leftover read
+        return None
+
+    class Cycle:   # only a collection frees it, as with orbax's leftover tasks
+        pass
+
+    gc.collect()
+    c = Cycle()
+    c.me, c.coro = c, _read_array_index_and_device_put()
+    del c
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert "boom" in _reason(ValueError("boom"))
+    assert not [w for w in seen if "never awaited" in str(w.message)], [str(w.message) for w in seen]

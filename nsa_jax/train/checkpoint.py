@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import warnings
 from pathlib import Path
 
 import jax
@@ -61,8 +62,13 @@ def _absl_quiet(enabled: bool):
 
 def _reason(e: BaseException) -> str:
     """The innermost cause of a failed orbax call, short; the tasks orbax left behind for it
-    are collected now, while their noise is filtered (:func:`quiet_orbax_reads`)."""
-    gc.collect()
+    are collected now, while their noise is filtered (:func:`quiet_orbax_reads`; the
+    "coroutine ... was never awaited" warnings of the reads it abandoned, which Python issues
+    during this collection, as well)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited",
+                                category=RuntimeWarning)
+        gc.collect()
     return root_reason(e)
 
 
