@@ -24,7 +24,9 @@ from nsa_jax.pallas.common import NEG_INF, cdiv, compiler_params, load, next_pow
 
 TARGET_PROGRAMS = 264  # ~2 programs per SM of an H100/H200 (132 SMs): block scoring
 SEL_CHUNKS = (32, 128)  # selection blocks per scoring program: the range of the default
-MERGE_TILE = 64         # candidates per program (and per compared slice) of the top-n merge
+MERGE_TILE = 32         # candidates per program (and per compared slice) of the top-n merge: 32
+                        # took 0.8 us per layer less than 64 at 128k / B=64, 128k / B=8, 64k / B=8
+                        # and 64k / B=1, even at 8k / B=64, 128 slower (H100; NOTES, 29th session)
 SCORE_WARPS = (8, 4, 2)  # warps per scoring program: few long programs / the rest / many programs
 SCORE_MID = 1024        # scoring programs (B x G x chunks) from which each gets 4 warps
 SCORE_MANY = 2048       # ... and from which each gets 2
