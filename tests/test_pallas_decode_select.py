@@ -25,6 +25,13 @@ def _random_caches(keys, cfg, B, G, D, S):
     return {k: jax.random.normal(keys[i], (B, G, n, D)) for i, (k, n) in enumerate(shapes.items())}
 
 
+def _random_case(seed, cfg, B, G, h, D, S):
+    """-> (caches, sigmoid gates [B, G*h, 3], a key for the queries), all from PRNGKey(seed)."""
+    ks = jax.random.split(jax.random.PRNGKey(seed), 8)
+    gates = jax.nn.sigmoid(jax.random.normal(ks[6], (B, G * h, 3)))
+    return _random_caches(ks[:6], cfg, B, G, D, S), gates, ks[7]
+
+
 @pytest.mark.parametrize("merge_tile", [4, 64])
 def test_decode_selection_with_tied_scores_matches_jnp(merge_tile):
     """Identical compressed keys make every fully visible selection block score the same, so
@@ -69,15 +76,13 @@ def test_decode_ids_with_fewer_candidates_than_n():
     cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=6, window=16, n_init=1,
                     n_local=2)
     B, G, h, D, S = 2, 2, 3, 16, 256
-    ks = jax.random.split(jax.random.PRNGKey(6), 8)
-    kv = _random_caches(ks[:6], cfg, B, G, D, S)
-    gates = jax.nn.sigmoid(jax.random.normal(ks[6], (B, G * h, 3)))
+    kv, gates, qkey = _random_case(6, cfg, B, G, h, D, S)
     want_f = jax.jit(lambda q, t: nsa_decode_attention(q, kv, t, gates, cfg, return_info=True))
     got_f = jax.jit(lambda q, t: nsa_decode_pallas(q, kv, t, gates, cfg, cmp_keys=16, splits=2,
                                                    sel_chunk=4, merge_tile=4, return_ids=True))
     for i, t0 in enumerate([0, 17, 40, 79]):
         t = jnp.asarray([t0, t0 // 2], jnp.int32)
-        q = 2.0 * jax.random.normal(jax.random.fold_in(ks[7], i), (B, G * h, D))
+        q = 2.0 * jax.random.normal(jax.random.fold_in(qkey, i), (B, G * h, D))
         want, info = want_f(q, t)
         got, ids = got_f(q, t)
         ids = np.asarray(ids)
@@ -121,15 +126,13 @@ def test_decode_many_splits_matches_jnp(cmp_keys, splits):
     cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16, n_init=1,
                     n_local=2)
     B, G, h, D, S = 2, 1, 3, 16, 2080
-    ks = jax.random.split(jax.random.PRNGKey(5), 8)
-    kv = _random_caches(ks[:6], cfg, B, G, D, S)
-    gates = jax.nn.sigmoid(jax.random.normal(ks[6], (B, G * h, 3)))
+    kv, gates, qkey = _random_case(5, cfg, B, G, h, D, S)
     want_f = jax.jit(lambda q, t: nsa_decode_attention(q, kv, t, gates, cfg))
     got_f = jax.jit(lambda q, t: nsa_decode_pallas(q, kv, t, gates, cfg, cmp_keys=cmp_keys,
                                                    splits=splits, sel_chunk=32))
     for i, t0 in enumerate([S - 1, 1500, 40, 3]):
         t = jnp.asarray([t0, max(0, t0 - 37)], jnp.int32)
-        q = 2.0 * jax.random.normal(jax.random.fold_in(ks[7], i), (B, G * h, D))
+        q = 2.0 * jax.random.normal(jax.random.fold_in(qkey, i), (B, G * h, D))
         assert rel_err(got_f(q, t), want_f(q, t)) <= 2e-5, t0
 
 
