@@ -208,3 +208,93 @@ def _check_chunk_scores(cfg, bk, splits):
                     else:
                         np.testing.assert_allclose(got[j], want[bb, gg, j], rtol=1e-5,
                                                    atol=1e-7, err_msg=f"t={t0} b={bb} j={j}")
+
+
+def _winners_call(sc, cand, n_sel, bits, compiled):
+    """``decode_select._chunk_winners`` -> (win, slot) [rows, cs], one chunk per row of ``sc`` /
+    ``cand`` (the scoring kernel's values: +inf forced, -inf non-candidates). ``compiled``: in a
+    Pallas kernel of one program per chunk, as the GPU runs it; else the function itself, jitted
+    and vmapped over the rows (what interpret mode would run, without its per-program loop)."""
+    from jax.experimental import pallas as pl
+    from nsa_jax.pallas.decode_select import _chunk_winners
+    sc, cand = jnp.asarray(sc, jnp.float32), jnp.asarray(cand)
+    if not compiled:
+        return jax.jit(jax.vmap(lambda s, c: _chunk_winners(s, c, n_sel, bits)))(sc, cand)
+    R, cs = sc.shape
+
+    def kern(sc_ref, cand_ref, win_ref, slot_ref):
+        r = pl.program_id(0)
+        win, slot = _chunk_winners(sc_ref[r], cand_ref[r] > 0, n_sel, bits)
+        win_ref[r] = win.astype(jnp.int32)
+        slot_ref[r] = slot
+    shape = jax.ShapeDtypeStruct((R, cs), jnp.int32)
+    return pl.pallas_call(kern, grid=(R,), out_shape=[shape, shape])(sc, cand.astype(jnp.int32))
+
+
+def _adversarial_chunks(cs, n_sel, seed):
+    """Chunks of ``cs`` scores whose top-n ties are hard: all equal, all zero with -0.0, a few
+    levels with many copies at the threshold, fewer candidates than n (and none), more forced
+    (+inf) blocks than n, float32's extremes (3.4e38, the smallest denormal), ties across the
+    chunk's ends, and random scores with forced blocks. -> (scores, candidate mask)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    j = np.arange(cs)
+    rows.append((np.full(cs, 0.5), np.ones(cs, bool)))
+    rows.append((np.where(j % 2 == 0, 0.0, -0.0), np.ones(cs, bool)))
+    rows.append((rng.integers(0, 3, cs).astype(np.float64), np.ones(cs, bool)))
+    rows.append((rng.integers(0, 2, cs) * 1e-45, rng.random(cs) < 0.8))
+    few = np.zeros(cs, bool)
+    few[rng.choice(cs, n_sel // 2, replace=False)] = True
+    rows.append((rng.random(cs), few))
+    rows.append((rng.random(cs), np.zeros(cs, bool)))
+    rows.append((np.where(rng.random(cs) < 0.3, np.inf, rng.random(cs)), np.ones(cs, bool)))
+    rows.append((np.where(j < 3, 3.4e38, np.where(j >= cs - n_sel, 1.0, 0.25)),
+                 np.ones(cs, bool)))
+    exact = np.full(cs, 2.0)
+    exact[: n_sel - 1] = 7.0                   # n - 1 above, the rest tied at the threshold
+    rows.append((exact[::-1].copy(), np.ones(cs, bool)))
+    for _ in range(6):
+        v = rng.random(cs).astype(np.float32) * 10.0 ** rng.integers(-6, 6)
+        forced = rng.random(cs) < 0.05
+        cand = rng.random(cs) < 0.9
+        rows.append((np.where(forced & cand, np.inf, v), cand))
+    sc = np.stack([np.where(c, v, -np.inf) for v, c in rows]).astype(np.float32)
+    return sc, np.stack([c for _, c in rows])
+
+
+def _check_winners(sc, cand, win, slot, n_sel):
+    """win == the candidates ``lax.top_k`` (the oracle's rule, ``semantics.topn_from_scores``; on
+    the CPU) keeps of the top n_sel -- higher score in its total order, then lower index -- and
+    the winners' slots are 0, 1, ... in block order."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        vals, ids = jax.lax.top_k(jnp.asarray(np.where(cand, sc, -np.inf), jnp.float32),
+                                  min(n_sel, sc.shape[1]))
+    for r in range(sc.shape[0]):
+        want = np.zeros(sc.shape[1], bool)
+        want[np.asarray(ids[r])[np.asarray(vals[r]) > -np.inf]] = True
+        np.testing.assert_array_equal(win[r] > 0, want, err_msg=f"row {r}")
+        np.testing.assert_array_equal(slot[r][want], np.arange(want.sum()), err_msg=f"row {r}")
+
+
+@pytest.mark.parametrize("cs,n_sel", [(128, 16), (32, 16), (16, 16), (64, 5)])
+def test_chunk_winners_follow_the_top_k_rule(cs, n_sel):
+    """The scoring kernel's chunk top-n (a radix select over the scores' bits, 1-4 bits per
+    round) picks exactly ``lax.top_k``'s candidates -- higher score, then lower index -- on
+    chunks built to tie at the threshold (the function jitted on the CPU; the kernels' tests
+    above run it inside the scoring kernel in interpret mode)."""
+    sc, cand = _adversarial_chunks(cs, n_sel, cs + n_sel)
+    for bits in (1, 2, 3, 4):
+        win, slot = _winners_call(sc, cand, n_sel, bits, False)
+        _check_winners(sc, cand, np.asarray(win), np.asarray(slot), n_sel)
+
+
+@pytest.mark.gpu
+def test_gpu_chunk_winners_follow_the_top_k_rule():
+    """As test_chunk_winners_follow_the_top_k_rule, compiled (Triton): the float bits read as
+    int32, the prefix counts and the rounds as the GPU runs them, at the default bits and 1."""
+    from nsa_jax.pallas.decode_select import TOPN_BITS
+    for cs, n_sel in [(128, 16), (64, 16), (32, 16)]:
+        sc, cand = _adversarial_chunks(cs, n_sel, 7)
+        for bits in sorted({1, TOPN_BITS}):
+            win, slot = _winners_call(sc, cand, n_sel, bits, True)
+            _check_winners(sc, cand, np.asarray(win), np.asarray(slot), n_sel)
