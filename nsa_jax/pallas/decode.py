@@ -37,7 +37,7 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.cache_write import Columns, flat_columns
-from nsa_jax.pallas.decode_select import MERGE_TILE, TOPN_BITS, default_chunk, select_ids
+from nsa_jax.pallas.decode_select import MERGE_TILE, default_chunk, select_ids
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, cdiv, compiler_params, dot,
                                    dot_precision, load, next_pow2, softmax_init, softmax_step,
                                    store, use_interpret)
@@ -357,7 +357,7 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
                       sel_chunk: int | None = None, merge_tile: int = MERGE_TILE,
                       cmp_stages: int = CMP_STAGES, cmp_warps: int | None = None,
                       slc_per: int | None = None, score_warps: int | None = None,
-                      topn_bits: int = TOPN_BITS, return_ids: bool = False):
+                      return_ids: bool = False):
     """q [B,Hq,Dk] at positions t [B] over the caches ``kv`` (layout in
     :mod:`nsa_jax.nsa.decoding`, tokens 0..t[b] written); gates [B,Hq,3] (or
     :class:`GateLogits`) -> [B,Hq,Dv] in q.dtype.
@@ -370,8 +370,6 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
     loop (Triton ``num_stages``) and ``cmp_warps`` its warps per program (default: 4 when h
     padded to >= 16 rows times Dv is over 4096, else 2); ``slc_per`` selected blocks (or window
     tiles) per program of the selected + window kernel (default: ``_slc_per``).
-    ``score_warps`` warps per scoring program (default: ``decode_select.default_score_warps``)
-    and ``topn_bits`` threshold bits per round of its chunk top-n (1-4).
     ``return_ids``: also the selected block ids [B,G,n_sel] (score order, -1 in unused slots;
     None without the selection branch). Head dims that are not a power of two >= 16 are
     zero-padded (a copy of the caches: fine for tests, slow for real models, which use 64 or
@@ -405,7 +403,7 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
         if "slc" in br:
             Ts = kv["k_slc"].shape[2] // cfg.sel_block
             ids = select_ids(t, s, lse, cfg, Ts, sel_chunk or default_chunk(B, G, Ts),
-                             merge_tile, interpret, score_warps, topn_bits)
+                             merge_tile, interpret, score_warps)
     n_sp = 0
     if "slc" in br or "win" in br:
         per = slc_per or _slc_per(B, G, cfg.n_sel if "slc" in br else 0,

@@ -6,14 +6,11 @@ block scores from the compressed kernel's logits and the top-n, as two kernels. 
 per-split lse into each head's, forms the group-summed block scores
 (Eq. 9-10) from the logits (one row load and one small tail gather per head) and keeps each
 chunk's top-n with the forced blocks (Eq. 11); ``_topn_merge_kernel`` (grid B x G x candidate
-slices) picks the top-n of the chunks' candidates. The rule is that of :mod:`nsa_jax.nsa.semantics`
-(``lax.top_k``'s order: higher score first, equal scores by lower index). The chunk's top-n is a
-radix select of the n-th largest score (``_chunk_winners``: ~31 counts over the chunk, not a
-[chunk x chunk] comparison); the merge ranks by counting (a candidate's rank is the number of
-candidates ahead of it), one comparison matrix and one reduction instead of n serial rounds of
-argmax (measured slower: bench/NOTES.md, thirteenth session). The chunks' candidates need no
-order (the merge ranks them all); the ids come out of the merge in score order, forced blocks
-first.
+slices) picks the top-n of the chunks' candidates. Both rank by counting (a candidate's rank is
+the number of candidates ahead of it: higher score, or equal score and lower index, the rules of
+:mod:`nsa_jax.nsa.semantics`), one comparison matrix and one reduction instead of n serial
+rounds of argmax (measured slower: bench/NOTES.md, thirteenth session). The ids come out in
+score order, forced blocks first.
 """
 from __future__ import annotations
 
@@ -21,7 +18,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from nsa_jax.pallas.common import NEG_INF, cdiv, compiler_params, load, next_pow2, store
@@ -34,7 +30,6 @@ MERGE_TILE = 32         # candidates per program (and per compared slice) of the
 SCORE_WARPS = (8, 4, 2)  # warps per scoring program: few long programs / the rest / many programs
 SCORE_MID = 1024        # scoring programs (B x G x chunks) from which each gets 4 warps
 SCORE_MANY = 2048       # ... and from which each gets 2
-TOPN_BITS = 2           # threshold bits decided per round of the chunk top-n's radix select
 
 
 def default_chunk(B: int, G: int, Ts: int) -> int:
@@ -79,44 +74,6 @@ def _merged_lse(lse_ref, b, g, h, spp):
     return M + jnp.log2(jnp.sum(jnp.exp2(own - safe[None, :]), axis=0)), hr
 
 
-def _chunk_winners(sc, cand, n_sel: int, bits: int):
-    """-> (win, slot) [cs]: the chunk's top ``n_sel`` candidates (all of them if fewer) by the
-    ``lax.top_k`` rule -- higher score first, equal scores by lower index -- and a distinct slot
-    < n_sel for each (ascending block order).
-
-    A radix select, not a rank count: candidate scores are sums of non-negative terms or +inf
-    (forced blocks), so their float32 bit patterns read as int32 order them as ``lax.top_k``
-    does (a total order: denormals above 0, +0.0 above -0.0). Keys: those bits + 1, -0.0 -> 0,
-    non-candidates -1. The threshold x = the n-th largest
-    key is built from bit 30 down, ``bits`` bits per round: each round counts the keys at or
-    above the 2^bits - 1 trial values and keeps the largest trial with at least n_sel keys (the
-    counts fall as the trial grows, so that is the number of trials that pass; Triton's shapes
-    are powers of two, so x itself is a padding trial that never counts). Then the keys
-    above x win, and of the keys equal to x the lowest blocks, as many as are still needed (an
-    exclusive prefix count). ~31 / bits rounds of [2^bits - 1, cs] comparisons, against the
-    [cs, cs] comparison matrix of a rank count (the scoring kernel's main cost at cs = 128:
-    Nsight Compute, bench/NOTES.md, twenty-ninth session). With fewer than n_sel candidates x
-    stays 0 and every candidate wins. (The rank count it replaced compared floats: -0.0 tied
-    +0.0, and under the CPU's denormals-as-zero so did denormals.)"""
-    bits_ = lax.bitcast_convert_type(sc, jnp.int32)
-    key = jnp.where(cand, jnp.where(bits_ >= 0, bits_ + 1, 0), -1)
-    x = jnp.int32(0)
-    hi = 31                                   # bits [lo, hi) are decided this round; 31: sign
-    while hi > 0:
-        lo = max(0, hi - bits)
-        m = jnp.arange(2 ** (hi - lo), dtype=jnp.int32)     # trial 0 (= x) only pads to 2^w
-        trial = x | (m << lo)                                        # ascending
-        counts = jnp.sum((key[None, :] >= trial[:, None]).astype(jnp.int32), axis=1)
-        x = x | (jnp.sum(((counts >= n_sel) & (m > 0)).astype(jnp.int32)) << lo)
-        hi = lo
-    above = key > x
-    tie = (key == x).astype(jnp.int32)                 # x >= 0: only candidates tie
-    need = n_sel - jnp.sum(above.astype(jnp.int32))
-    win = above | ((tie > 0) & (jnp.cumsum(tie) - tie < need))
-    w = win.astype(jnp.int32)
-    return win, jnp.cumsum(w) - w
-
-
 def _ahead(v, i, vj, ij):
     """[len(v), len(vj)]: candidate (vj, ij) ranks before (v, i): a higher value, or the same
     value and a lower index (the ``lax.top_k`` order of ``semantics``)."""
@@ -124,7 +81,7 @@ def _ahead(v, i, vj, ij):
 
 
 def _score_kernel(t_ref, s_ref, lse_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp, n_sel,
-                  n_init, n_local, l_cmp, d_cmp, l_sel, ts, spp, bits):
+                  n_init, n_local, l_cmp, d_cmp, l_sel, ts, spp):
     """Group-summed block scores (Eq. 9-10) of one chunk of selection blocks of one (row, group),
     forced / non-candidate blocks at +-inf (Eq. 11), and the chunk's top-n (value, id) pairs.
 
@@ -140,8 +97,9 @@ def _score_kernel(t_ref, s_ref, lse_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp,
     to a power of two): a few hundred bytes per program instead of two XLA kernels per layer
     between the compressed and the scoring kernel (bench/NOTES.md, nineteenth session).
 
-    The chunk's top-n is a radix select (``_chunk_winners``, ``bits`` per round): the winners
-    go to distinct slots in block order, the slots past the chunk's candidates get (-inf, Ts).
+    The chunk's top-n is a rank count, not n rounds of argmax: block i's rank is the number of
+    blocks of the chunk ahead of it (``_ahead``), one [cs, cs] comparison and one reduction; the
+    blocks ranked < n go to slot rank, the slots past the chunk's candidates get (-inf, Ts).
     """
     b, g, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     Tc, Ts = s_ref.shape[-1], ts
@@ -177,9 +135,10 @@ def _score_kernel(t_ref, s_ref, lse_ref, val_ref, idx_ref, *, h, r, mm, cs, mmp,
     cand = j <= cur
     forced = cand & ((j < n_init) | (j > cur - n_local))
     sc = jnp.where(forced, float("inf"), jnp.where(cand, score, NEG_INF))
-    win, slot = _chunk_winners(sc, cand, n_sel, bits)
+    rank = jnp.sum(_ahead(sc, j, sc, j).astype(jnp.int32), axis=1)
+    win = cand & (rank < n_sel)
     K = val_ref.shape[-1]
-    at = jnp.where(win, c * n_sel + slot, K)
+    at = jnp.where(win, c * n_sel + rank, K)
     store(val_ref.at[b, g, at], sc, win)
     store(idx_ref.at[b, g, at], j, win)
     count = jnp.minimum(jnp.sum(cand.astype(jnp.int32)), n_sel)
@@ -220,14 +179,11 @@ def _topn_merge_kernel(val_ref, idx_ref, ids_ref, *, n_sel, kt):
     store(ids_ref.at[b, g, jnp.where(pad, slot, n_sel)], jnp.full(slot.shape, -1, jnp.int32), pad)
 
 
-def chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret, warps=None, bits=TOPN_BITS):
+def chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret, warps=None):
     """The scoring kernel: -> (values, ids) [B,G,chunks*n_sel], each chunk's top-n group-summed
-    block scores (Eq. 9-10; forced blocks +inf, empty slots -inf with id Ts; in no particular
-    order within a chunk) from the compressed kernel's logits ``s`` [B,G,h,Tc] and per-split
-    lse [B,G,splits,h]; ``warps`` per program (default: :func:`default_score_warps`), ``bits``
-    threshold bits per round of the chunk top-n (:func:`_chunk_winners`)."""
-    if bits not in (1, 2, 3, 4):
-        raise ValueError(f"topn_bits must be one of 1, 2, 3, 4, got {bits!r}")
+    block scores (Eq. 9-10; forced blocks +inf, empty slots -inf with id Ts) from the compressed
+    kernel's logits ``s`` [B,G,h,Tc] and per-split lse [B,G,splits,h]; ``warps`` per program
+    (default: :func:`default_score_warps`)."""
     B, G, h, _ = s.shape
     r, mm = cfg.block_l // cfg.stride_d, cfg.sel_block // cfg.stride_d
     cs = max(sel_chunk if Ts > sel_chunk else next_pow2(Ts), next_pow2(cfg.n_sel))
@@ -237,8 +193,7 @@ def chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret, warps=None, bits=
     kern = functools.partial(_score_kernel, h=h, r=r, mm=mm, cs=cs, mmp=next_pow2(mm),
                              n_sel=cfg.n_sel, n_init=cfg.n_init,
                              n_local=cfg.n_local, l_cmp=cfg.block_l, d_cmp=cfg.stride_d,
-                             l_sel=cfg.sel_block, ts=Ts, spp=next_pow2(lse.shape[2]),
-                             bits=bits)
+                             l_sel=cfg.sel_block, ts=Ts, spp=next_pow2(lse.shape[2]))
     return pl.pallas_call(
         kern, grid=(B, G, C),
         out_shape=[jax.ShapeDtypeStruct((B, G, K), jnp.float32),
@@ -247,14 +202,12 @@ def chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret, warps=None, bits=
     )(t, s, lse)
 
 
-def select_ids(t, s, lse, cfg, Ts, sel_chunk, merge_tile, interpret, score_warps=None,
-               topn_bits=TOPN_BITS):
+def select_ids(t, s, lse, cfg, Ts, sel_chunk, merge_tile, interpret, score_warps=None):
     """Selected block ids [B,G,n_sel] from the compressed kernel's outputs, in value order (forced
     blocks first; -1 in unused slots): two launches, the chunk scores + chunk top-n over
-    B x G x chunks programs (:func:`chunk_candidates`, ``score_warps`` warps each, ``topn_bits``
-    per round of its select), then the merge over B x G x (candidates / merge_tile) programs."""
-    vals, idx = chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret, score_warps,
-                                 topn_bits)
+    B x G x chunks programs (:func:`chunk_candidates`, ``score_warps`` warps each), then the
+    merge over B x G x (candidates / merge_tile) programs."""
+    vals, idx = chunk_candidates(t, s, lse, cfg, Ts, sel_chunk, interpret, score_warps)
     B, G, K = vals.shape
     kt = min(merge_tile, next_pow2(K))
     merge = functools.partial(_topn_merge_kernel, n_sel=cfg.n_sel, kt=kt)
