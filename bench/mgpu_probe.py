@@ -17,8 +17,9 @@ attention (every NSA branch is a masked flash attention), forward and forward + 
   repeated to Hq, which it needs);
 * ``jax_mgpu`` / ``jax_mgpu_kv128``: jax's own Pallas Mosaic GPU attention
   (``pallas.ops.gpu.attention_mgpu``: warpgroup MMA, TMA, two compute warpgroups of 64 query
-  rows) with 64- / 128-key tiles. Its causal backward may be missing in a jax version: then that
-  row says so.
+  rows) with 64- / 128-key tiles, in float16 (its shared-memory buffers are float16 in jax 0.11.2;
+  bf16 inputs fail there). Its causal backward may be missing in a jax version: then that row
+  says so.
 
 Each variant's output is checked against cuDNN's (relative RMSE). Timings are wall-clock medians
 of ``--reps`` calls (``harness.timed``); TFLOP/s counts causal work (half the square). Benchmark
@@ -66,9 +67,12 @@ def _variants(D, G, Hq):
             cfg = mg.TuningConfig(block_q=64, block_kv=bkv, max_concurrent_steps=2, causal=True,
                                   block_q_dkv=64, block_kv_dkv=bkv, block_q_dq=64,
                                   block_kv_dq=bkv)
-            # the kernel applies no softmax scale: q is scaled as cuDNN's default does
+            # the kernel applies no softmax scale (q is scaled as cuDNN's default does), and its
+            # shared-memory buffers are float16 (jax 0.11.2: bf16 inputs fail), so it runs float16
+            h16 = lambda x: x.astype(jnp.float16)
             out["jax_mgpu" + tag] = functools.partial(
-                lambda q, k, v, cfg: mg.attention(q * (1.0 / math.sqrt(D)), k, v, cfg), cfg=cfg)
+                lambda q, k, v, cfg: mg.attention(h16(q * (1.0 / math.sqrt(D))), h16(k), h16(v),
+                                                  cfg), cfg=cfg)
     except ImportError as e:
         print(f"jax_mgpu unavailable: {e}")
     return out

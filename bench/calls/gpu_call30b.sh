@@ -7,7 +7,7 @@ set -u
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; t0=$SECONDS; rc=0; log="$OUT/run.log"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1 | tee "$log"
 PYTHONPATH=. timeout 420 python3 -W ignore::DeprecationWarning bench/mgpu_probe.py \
-  --shapes 125m:16:2048 125m:4:8192 125m:1:65536 bench:1:16384 --out "$OUT/mgpu_probe.json" 2>"$OUT/stderr.log" \
+  --shapes ${SHAPES:-125m:16:2048 125m:4:8192 125m:1:65536 bench:1:16384} --out "$OUT/mgpu_probe.json" 2>"$OUT/stderr.log" \
   | tee -a "$log" || rc=1
 tail -n 30 "$OUT/stderr.log" > "$OUT/stderr_tail.log"
 echo "done: $((SECONDS - t0)) s" | tee -a "$log"
