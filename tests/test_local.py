@@ -119,3 +119,32 @@ def test_local_backward_applies_the_row_scale():
     want = vjp(do * gs[..., None])
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert rel_err(g, w) <= 2e-5, (name, rel_err(g, w))
+
+
+def _local_warps(dtype, D, block_sizes=None):
+    """{kernel name: warps} of the document-local forward and backward, read from the jaxpr."""
+    q = jnp.zeros((1, 64, 4, D), dtype)
+    k = jnp.zeros((1, 64, 1, D), dtype)
+    f = lambda q, k, v: jnp.sum(local_attention(q, k, v, block_sizes=block_sizes,
+                                                interpret=True))
+    jp = jax.make_jaxpr(jax.grad(f, argnums=(0, 1, 2)))(q, k, k)
+    out = {}
+    for e in jp.jaxpr.eqns:
+        if e.primitive.name == "pallas_call":
+            cp = e.params["compiler_params"]
+            cp = cp.get("triton", cp) if isinstance(cp, dict) else cp
+            out[str(e.params["name"])] = cp.num_warps
+    assert set(out) == {"nsa_local_fwd", "nsa_local_bwd_dq", "nsa_local_bwd_dkv"}, out
+    return set(out.values())
+
+
+def test_local_kernels_take_win_warps():
+    """``BlockSizes.win_warps`` sets the warps of all three local kernels (None: ``num_warps``);
+    bf16 128-wide heads default to 4 while the other kernels there take 8 (the packed window at
+    the bench shape, 64k: 25.5 against 41.6 ms on an H100, bench/NOTES.md, thirtieth session)."""
+    assert BlockSizes.for_shape(4, 128).num_warps == 8
+    assert _local_warps(jnp.bfloat16, 128) == {4}
+    assert _local_warps(jnp.bfloat16, 64) == {BlockSizes.for_shape(4, 64).num_warps}
+    assert _local_warps(jnp.float32, 128) == {8}          # float32 128-wide: not measured
+    assert _local_warps(jnp.bfloat16, 128, BlockSizes(num_warps=8)) == {8}
+    assert _local_warps(jnp.bfloat16, 128, BlockSizes(num_warps=8, win_warps=2)) == {2}

@@ -296,6 +296,11 @@ class BlockSizes:
     sel_tile_q:   queries per tile of the tiled selection kernels (rows of one head).
     win_q, win_keys: queries (rows of one head) and keys per tile of the document-local
                   attention kernels (``local.py``: packed window branch, packed dense).
+    win_warps:    warps of the document-local kernels (None: ``num_warps``). With bf16
+                  128-wide heads 4 (the other kernels take 8 there): on an H100 at the bench
+                  shape, the packed window at 64k took 25.5 ms fwd+bwd against 41.6 at 8 warps
+                  (forward 4.46 against 9.83; 128 x 128 tiles at 8 warps 46.4; bench/NOTES.md,
+                  thirtieth session).
     cmp_bwd_keys: compressed keys per tile in the compressed-attention backward (dQ and dK/dV).
     cmp_bwd_rows, cmp_bwd_warps: the compressed backward's (query, head) rows per tile and
                   warps (None: ``cmp_rows`` and ``num_warps``, as the forward). With bf16 128-wide
@@ -329,6 +334,7 @@ class BlockSizes:
     cmp_bwd_warps: int | None = None
     win_q: int = 64
     win_keys: int = 64
+    win_warps: int | None = None
     num_warps: int = 4
     num_stages: int = 2
     sel_warps: int = 2
@@ -340,7 +346,8 @@ class BlockSizes:
     topn_tour_rows: int | None = 1
 
     def __post_init__(self):
-        unset_ok = ("cmp_bwd_rows", "sel_bwd_warps", "cmp_bwd_warps")   # None: the shared field
+        unset_ok = ("cmp_bwd_rows", "sel_bwd_warps", "cmp_bwd_warps",
+                    "win_warps")                                         # None: the shared field
         for f in ("cmp_rows", "cmp_keys", "score_sel", "score_q", "sel_keys", "sel_q_keys",
                   "sel_rows", "cmp_bwd_keys", "cmp_bwd_rows", "sel_tile_q", "win_q", "win_keys",
                   "sel_dq_rows", "topn_elems"):
@@ -357,7 +364,7 @@ class BlockSizes:
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
         for f in ("num_warps", "sel_warps", "score_warps", "topn_warps", "sel_bwd_warps",
-                  "cmp_bwd_warps"):
+                  "cmp_bwd_warps", "win_warps"):
             v = getattr(self, f)
             if not (v is None and f in unset_ok) and v not in (1, 2, 4, 8, 16):
                 raise ValueError(f"BlockSizes.{f}: 1, 2, 4, 8 or 16, got {v}")
@@ -370,7 +377,9 @@ class BlockSizes:
         """Defaults by group size h, head dim and operand bytes: 128 rows (query, head) per tile;
         8 warps once tiles carry 128-wide heads. For bf16 128-wide heads the inverted dK/dV
         kernel and the compressed backward take 64-row tiles at 4 warps (``sel_rows``,
-        ``sel_bwd_warps``, ``cmp_bwd_rows``, ``cmp_bwd_warps``) and the per-query kernels one
+        ``sel_bwd_warps``, ``cmp_bwd_rows``, ``cmp_bwd_warps``), the document-local kernels 4
+        warps (``win_warps``: the packed window at 64k 41.6 -> 25.5 ms on an H100, thirtieth
+        session), and the per-query kernels one
         warp walking 32-key steps in 3 stages (bench shape, 64k, on an H200: selection forward
         15.9 -> 15.4 ms and backward 35.0 -> 32.4; bench/NOTES.md, fifteenth session). float32
         operands with 128-wide heads get half the rows and keys and one pipeline stage (the
@@ -388,7 +397,7 @@ class BlockSizes:
                        cmp_bwd_keys=32, win_q=32, win_keys=32, sel_dq_rows=32, num_stages=1)
         if head_dim >= 128:
             return cls(num_warps=warps, sel_rows=64, sel_bwd_warps=4, sel_warps=1, sel_q_keys=32,
-                       sel_stages=3, cmp_bwd_rows=64, cmp_bwd_warps=4)
+                       sel_stages=3, cmp_bwd_rows=64, cmp_bwd_warps=4, win_warps=4)
         if itemsize == 2 and h <= SEL_FWD_BLOCK_MAX_H:
             return cls(num_warps=warps, sel_rows=64)
         return cls(num_warps=warps)
