@@ -53,3 +53,23 @@ def shared(tmp_path_factory, worker_id, name: str, make):
             make(target)
             (root / f"{name}.done").write_text("")
     return target
+
+
+def kernel_warps(fn, *args) -> dict:
+    """{Pallas kernel name: its Triton num_warps} in the jaxpr of ``fn(*args)`` (sub-jaxprs
+    included): which launch a kernel gets, without compiling it."""
+    out = {}
+
+    def walk(jaxpr):
+        for e in jaxpr.eqns:
+            if e.primitive.name == "pallas_call":
+                cp = e.params["compiler_params"]
+                cp = cp.get("triton", cp) if isinstance(cp, dict) else cp
+                out[str(e.params["name"])] = cp.num_warps
+            for p in e.params.values():
+                for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return out

@@ -10,7 +10,7 @@ import pytest
 from nsa_jax.nsa import semantics
 from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas.local import doc_last, local_attention
-from nsa_testutil import rel_err
+from nsa_testutil import kernel_warps, rel_err
 from packed_util import segments
 
 HI = jax.lax.Precision.HIGHEST
@@ -122,18 +122,12 @@ def test_local_backward_applies_the_row_scale():
 
 
 def _local_warps(dtype, D, block_sizes=None):
-    """{kernel name: warps} of the document-local forward and backward, read from the jaxpr."""
+    """The warps of the document-local forward and backward kernels, read from the jaxpr."""
     q = jnp.zeros((1, 64, 4, D), dtype)
     k = jnp.zeros((1, 64, 1, D), dtype)
     f = lambda q, k, v: jnp.sum(local_attention(q, k, v, block_sizes=block_sizes,
                                                 interpret=True))
-    jp = jax.make_jaxpr(jax.grad(f, argnums=(0, 1, 2)))(q, k, k)
-    out = {}
-    for e in jp.jaxpr.eqns:
-        if e.primitive.name == "pallas_call":
-            cp = e.params["compiler_params"]
-            cp = cp.get("triton", cp) if isinstance(cp, dict) else cp
-            out[str(e.params["name"])] = cp.num_warps
+    out = kernel_warps(jax.grad(f, argnums=(0, 1, 2)), q, k, k)
     assert set(out) == {"nsa_local_fwd", "nsa_local_bwd_dq", "nsa_local_bwd_dkv"}, out
     return set(out.values())
 

@@ -19,7 +19,7 @@ from nsa_jax.pallas.selection import sel_backward, sel_forward
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
 from nsa_jax.pallas.tiled_index import (diagonal_tiles, full_blocks, member_table, tile_index,
                                         words_by_block, words_by_tile)
-from nsa_testutil import random_inputs
+from nsa_testutil import kernel_warps, random_inputs
 
 TOL = 2e-5
 TINY = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16, n_init=1, n_local=1)
@@ -530,3 +530,31 @@ def test_tile_index_lists_each_single_row_block_pair(packed):
         for u in range(Ts):
             got = list(tiles[e, 0, u, :tcount[e, 0, u]])
             assert got == ([t // bq] if u in want else []), (t, j, u, got)
+
+
+def test_tiled_kernels_take_sel_tile_warps():
+    """``BlockSizes.sel_tile_warps`` sets the warps of the three tiled kernels (None:
+    ``num_warps``); bf16 128-wide heads default to 4 while the compressed forward there keeps 8
+    (the op at the bench shape, 4k / B=4: 19.5 against 31.3 ms on an H100; bench/NOTES.md,
+    thirtieth session)."""
+    names = {"nsa_sel_tiled_fwd", "nsa_sel_tiled_bwd_dq", "nsa_sel_tiled_bwd_dkv"}
+
+    def warps(dtype, D, bs):
+        B, T, Hq, G = 1, 64, 4, 1
+        q = jnp.zeros((B, T, Hq, D), dtype)
+        k = jnp.zeros((B, T, G, D), dtype)
+        idx = jnp.zeros((B, T, G, TINY.n_sel), jnp.int32)
+
+        def f(q, k, v):
+            o, lse = sel_tiled_forward(q, k, v, idx, TINY, bs, 0.1, True)
+            return sel_tiled_backward(q, k, v, idx, o, lse, q, None, TINY, bs, 0.1, True)
+        out = kernel_warps(f, q, k, k)
+        assert names <= set(out), out
+        return {out[n] for n in names}
+    bench = BlockSizes.for_shape(16, 128)
+    assert bench.num_warps == 8 and bench.sel_tile_warps == 4
+    assert warps(jnp.bfloat16, 128, bench) == {4}
+    assert warps(jnp.bfloat16, 64, BlockSizes.for_shape(6, 64)) == {4}
+    assert warps(jnp.float32, 128, BlockSizes.for_shape(16, 128, 4)) == {8}   # not measured
+    assert warps(jnp.bfloat16, 128, BlockSizes(num_warps=8)) == {8}
+    assert warps(jnp.bfloat16, 128, BlockSizes(num_warps=8, sel_tile_warps=2)) == {2}

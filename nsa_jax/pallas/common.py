@@ -294,6 +294,10 @@ class BlockSizes:
                   dK/dV kernel: on an H200 at the 125M shape, 64k, 64 rows took 5.1 ms and
                   128 rows 6.4 ms; bench/NOTES.md).
     sel_tile_q:   queries per tile of the tiled selection kernels (rows of one head).
+    sel_tile_warps: warps of the tiled selection kernels (None: ``num_warps``). With bf16
+                  128-wide heads 4 (the compressed forward keeps 8 there): on an H100 at the
+                  bench shape the op took 13.0 ms against 18.9 at 2k / B=8 and 19.5 against
+                  31.3 at 4k / B=4 (bench/NOTES.md, thirtieth session).
     win_q, win_keys: queries (rows of one head) and keys per tile of the document-local
                   attention kernels (``local.py``: packed window branch, packed dense).
     win_warps:    warps of the document-local kernels (None: ``num_warps``). With bf16
@@ -329,6 +333,7 @@ class BlockSizes:
     sel_chunk: int = 1024
     sel_dq_rows: int = 64
     sel_tile_q: int = 64
+    sel_tile_warps: int | None = None
     cmp_bwd_keys: int = 64
     cmp_bwd_rows: int | None = None
     cmp_bwd_warps: int | None = None
@@ -346,8 +351,8 @@ class BlockSizes:
     topn_tour_rows: int | None = 1
 
     def __post_init__(self):
-        unset_ok = ("cmp_bwd_rows", "sel_bwd_warps", "cmp_bwd_warps",
-                    "win_warps")                                         # None: the shared field
+        unset_ok = ("cmp_bwd_rows", "sel_bwd_warps", "cmp_bwd_warps", "win_warps",
+                    "sel_tile_warps")                                    # None: the shared field
         for f in ("cmp_rows", "cmp_keys", "score_sel", "score_q", "sel_keys", "sel_q_keys",
                   "sel_rows", "cmp_bwd_keys", "cmp_bwd_rows", "sel_tile_q", "win_q", "win_keys",
                   "sel_dq_rows", "topn_elems"):
@@ -364,7 +369,7 @@ class BlockSizes:
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
         for f in ("num_warps", "sel_warps", "score_warps", "topn_warps", "sel_bwd_warps",
-                  "cmp_bwd_warps", "win_warps"):
+                  "cmp_bwd_warps", "win_warps", "sel_tile_warps"):
             v = getattr(self, f)
             if not (v is None and f in unset_ok) and v not in (1, 2, 4, 8, 16):
                 raise ValueError(f"BlockSizes.{f}: 1, 2, 4, 8 or 16, got {v}")
@@ -377,8 +382,9 @@ class BlockSizes:
         """Defaults by group size h, head dim and operand bytes: 128 rows (query, head) per tile;
         8 warps once tiles carry 128-wide heads. For bf16 128-wide heads the inverted dK/dV
         kernel and the compressed backward take 64-row tiles at 4 warps (``sel_rows``,
-        ``sel_bwd_warps``, ``cmp_bwd_rows``, ``cmp_bwd_warps``), the document-local kernels 4
-        warps (``win_warps``: the packed window at 64k 41.6 -> 25.5 ms on an H100, thirtieth
+        ``sel_bwd_warps``, ``cmp_bwd_rows``, ``cmp_bwd_warps``), the document-local and the
+        tiled selection kernels 4 warps (``win_warps``, ``sel_tile_warps``: on an H100 the
+        packed window at 64k 41.6 -> 25.5 ms, the op at 4k / B=4 31.3 -> 19.5 ms; thirtieth
         session), and the per-query kernels one
         warp walking 32-key steps in 3 stages (bench shape, 64k, on an H200: selection forward
         15.9 -> 15.4 ms and backward 35.0 -> 32.4; bench/NOTES.md, fifteenth session). float32
@@ -397,7 +403,8 @@ class BlockSizes:
                        cmp_bwd_keys=32, win_q=32, win_keys=32, sel_dq_rows=32, num_stages=1)
         if head_dim >= 128:
             return cls(num_warps=warps, sel_rows=64, sel_bwd_warps=4, sel_warps=1, sel_q_keys=32,
-                       sel_stages=3, cmp_bwd_rows=64, cmp_bwd_warps=4, win_warps=4)
+                       sel_stages=3, cmp_bwd_rows=64, cmp_bwd_warps=4, win_warps=4,
+                       sel_tile_warps=4)
         if itemsize == 2 and h <= SEL_FWD_BLOCK_MAX_H:
             return cls(num_warps=warps, sel_rows=64)
         return cls(num_warps=warps)
