@@ -15,7 +15,9 @@ import jax.numpy as jnp
 from nsa_jax.nsa import NSAConfig
 from nsa_jax.pallas import BlockSizes
 
-SHAPES = {"bench": (64, 4, 128), "125m": (12, 2, 64)}  # Hq, G, D
+# Hq, G, D. "125m-wide": the 125M model with 128-wide heads (model.head_dim=128 model.n_heads=8:
+# h = 4), whose groups take the block-major selection kernels above 4k tokens as 125M's do.
+SHAPES = {"bench": (64, 4, 128), "125m": (12, 2, 64), "125m-wide": (8, 2, 128)}
 CFG = NSAConfig(block_l=32, stride_d=16, sel_block=64, n_sel=16, window=512)
 INTERP = jax.default_backend() != "gpu"  # --smoke also runs on the CPU (interpret mode)
 
