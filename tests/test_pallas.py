@@ -371,7 +371,7 @@ def test_packed_inverted_index_lists_each_pair_once_under_a_range_holding_its_ke
                                          ("score_q", 8), ("score_q", 48), ("cmp_bwd_rows", 48),
                                          ("cmp_bwd_rows", 8), ("cmp_bwd_warps", 3),
                                          ("sel_bwd_warps", 3), ("win_warps", 3),
-                                         ("sel_tile_warps", 5),
+                                         ("sel_tile_warps", 5), ("sel_block_warps", 3),
                                          ("topn_tour_rows", 0),
                                          ("topn_tour_rows", 3), ("topn_tour_rows", 128)])
 def test_block_sizes_reject_bad_values(field, value):

@@ -16,6 +16,7 @@ from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas.common import POS_INF
 from nsa_jax.pallas.selection import sel_backward, sel_forward
 from nsa_jax.pallas.selection_block import sel_backward_block, sel_forward_block
+from nsa_testutil import kernel_warps
 from packed_util import packed_inputs
 from test_pallas import TINY, _assert_parity, _inputs, _rel
 
@@ -193,3 +194,29 @@ def test_block_partials_stored_in_16_bit_input_dtype(dtype, want):
     assert seen["nsa_sel_fwd_block"][0] == want            # po; plse stays float32
     assert seen["nsa_sel_fwd_block"][1] == jnp.float32
     assert seen["nsa_sel_bwd_block"][2] == want            # pdq; dk, dv accumulate in float32
+
+
+def test_block_kernels_take_sel_block_warps():
+    """``BlockSizes.sel_block_warps`` sets the warps of the block-major forward and fused
+    backward (None: ``num_warps``); bf16 128-wide heads default to 4 while the compressed forward
+    there keeps 8 (-20% for both kernels on an H100 at 8 / 2 / 128 heads; bench/NOTES.md,
+    thirtieth session)."""
+    names = {"nsa_sel_fwd_block", "nsa_sel_bwd_block"}
+
+    def warps(dtype, D, bs):
+        q, k, v, idx, _, _, do, gs = _small_case(dtype)
+        q, k, v, do = (jnp.zeros(x.shape[:-1] + (D,), dtype) for x in (q, k, v, q))
+
+        def f(q, k, v):
+            o, lse = sel_forward_block(q, k, v, idx, TINY, bs, 0.3, True)
+            return sel_backward_block(q, k, v, idx, o, lse, do, gs, TINY, bs, 0.3, True)
+        out = kernel_warps(f, q, k, v)
+        assert names <= set(out), out
+        return {out[n] for n in names}
+    wide = dataclasses.replace(BlockSizes.for_shape(2, 128), sel_chunk=5)
+    assert wide.num_warps == 8 and wide.sel_block_warps == 4
+    assert warps(jnp.bfloat16, 128, wide) == {4}
+    assert warps(jnp.bfloat16, 64, BlockSizes.for_shape(2, 64)) == {4}
+    assert warps(jnp.bfloat16, 128, dataclasses.replace(SMALL, num_warps=8)) == {8}
+    assert warps(jnp.bfloat16, 128, dataclasses.replace(SMALL, num_warps=8,
+                                                        sel_block_warps=2)) == {2}

@@ -289,6 +289,10 @@ class BlockSizes:
                   selection backward took 37.0 ms against 33.7 (bench/NOTES.md, fifteenth
                   session).
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
+    sel_block_warps: warps of the block-major selection forward and fused backward (None:
+                  ``num_warps``). With bf16 128-wide heads 4: on an H100 at 8 / 2 / 128 heads
+                  (h = 4) the forward took 0.95 ms against 1.19 and the backward 2.03 against
+                  2.56 at 8k / B=4 (-20% at 64k too; bench/NOTES.md, thirtieth session).
     sel_dq_rows:  (query, head) rows per tile in the block-major backward that forms dQ with
                   dK/dV (``KernelChoices.sel_dq = "block"``; it holds a dQ tile more than the
                   dK/dV kernel: on an H200 at the 125M shape, 64k, 64 rows took 5.1 ms and
@@ -331,6 +335,7 @@ class BlockSizes:
     sel_q_keys: int = 64
     sel_rows: int = 128
     sel_chunk: int = 1024
+    sel_block_warps: int | None = None
     sel_dq_rows: int = 64
     sel_tile_q: int = 64
     sel_tile_warps: int | None = None
@@ -352,7 +357,7 @@ class BlockSizes:
 
     def __post_init__(self):
         unset_ok = ("cmp_bwd_rows", "sel_bwd_warps", "cmp_bwd_warps", "win_warps",
-                    "sel_tile_warps")                                    # None: the shared field
+                    "sel_tile_warps", "sel_block_warps")                 # None: the shared field
         for f in ("cmp_rows", "cmp_keys", "score_sel", "score_q", "sel_keys", "sel_q_keys",
                   "sel_rows", "cmp_bwd_keys", "cmp_bwd_rows", "sel_tile_q", "win_q", "win_keys",
                   "sel_dq_rows", "topn_elems"):
@@ -369,7 +374,7 @@ class BlockSizes:
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
         for f in ("num_warps", "sel_warps", "score_warps", "topn_warps", "sel_bwd_warps",
-                  "cmp_bwd_warps", "win_warps", "sel_tile_warps"):
+                  "cmp_bwd_warps", "win_warps", "sel_tile_warps", "sel_block_warps"):
             v = getattr(self, f)
             if not (v is None and f in unset_ok) and v not in (1, 2, 4, 8, 16):
                 raise ValueError(f"BlockSizes.{f}: 1, 2, 4, 8 or 16, got {v}")
@@ -382,10 +387,11 @@ class BlockSizes:
         """Defaults by group size h, head dim and operand bytes: 128 rows (query, head) per tile;
         8 warps once tiles carry 128-wide heads. For bf16 128-wide heads the inverted dK/dV
         kernel and the compressed backward take 64-row tiles at 4 warps (``sel_rows``,
-        ``sel_bwd_warps``, ``cmp_bwd_rows``, ``cmp_bwd_warps``), the document-local and the
-        tiled selection kernels 4 warps (``win_warps``, ``sel_tile_warps``: on an H100 the
-        packed window at 64k 41.6 -> 25.5 ms, the op at 4k / B=4 31.3 -> 19.5 ms; thirtieth
-        session), and the per-query kernels one
+        ``sel_bwd_warps``, ``cmp_bwd_rows``, ``cmp_bwd_warps``), the document-local, tiled and
+        block-major selection kernels 4 warps (``win_warps``, ``sel_tile_warps``,
+        ``sel_block_warps``: on an H100 the packed window at 64k 41.6 -> 25.5 ms, the op at 4k /
+        B=4 31.3 -> 19.5 ms, the block-major pair -20%; thirtieth session; the compressed forward
+        keeps 8), and the per-query kernels one
         warp walking 32-key steps in 3 stages (bench shape, 64k, on an H200: selection forward
         15.9 -> 15.4 ms and backward 35.0 -> 32.4; bench/NOTES.md, fifteenth session). float32
         operands with 128-wide heads get half the rows and keys and one pipeline stage (the
@@ -404,7 +410,7 @@ class BlockSizes:
         if head_dim >= 128:
             return cls(num_warps=warps, sel_rows=64, sel_bwd_warps=4, sel_warps=1, sel_q_keys=32,
                        sel_stages=3, cmp_bwd_rows=64, cmp_bwd_warps=4, win_warps=4,
-                       sel_tile_warps=4)
+                       sel_tile_warps=4, sel_block_warps=4)
         if itemsize == 2 and h <= SEL_FWD_BLOCK_MAX_H:
             return cls(num_warps=warps, sel_rows=64)
         return cls(num_warps=warps)
