@@ -55,9 +55,10 @@ def shared(tmp_path_factory, worker_id, name: str, make):
     return target
 
 
-def kernel_warps(fn, *args) -> dict:
+def kernel_warps(fn, *args, names=None):
     """{Pallas kernel name: its Triton num_warps} in the jaxpr of ``fn(*args)`` (sub-jaxprs
-    included): which launch a kernel gets, without compiling it."""
+    included): which launch a kernel gets, without compiling it. ``names``: the set of warps of
+    those kernels instead (each must be there)."""
     out = {}
 
     def walk(jaxpr):
@@ -72,4 +73,21 @@ def kernel_warps(fn, *args) -> dict:
                     if hasattr(inner, "eqns"):
                         walk(inner)
     walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    return out
+    if names is None:
+        return out
+    assert set(names) <= set(out), out
+    return {out[n] for n in names}
+
+
+def assert_warps_field(warps, field, wide, narrow, base):
+    """The rule of a ``BlockSizes.*_warps`` field, through ``warps(dtype, head_dim, bs)`` -> the set
+    of warps its kernels launch with: ``wide`` (``for_shape`` at bf16 128-wide heads) has
+    num_warps 8 and the field 4, and the kernels take 4; ``narrow`` (64-wide heads) their
+    num_warps; ``base`` with num_warps 8 and the field unset 8; the field, set, wins."""
+    import dataclasses
+    assert wide.num_warps == 8 and getattr(wide, field) == 4
+    assert warps(jnp.bfloat16, 128, wide) == {4}
+    assert warps(jnp.bfloat16, 64, narrow) == {narrow.num_warps}
+    b8 = dataclasses.replace(base, num_warps=8, **{field: None})
+    assert warps(jnp.bfloat16, 128, b8) == {8}
+    assert warps(jnp.bfloat16, 128, dataclasses.replace(b8, **{field: 2})) == {2}

@@ -10,7 +10,7 @@ import pytest
 from nsa_jax.nsa import semantics
 from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas.local import doc_last, local_attention
-from nsa_testutil import kernel_warps, rel_err
+from nsa_testutil import assert_warps_field, kernel_warps, rel_err
 from packed_util import segments
 
 HI = jax.lax.Precision.HIGHEST
@@ -127,18 +127,15 @@ def _local_warps(dtype, D, block_sizes=None):
     k = jnp.zeros((1, 64, 1, D), dtype)
     f = lambda q, k, v: jnp.sum(local_attention(q, k, v, block_sizes=block_sizes,
                                                 interpret=True))
-    out = kernel_warps(jax.grad(f, argnums=(0, 1, 2)), q, k, k)
-    assert set(out) == {"nsa_local_fwd", "nsa_local_bwd_dq", "nsa_local_bwd_dkv"}, out
-    return set(out.values())
+    return kernel_warps(jax.grad(f, argnums=(0, 1, 2)), q, k, k,
+                        names=("nsa_local_fwd", "nsa_local_bwd_dq", "nsa_local_bwd_dkv"))
 
 
 def test_local_kernels_take_win_warps():
     """``BlockSizes.win_warps`` sets the warps of all three local kernels (None: ``num_warps``);
     bf16 128-wide heads default to 4 while the other kernels there take 8 (the packed window at
     the bench shape, 64k: 25.5 against 41.6 ms on an H100, bench/NOTES.md, thirtieth session)."""
-    assert BlockSizes.for_shape(4, 128).num_warps == 8
-    assert _local_warps(jnp.bfloat16, 128) == {4}
-    assert _local_warps(jnp.bfloat16, 64) == {BlockSizes.for_shape(4, 64).num_warps}
+    assert_warps_field(_local_warps, "win_warps", BlockSizes.for_shape(4, 128),
+                       BlockSizes.for_shape(4, 64), BlockSizes())
     assert _local_warps(jnp.float32, 128) == {8}          # float32 128-wide: not measured
-    assert _local_warps(jnp.bfloat16, 128, BlockSizes(num_warps=8)) == {8}
-    assert _local_warps(jnp.bfloat16, 128, BlockSizes(num_warps=8, win_warps=2)) == {2}
+    assert _local_warps(jnp.bfloat16, 128) == {4}         # no block_sizes: for_shape's

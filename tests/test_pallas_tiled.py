@@ -19,7 +19,7 @@ from nsa_jax.pallas.selection import sel_backward, sel_forward
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
 from nsa_jax.pallas.tiled_index import (diagonal_tiles, full_blocks, member_table, tile_index,
                                         words_by_block, words_by_tile)
-from nsa_testutil import kernel_warps, random_inputs
+from nsa_testutil import assert_warps_field, kernel_warps, random_inputs
 
 TOL = 2e-5
 TINY = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16, n_init=1, n_local=1)
@@ -548,13 +548,7 @@ def test_tiled_kernels_take_sel_tile_warps():
         def f(q, k, v):
             o, lse = sel_tiled_forward(q, k, v, idx, TINY, bs, 0.1, True)
             return sel_tiled_backward(q, k, v, idx, o, lse, q, None, TINY, bs, 0.1, True)
-        out = kernel_warps(f, q, k, k)
-        assert names <= set(out), out
-        return {out[n] for n in names}
-    bench = BlockSizes.for_shape(16, 128)
-    assert bench.num_warps == 8 and bench.sel_tile_warps == 4
-    assert warps(jnp.bfloat16, 128, bench) == {4}
-    assert warps(jnp.bfloat16, 64, BlockSizes.for_shape(6, 64)) == {4}
+        return kernel_warps(f, q, k, k, names=names)
+    assert_warps_field(warps, "sel_tile_warps", BlockSizes.for_shape(16, 128),
+                       BlockSizes.for_shape(6, 64), BlockSizes())
     assert warps(jnp.float32, 128, BlockSizes.for_shape(16, 128, 4)) == {8}   # not measured
-    assert warps(jnp.bfloat16, 128, BlockSizes(num_warps=8)) == {8}
-    assert warps(jnp.bfloat16, 128, BlockSizes(num_warps=8, sel_tile_warps=2)) == {2}

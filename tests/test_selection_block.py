@@ -16,7 +16,7 @@ from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas.common import POS_INF
 from nsa_jax.pallas.selection import sel_backward, sel_forward
 from nsa_jax.pallas.selection_block import sel_backward_block, sel_forward_block
-from nsa_testutil import kernel_warps
+from nsa_testutil import assert_warps_field, kernel_warps
 from packed_util import packed_inputs
 from test_pallas import TINY, _assert_parity, _inputs, _rel
 
@@ -210,13 +210,7 @@ def test_block_kernels_take_sel_block_warps():
         def f(q, k, v):
             o, lse = sel_forward_block(q, k, v, idx, TINY, bs, 0.3, True)
             return sel_backward_block(q, k, v, idx, o, lse, do, gs, TINY, bs, 0.3, True)
-        out = kernel_warps(f, q, k, v)
-        assert names <= set(out), out
-        return {out[n] for n in names}
-    wide = dataclasses.replace(BlockSizes.for_shape(2, 128), sel_chunk=5)
-    assert wide.num_warps == 8 and wide.sel_block_warps == 4
-    assert warps(jnp.bfloat16, 128, wide) == {4}
-    assert warps(jnp.bfloat16, 64, BlockSizes.for_shape(2, 64)) == {4}
-    assert warps(jnp.bfloat16, 128, dataclasses.replace(SMALL, num_warps=8)) == {8}
-    assert warps(jnp.bfloat16, 128, dataclasses.replace(SMALL, num_warps=8,
-                                                        sel_block_warps=2)) == {2}
+        return kernel_warps(f, q, k, v, names=names)
+    assert_warps_field(warps, "sel_block_warps",
+                       dataclasses.replace(BlockSizes.for_shape(2, 128), sel_chunk=5),
+                       BlockSizes.for_shape(2, 64), SMALL)
