@@ -367,6 +367,30 @@ def test_packed_inverted_index_lists_each_pair_once_under_a_range_holding_its_ke
             assert len({r for r in ranges if r[:2] == (b, g)}) <= 2 * Ts - 1
 
 
+@pytest.mark.parametrize("h", [1, 2, 4, 6, 8, 16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_bf16_defaults_never_split_a_64_row_tile_across_warpgroups(h, head_dim):
+    """``BlockSizes.for_shape``'s bf16 launches give every tensor-core tile kernel at most 4 warps
+    per 64 tile rows. A wgmma is one warpgroup (4 warps) over 64 rows, so 8 warps on a 64-row tile
+    split its N columns between two warpgroups (64x32 / 64x64 wgmmas instead of 64x64 / 64x128):
+    the tiled, local and block-major kernels ran 20-59% slower that way at 128-wide heads on an
+    H100 (bench/NOTES.md, thirtieth session)."""
+    bs = BlockSizes.for_shape(h, head_dim, 2)
+    hp = 1 << (h - 1).bit_length()
+    w = lambda own: own or bs.num_warps
+    launches = {   # kernel: (tile rows, warps)
+        "cmp_fwd": (max(bs.cmp_rows, hp), bs.num_warps),
+        "cmp_bwd": (max(bs.cmp_bwd_rows or bs.cmp_rows, hp), w(bs.cmp_bwd_warps)),
+        "sel_bwd_dkv (inverted)": (max(bs.sel_rows, hp), w(bs.sel_bwd_warps)),
+        "sel_fwd_block": (max(bs.sel_rows, hp), w(bs.sel_block_warps)),
+        "sel_bwd_block": (max(bs.sel_dq_rows, hp), w(bs.sel_block_warps)),
+        "sel_tiled_*": (bs.sel_tile_q, w(bs.sel_tile_warps)),
+        "local_*": (bs.win_q, w(bs.win_warps)),
+    }
+    over = {k: v for k, v in launches.items() if v[1] > 4 * max(1, v[0] // 64)}
+    assert not over, over
+
+
 @pytest.mark.parametrize("field,value", [("cmp_rows", 48), ("sel_keys", 8), ("num_warps", 3),
                                          ("score_q", 8), ("score_q", 48), ("cmp_bwd_rows", 48),
                                          ("cmp_bwd_rows", 8), ("cmp_bwd_warps", 3),
