@@ -10,7 +10,7 @@ import pytest
 from nsa_jax.nsa import semantics
 from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas.local import doc_last, local_attention
-from nsa_testutil import assert_warps_field, kernel_warps, rel_err
+from nsa_testutil import assert_launch_follows_num_warps, kernel_warps, rel_err
 from packed_util import segments
 
 HI = jax.lax.Precision.HIGHEST
@@ -131,11 +131,9 @@ def _local_warps(dtype, D, block_sizes=None):
                         names=("nsa_local_fwd", "nsa_local_bwd_dq", "nsa_local_bwd_dkv"))
 
 
-def test_local_kernels_take_win_warps():
-    """``BlockSizes.win_warps`` sets the warps of all three local kernels (None: ``num_warps``);
-    bf16 128-wide heads default to 4 while the other kernels there take 8 (the packed window at
-    the bench shape, 64k: 25.5 against 41.6 ms on an H100, bench/NOTES.md, thirtieth session)."""
-    assert_warps_field(_local_warps, "win_warps", BlockSizes.for_shape(4, 128),
-                       BlockSizes.for_shape(4, 64), BlockSizes())
-    assert _local_warps(jnp.float32, 128) == {8}          # float32 128-wide: not measured
+def test_local_kernels_take_4_warps_at_128_wide_heads():
+    """The three local kernels (64-row tiles) take one warpgroup each at bf16 128-wide heads --
+    the packed window at the bench shape, 64k: 25.5 against 41.6 ms at 8 warps on an H100
+    (bench/NOTES.md, thirtieth session) -- and follow ``num_warps``."""
+    assert_launch_follows_num_warps(_local_warps, BlockSizes.for_shape(4, 128))
     assert _local_warps(jnp.bfloat16, 128) == {4}         # no block_sizes: for_shape's

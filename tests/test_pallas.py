@@ -15,6 +15,7 @@ from nsa_jax.pallas import BlockSizes, block_scores_pallas, select_blocks_pallas
 from nsa_jax.pallas.common import LN2
 from nsa_jax.pallas.compressed import cmp_attention
 from nsa_jax.pallas.selection import inverted_index, selection_attention
+from nsa_testutil import kernel_warps
 
 TOL = 2e-5
 TINY = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16, n_init=1, n_local=1)
@@ -379,23 +380,43 @@ def test_bf16_defaults_never_split_a_64_row_tile_across_warpgroups(h, head_dim):
     hp = 1 << (h - 1).bit_length()
     w = lambda own: own or bs.num_warps
     launches = {   # kernel: (tile rows, warps)
-        "cmp_fwd": (max(bs.cmp_rows, hp), bs.num_warps),
+        "cmp_fwd": (max(bs.cmp_rows, hp), w(bs.cmp_warps)),
         "cmp_bwd": (max(bs.cmp_bwd_rows or bs.cmp_rows, hp), w(bs.cmp_bwd_warps)),
         "sel_bwd_dkv (inverted)": (max(bs.sel_rows, hp), w(bs.sel_bwd_warps)),
-        "sel_fwd_block": (max(bs.sel_rows, hp), w(bs.sel_block_warps)),
-        "sel_bwd_block": (max(bs.sel_dq_rows, hp), w(bs.sel_block_warps)),
-        "sel_tiled_*": (bs.sel_tile_q, w(bs.sel_tile_warps)),
-        "local_*": (bs.win_q, w(bs.win_warps)),
+        "sel_fwd_block": (max(bs.sel_rows, hp), bs.num_warps),
+        "sel_bwd_block": (max(bs.sel_dq_rows, hp), bs.num_warps),
+        "sel_tiled_*": (bs.sel_tile_q, bs.num_warps),
+        "local_*": (bs.win_q, bs.num_warps),
     }
     over = {k: v for k, v in launches.items() if v[1] > 4 * max(1, v[0] // 64)}
     assert not over, over
 
 
+def test_compressed_forward_takes_cmp_warps():
+    """The compressed forward launches with ``cmp_warps`` (None: ``num_warps``): 8 at bf16 128-wide
+    heads, two warpgroups for its 128-row tiles (4 measured 11-40% slower there on an H100;
+    bench/NOTES.md, thirtieth session), while the compressed backward there takes 4."""
+    from nsa_jax.pallas.compressed import cmp_backward, cmp_forward
+    cfg = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16)
+    q = jnp.zeros((1, 64, 4, 128), jnp.bfloat16)
+    kc = jnp.zeros((1, cfg.num_cmp_blocks(64), 1, 128), jnp.bfloat16)
+
+    def launches(bs):
+        def f(q, kc, vc):
+            o, lse = cmp_forward(q, kc, vc, cfg, bs, 0.1, True)
+            return cmp_backward(q, kc, vc, o, lse, q, None, None, cfg, bs, 0.1, True)
+        out = kernel_warps(f, q, kc, kc)
+        return out["nsa_cmp_fwd"], out["nsa_cmp_bwd_dq"]
+    wide = BlockSizes.for_shape(4, 128)
+    assert launches(wide) == (8, 4)
+    assert launches(dataclasses.replace(wide, cmp_warps=None)) == (4, 4)
+    assert launches(BlockSizes(num_warps=2)) == (2, 2)
+
+
 @pytest.mark.parametrize("field,value", [("cmp_rows", 48), ("sel_keys", 8), ("num_warps", 3),
                                          ("score_q", 8), ("score_q", 48), ("cmp_bwd_rows", 48),
                                          ("cmp_bwd_rows", 8), ("cmp_bwd_warps", 3),
-                                         ("sel_bwd_warps", 3), ("win_warps", 3),
-                                         ("sel_tile_warps", 5), ("sel_block_warps", 3),
+                                         ("sel_bwd_warps", 3), ("cmp_warps", 3),
                                          ("topn_tour_rows", 0),
                                          ("topn_tour_rows", 3), ("topn_tour_rows", 128)])
 def test_block_sizes_reject_bad_values(field, value):

@@ -289,26 +289,13 @@ class BlockSizes:
                   selection backward took 37.0 ms against 33.7 (bench/NOTES.md, fifteenth
                   session).
     sel_chunk:    queries per dK/dV work item (a slice of one block's query list).
-    sel_block_warps: warps of the block-major selection forward and fused backward (None:
-                  ``num_warps``). With bf16 128-wide heads 4: on an H100 at 8 / 2 / 128 heads
-                  (h = 4) the forward took 0.95 ms against 1.19 and the backward 2.03 against
-                  2.56 at 8k / B=4 (-20% at 64k too; bench/NOTES.md, thirtieth session).
     sel_dq_rows:  (query, head) rows per tile in the block-major backward that forms dQ with
                   dK/dV (``KernelChoices.sel_dq = "block"``; it holds a dQ tile more than the
                   dK/dV kernel: on an H200 at the 125M shape, 64k, 64 rows took 5.1 ms and
                   128 rows 6.4 ms; bench/NOTES.md).
     sel_tile_q:   queries per tile of the tiled selection kernels (rows of one head).
-    sel_tile_warps: warps of the tiled selection kernels (None: ``num_warps``). With bf16
-                  128-wide heads 4 (the compressed forward keeps 8 there): on an H100 at the
-                  bench shape the op took 13.0 ms against 18.9 at 2k / B=8 and 19.5 against
-                  31.3 at 4k / B=4 (bench/NOTES.md, thirtieth session).
     win_q, win_keys: queries (rows of one head) and keys per tile of the document-local
                   attention kernels (``local.py``: packed window branch, packed dense).
-    win_warps:    warps of the document-local kernels (None: ``num_warps``). With bf16
-                  128-wide heads 4 (the other kernels take 8 there): on an H100 at the bench
-                  shape, the packed window at 64k took 25.5 ms fwd+bwd against 41.6 at 8 warps
-                  (forward 4.46 against 9.83; 128 x 128 tiles at 8 warps 46.4; bench/NOTES.md,
-                  thirtieth session).
     cmp_bwd_keys: compressed keys per tile in the compressed-attention backward (dQ and dK/dV).
     cmp_bwd_rows, cmp_bwd_warps: the compressed backward's (query, head) rows per tile and
                   warps (None: ``cmp_rows`` and ``num_warps``, as the forward). With bf16 128-wide
@@ -316,6 +303,9 @@ class BlockSizes:
                   compressed backward took 41.4 ms against 46.7 at 128 rows and 8 warps, while
                   the forward and scoring were slower at 64 rows (bench/NOTES.md, fifteenth
                   session).
+    cmp_warps:    warps of the compressed forward (None: ``num_warps``). Its tiles are
+                  ``cmp_rows`` = 128 (query, head) rows: with bf16 128-wide heads 8 warps (two
+                  warpgroups of 64 rows) where every 64-row kernel takes 4 (``for_shape``).
     num_warps, num_stages: Triton launch parameters for the tile kernels; sel_warps and
                   sel_stages for the per-query selection kernels (16-row tiles); score_warps
                   for the scoring kernel.
@@ -335,16 +325,14 @@ class BlockSizes:
     sel_q_keys: int = 64
     sel_rows: int = 128
     sel_chunk: int = 1024
-    sel_block_warps: int | None = None
     sel_dq_rows: int = 64
     sel_tile_q: int = 64
-    sel_tile_warps: int | None = None
     cmp_bwd_keys: int = 64
     cmp_bwd_rows: int | None = None
     cmp_bwd_warps: int | None = None
     win_q: int = 64
     win_keys: int = 64
-    win_warps: int | None = None
+    cmp_warps: int | None = None
     num_warps: int = 4
     num_stages: int = 2
     sel_warps: int = 2
@@ -356,8 +344,8 @@ class BlockSizes:
     topn_tour_rows: int | None = 1
 
     def __post_init__(self):
-        unset_ok = ("cmp_bwd_rows", "sel_bwd_warps", "cmp_bwd_warps", "win_warps",
-                    "sel_tile_warps", "sel_block_warps")                 # None: the shared field
+        unset_ok = ("cmp_bwd_rows", "sel_bwd_warps", "cmp_bwd_warps",
+                    "cmp_warps")                                         # None: the shared field
         for f in ("cmp_rows", "cmp_keys", "score_sel", "score_q", "sel_keys", "sel_q_keys",
                   "sel_rows", "cmp_bwd_keys", "cmp_bwd_rows", "sel_tile_q", "win_q", "win_keys",
                   "sel_dq_rows", "topn_elems"):
@@ -374,7 +362,7 @@ class BlockSizes:
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
         for f in ("num_warps", "sel_warps", "score_warps", "topn_warps", "sel_bwd_warps",
-                  "cmp_bwd_warps", "win_warps", "sel_tile_warps", "sel_block_warps"):
+                  "cmp_bwd_warps", "cmp_warps"):
             v = getattr(self, f)
             if not (v is None and f in unset_ok) and v not in (1, 2, 4, 8, 16):
                 raise ValueError(f"BlockSizes.{f}: 1, 2, 4, 8 or 16, got {v}")
@@ -384,14 +372,15 @@ class BlockSizes:
 
     @classmethod
     def for_shape(cls, h: int, head_dim: int, itemsize: int = 2) -> "BlockSizes":
-        """Defaults by group size h, head dim and operand bytes: 128 rows (query, head) per tile;
-        8 warps once tiles carry 128-wide heads. For bf16 128-wide heads the inverted dK/dV
-        kernel and the compressed backward take 64-row tiles at 4 warps (``sel_rows``,
-        ``sel_bwd_warps``, ``cmp_bwd_rows``, ``cmp_bwd_warps``), the document-local, tiled and
-        block-major selection kernels 4 warps (``win_warps``, ``sel_tile_warps``,
-        ``sel_block_warps``: on an H100 the packed window at 64k 41.6 -> 25.5 ms, the op at 4k /
-        B=4 31.3 -> 19.5 ms, the block-major pair -20%; thirtieth session; the compressed forward
-        keeps 8), and the per-query kernels one
+        """Defaults by group size h, head dim and operand bytes: 128 rows (query, head) per tile.
+        Warps: at most 4 per 64 tile rows, since a wgmma is one warpgroup (4 warps) over 64 rows
+        and 8 warps on a 64-row tile split its columns between two warpgroups. With bf16 128-wide
+        heads every kernel takes 4 warps but the compressed forward, whose 128-row tiles take 8
+        (``cmp_warps``). Its 64-row kernels ran at 8 warps until the thirtieth session (on an
+        H100 the packed window at 64k then took 41.6 ms against 25.5, the op at 4k / B=4 31.3 ms
+        against 19.5, the block-major pair 20% more; bench/NOTES.md). There the inverted dK/dV
+        kernel and the compressed backward take 64-row tiles (``sel_rows``, ``cmp_bwd_rows``),
+        and the per-query kernels one
         warp walking 32-key steps in 3 stages (bench shape, 64k, on an H200: selection forward
         15.9 -> 15.4 ms and backward 35.0 -> 32.4; bench/NOTES.md, fifteenth session). float32
         operands with 128-wide heads get half the rows and keys and one pipeline stage (the
@@ -403,14 +392,12 @@ class BlockSizes:
         bench/NOTES.md, twenty-third session). The same field sets the inverted dK/dV kernel's
         tiles (``sel_dq: query`` there; 64 rows measured even with 128 at 8k on an H200, second
         session) and the index's work-item chunk."""
-        warps = 8 if head_dim >= 128 else 4
-        if itemsize >= 4 and head_dim >= 128:
-            return cls(num_warps=warps, cmp_rows=64, cmp_keys=64, sel_rows=64, sel_tile_q=32,
+        if itemsize >= 4 and head_dim >= 128:   # never measured against the rule above
+            return cls(num_warps=8, cmp_rows=64, cmp_keys=64, sel_rows=64, sel_tile_q=32,
                        cmp_bwd_keys=32, win_q=32, win_keys=32, sel_dq_rows=32, num_stages=1)
         if head_dim >= 128:
-            return cls(num_warps=warps, sel_rows=64, sel_bwd_warps=4, sel_warps=1, sel_q_keys=32,
-                       sel_stages=3, cmp_bwd_rows=64, cmp_bwd_warps=4, win_warps=4,
-                       sel_tile_warps=4, sel_block_warps=4)
+            return cls(cmp_warps=8, sel_rows=64, sel_warps=1, sel_q_keys=32, sel_stages=3,
+                       cmp_bwd_rows=64)
         if itemsize == 2 and h <= SEL_FWD_BLOCK_MAX_H:
-            return cls(num_warps=warps, sel_rows=64)
-        return cls(num_warps=warps)
+            return cls(sel_rows=64)
+        return cls()

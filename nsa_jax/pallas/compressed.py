@@ -177,7 +177,7 @@ def cmp_forward(q, kc, vc, cfg: NSAConfig, bs: BlockSizes, scale: float, interpr
         else [lse_shape]
     res = pl.pallas_call(
         kern, grid=(cdiv(T, rows // h), G, B), out_shape=out_shape,
-        compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+        compiler_params=compiler_params(bs.cmp_warps or bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_cmp_fwd" if with_o else "nsa_cmp_lse",
     )(q, kc, *(() if seg is None else (seg.cmp_lo, seg.rel)), *((vc,) if with_o else ()))
     return (res[0], res[1]) if with_o else (None, res[0])

@@ -132,7 +132,7 @@ def local_forward(q, k, v, start, window: int | None, bs: BlockSizes, scale: flo
         kern, grid=(Hq, B, cdiv(T, bs.win_q)),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
-        compiler_params=compiler_params(bs.win_warps or bs.num_warps, bs.num_stages),
+        compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_local_fwd",
     )(start, q, k, v)
 
@@ -222,7 +222,7 @@ def local_backward(q, k, v, start, o, lse, do, gs, window: int | None, bs: Block
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)
     kw = dict(h=Hq // G, bq=bs.win_q, bk=bs.win_keys, w=_span(window, T), scale=scale,
               prec=dot_precision(q.dtype, interpret, choices))
-    cp = compiler_params(bs.win_warps or bs.num_warps, bs.num_stages)
+    cp = compiler_params(bs.num_warps, bs.num_stages)
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, **kw), grid=(Hq, B, cdiv(T, bs.win_q)),
         out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),

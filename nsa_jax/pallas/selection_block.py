@@ -169,7 +169,7 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
             out_shape=[jax.ShapeDtypeStruct((B, T * N, Hq, Dv), pdt),
                        jax.ShapeDtypeStruct((B, T * N, Hq), jnp.float32)],
             input_output_aliases={len(extra) + 4: 1},
-            compiler_params=compiler_params(bs.sel_block_warps or bs.num_warps, bs.num_stages),
+            compiler_params=compiler_params(bs.num_warps, bs.num_stages),
             interpret=interpret, name="nsa_sel_fwd_block",
         )(meta, *extra, q, k, v, lse0)
         o, lse = merge_partials(po.reshape(B, T, N, Hq, Dv), plse.reshape(B, T, N, Hq),
@@ -276,7 +276,7 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
                        jax.ShapeDtypeStruct(dv.shape, jnp.float32),
                        jax.ShapeDtypeStruct((B, T * N, Hq, Dk), pdt)],
             input_output_aliases={len(extra) + 8: 0, len(extra) + 9: 1},
-            compiler_params=compiler_params(bs.sel_block_warps or bs.num_warps, bs.num_stages),
+            compiler_params=compiler_params(bs.num_warps, bs.num_stages),
             interpret=interpret, name="nsa_sel_bwd_block",
         )(meta, *extra, q, k, v, do, gs, lse, delta, dk, dv)
         # slots never listed in the index were not written: masked, not read
