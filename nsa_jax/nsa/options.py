@@ -18,6 +18,7 @@ SCORE_HEADS = ("auto", "rows", "loop")
 F32_DOTS = ("ieee", "tf32")
 CMP_ATTNS = ("auto", "pallas", "cudnn", "xla")
 WIN_ATTNS = ("auto", "cudnn", "pallas")
+TILED_FWDS = ("auto", "triton", "mosaic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +27,14 @@ class KernelChoices:
                         n blocks), "tiled" (block-sparse flash attention over query tiles) or
                         "auto" (tiled when T <= sel_tiled_max_t).
     sel_tiled_max_t:    longest T for which "auto" picks the tiled kernels.
+    sel_tiled_fwd:      backend of the tiled selection forward: "triton" (Pallas Triton,
+                        ``nsa_jax/pallas/selection_tiled.py``; every GPU, interpret mode on the
+                        CPU), "mosaic" (Pallas Mosaic GPU, ``nsa_jax/pallas/mosaic_tiled.py``:
+                        wgmma, TMA and a producer warpgroup; compiled on a Hopper GPU only, for
+                        bf16/fp16 operands, equal head dims of 64 or 128, groups of an even
+                        number of heads, T a multiple of 64, l' = 64 and unpacked rows; an
+                        explicit "mosaic" elsewhere is an error naming this key) or "auto"
+                        (mosaic where it runs, else triton). The backward is Triton either way.
     sel_bwd:            gather backward: "inverted" (block -> query index) or "atomic".
     sel_fwd:            gather forward: "query" (one program per query and group loads its n
                         blocks), "block" (one program per key block and a chunk of the queries
@@ -116,6 +125,7 @@ class KernelChoices:
     """
     sel_impl: str = "auto"
     sel_tiled_max_t: int = 4096
+    sel_tiled_fwd: str = "auto"
     sel_bwd: str = "inverted"
     sel_fwd: str = "auto"
     sel_dq: str = "auto"
@@ -134,6 +144,8 @@ class KernelChoices:
 
         if self.sel_impl not in SEL_IMPLS:
             fail("sel_impl", f"one of {list(SEL_IMPLS)}, got {self.sel_impl!r}")
+        if self.sel_tiled_fwd not in TILED_FWDS:
+            fail("sel_tiled_fwd", f"one of {list(TILED_FWDS)}, got {self.sel_tiled_fwd!r}")
         if self.sel_bwd not in SEL_BWDS:
             fail("sel_bwd", f"one of {list(SEL_BWDS)}, got {self.sel_bwd!r}")
         if self.sel_fwd not in SEL_FWDS:

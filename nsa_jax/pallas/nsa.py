@@ -41,6 +41,7 @@ from nsa_jax.pallas.scoring import cmp_block_scores
 from nsa_jax.pallas.selection import atomic_mode, sel_backward, sel_forward
 from nsa_jax.pallas.selection_block import sel_backward_block, sel_forward_block
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
+from nsa_jax.pallas import mosaic_tiled
 from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention, xla_precision
 
@@ -114,6 +115,23 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
                                         and not atomic_mode(ch))
     return ((sel_forward_block if block else sel_forward),
             (sel_backward_block if block_dq else sel_backward))
+
+
+def tiled_forward_backend(choices: KernelChoices | None, q, k, v, cfg: NSAConfig, seg,
+                          interpret: bool) -> str:
+    """``KernelChoices.sel_tiled_fwd`` resolved for these operands: "mosaic" or "triton".
+    "auto" takes the Mosaic GPU kernel wherever it runs (``mosaic_tiled.mosaic_unsupported``);
+    an explicit "mosaic" where it cannot is one error naming the key and the reason."""
+    want = choices_or_default(choices).sel_tiled_fwd
+    if want == "triton":
+        return "triton"
+    why = mosaic_tiled.mosaic_unsupported(q, k, v, cfg, seg, interpret)
+    if why is None:
+        return "mosaic"
+    if want == "mosaic":
+        raise ValueError(f"kernel.sel_tiled_fwd: 'mosaic' cannot run here: {why}; use 'triton' "
+                         f"or 'auto'")
+    return "triton"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +223,9 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
         sel_fwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
                                     q.dtype)[0]
         kw = {"return_index": True} if sel_fwd is sel_forward_block else {}
+        if sel_fwd is sel_tiled_forward and tiled_forward_backend(
+                st.choices, qp, k_slc, v_slc, cfg, seg, interpret) == "mosaic":
+            sel_fwd = mosaic_tiled.sel_tiled_forward_mosaic
         o_s, lse_s, *index = sel_fwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, cfg, bs,
                                      scale, interpret, choices=st.choices, seg=seg, **kw)
         o_slc = o_s[..., :Dv]

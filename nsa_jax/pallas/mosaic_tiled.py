@@ -1,0 +1,260 @@
+"""Selected-block attention forward (NSA §3.3.2, Eq. 10-12 applied) on Hopper, in Pallas Mosaic
+GPU: the tiled selection forward (``selection_tiled.sel_tiled_forward``, its Triton twin, same
+contract) with wgmma, TMA and a producer warpgroup.
+
+Why a second backend: jax deprecated the Pallas Triton backend in 0.11.0, and on an H100 jax's
+own Mosaic GPU flash attention runs the causal forward 1.3-1.9x faster than our Triton kernel of
+the same algorithm (bench/NOTES.md, thirtieth session). This kernel is the first of ours on it;
+``KernelChoices.sel_tiled_fwd`` picks it, and the Triton kernels stay for every other GPU, for
+the shapes this one does not take (:func:`mosaic_unsupported`) and for the backward.
+
+Schedule: one CTA per (pair of query heads of one KV group, query tile of 64 rows, batch row),
+three warpgroups:
+
+* two compute warpgroups, one head each, 64 query rows each (one wgmma M tile). Both heads
+  belong to one KV group, so they walk the *same* block list (``tiled_index.tile_index``: the
+  ascending blocks some row of the tile selected) and share every K/V tile: one load per tile
+  for two heads;
+* one producer warpgroup issues the TMA copies of each listed block's K and V (l' = 64 keys, one
+  tile) and of the pair's row bias into ``stages`` ring slots, refilling a slot once both
+  compute warpgroups have released it.
+
+Per listed block j: s = Q K_j^T (wgmma into registers), x = s * scale * log2(e) + bias_r (the
+row bias, 0 where row r selected j and -inf where not: ``tiled_index.member_table``'s bits as a
+float row built in XLA), the causal mask key <= row only on the diagonal pair (j equal to the
+tile: with 64-row tiles and 64-key blocks every other listed block lies wholly before the tile's
+first query), then the online softmax (FlashAttention-2; a row that has seen no key keeps
+m = -inf and gets p = 0) and acc += P V_j (wgmma, P from registers). The two compute warpgroups
+take turns on the tensor cores through a shared barrier (one runs its softmax while the other's
+wgmma runs), as jax's ``attention_mgpu`` does.
+
+Output: o in the input dtype [B,T,Hq,Dv] (the op keeps the selection output in q's dtype for
+the backward anyway: ``nsa.py``) and the base-2 lse [B,T,Hq] (+inf for a row with no visible
+key), which the Triton dQ and dK/dV kernels consume unchanged.
+
+No interpret mode: Mosaic GPU kernels run only on a Hopper GPU, so their parity tests are
+``@pytest.mark.gpu``; on the CPU the tests lower the kernel for CUDA (catching every tracing and
+layout error) without running it.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from nsa_jax.nsa.config import NSAConfig
+from nsa_jax.pallas.common import LOG2E, NEG_INF, POS_INF, cdiv
+from nsa_jax.pallas.tiled_index import (WORD_BITS, full_counts, tile_lists, words_by_tile)
+
+ROWS = 64      # query rows per compute warpgroup (one wgmma M tile) = the tiled kernels' bq
+KEYS = 64      # keys per K/V tile = the selection block l'
+STAGES = 3     # K/V ring slots
+
+
+def _plgpu():
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    return plgpu
+
+
+def mosaic_unsupported(q, k, v, cfg: NSAConfig, seg, interpret: bool) -> str | None:
+    """None where this kernel runs these operands, else why not (for the error of an explicit
+    choice and for "auto" to pass over it)."""
+    Hq, Dk = q.shape[2], q.shape[-1]
+    G, Dv = k.shape[2], v.shape[-1]
+    if interpret:
+        return "it needs a GPU (Mosaic GPU has no interpret mode here)"
+    dev = jax.devices()[0]
+    cc = getattr(dev, "compute_capability", None)
+    if dev.platform != "gpu" or cc is None or not str(cc).startswith("9"):
+        return f"it needs a Hopper GPU (compute capability 9.x), got {dev.device_kind}"
+    if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"it takes bf16/fp16 operands, got {jnp.dtype(q.dtype).name}"
+    if Dk != Dv or Dk not in (64, 128):
+        return f"it takes equal head dims of 64 or 128, got {Dk}/{Dv}"
+    if (Hq // G) % 2:
+        return f"it takes groups of an even number of heads, got h = {Hq // G}"
+    if q.shape[1] % ROWS:
+        return f"it takes T a multiple of {ROWS}, got T = {q.shape[1]}"
+    if cfg.sel_block != KEYS:
+        return f"it takes selection blocks of l' = {KEYS} keys, got {cfg.sel_block}"
+    if seg is not None:
+        return "it takes unpacked rows (packed documents run the Triton kernels)"
+    return None
+
+
+def row_bias(words, rows: int = ROWS):
+    """Membership bits [..., nw] (``tiled_index.member_table`` gathered in list order) -> float32
+    [..., rows]: 0 where the row selected the pair's block, -inf where not."""
+    r = jnp.arange(rows, dtype=jnp.int32)
+    w = jnp.take(words, r // WORD_BITS, axis=-1)
+    bit = lax.shift_right_logical(w, jnp.broadcast_to(r % WORD_BITS, w.shape)) & 1
+    return jnp.where(bit != 0, 0.0, NEG_INF).astype(jnp.float32)
+
+
+def _kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, o_ref, lse_ref,
+            scoped, *, h: int, dv: int, stages: int, c: float, nqt: int, dtype):
+    plgpu = _plgpu()
+    wgmma_rows = plgpu.Layout.WGMMA.reduce(1)
+    cast = plgpu.layout_cast
+
+    def iota(shape, dim):
+        return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+    (q_smem, k_smem, v_smem, b_smem, lse_smem), loaded, freed, turn = scoped
+    q_bar, k_bar, v_bar, b_bar = loaded
+    k_free, v_free = freed
+    pair = lax.axis_index("pair")
+    qt = nqt - 1 - lax.axis_index("tile")     # last tiles (most blocks) launch first
+    b = lax.axis_index("batch")
+    wg = lax.axis_index("wg")
+    g = lax.div(pair * 2, jnp.int32(h))
+    count = bcount_ref[b, g, qt]
+
+    def take_turn():
+        plgpu.barrier_arrive(turn)
+        plgpu.barrier_wait(turn)
+
+    @pl.when(wg < 2)
+    def _compute():
+        plgpu.set_max_registers(232, action="increase")
+        hd = pair * 2 + wg
+        qs = q_smem.at[wg]
+        rows = pl.ds(qt * ROWS, ROWS)
+        plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hd], qs, q_bar.at[wg])
+        plgpu.barrier_wait(q_bar.at[wg])
+        m = cast(jnp.full((ROWS,), NEG_INF, jnp.float32), wgmma_rows)
+        lsum = cast(jnp.zeros((ROWS,), jnp.float32), wgmma_rows)
+        acc = cast(jnp.zeros((ROWS, dv), jnp.float32), plgpu.Layout.WGMMA)
+        pl.when(wg == 1)(take_turn)
+
+        def step(u, carry, diagonal: bool):
+            acc, m, lsum = carry
+            slot = lax.rem(u, jnp.int32(stages))
+            plgpu.barrier_wait(k_bar.at[slot])
+
+            def qk(acc_ref):
+                plgpu.wgmma(acc_ref, qs, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                take_turn()
+                return acc_ref[...]
+
+            s = pl.run_scoped(qk, plgpu.ACC((ROWS, KEYS), jnp.float32))
+            plgpu.barrier_wait(b_bar.at[slot])
+            bias = cast(b_smem.at[slot][...], wgmma_rows)
+            plgpu.barrier_arrive(k_free.at[slot])     # K and the bias slot are read
+            x = s * c + lax.broadcast_in_dim(bias, s.shape, [0])
+            if diagonal:
+                j = blocks_ref[b, g, qt, u]
+                r, col = iota(s.shape, 0), iota(s.shape, 1)
+                x = jnp.where(col + j * KEYS <= r + qt * ROWS, x, NEG_INF)
+            m_new = jnp.maximum(m, x.max(axis=1))
+            m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+            alpha = jnp.exp2(m - m_safe)
+            p = jnp.exp2(x - lax.broadcast_in_dim(m_safe, x.shape, [0]))
+            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+            lsum = lsum * alpha + p.sum(axis=1)
+            p16 = p.astype(dtype)
+            acc, lsum, m_new, p16 = lax.optimization_barrier((acc, lsum, m_new, p16))
+            plgpu.barrier_arrive(turn)                # softmax done
+            plgpu.barrier_wait(v_bar.at[slot])
+            plgpu.barrier_wait(turn)                  # the tensor cores are ours
+
+            def pv(acc_ref):
+                plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+
+            acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+            plgpu.barrier_arrive(v_free.at[slot])
+            return acc, m_new, lsum
+
+        nfull = nfull_ref[b, g, qt]
+        carry = lax.fori_loop(0, nfull, functools.partial(step, diagonal=False), (acc, m, lsum))
+        acc, m, lsum = lax.fori_loop(nfull, count, functools.partial(step, diagonal=True), carry)
+        pl.when(wg == 0)(take_turn)
+
+        has = lsum > 0.0
+        l_safe = jnp.where(has, lsum, 1.0)
+        acc = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
+        qs[...] = acc.astype(dtype)
+        lse_smem.at[wg][...] = jnp.where(has, m + jnp.log(l_safe) * LOG2E, POS_INF)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(qs, o_ref.at[b, rows, hd])
+        plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, hd, rows])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == 2)
+    def _produce():
+        plgpu.set_max_registers(40, action="decrease")
+
+        def keys(u, slot):
+            blk = pl.ds(blocks_ref[b, g, qt, u] * KEYS, KEYS)
+            plgpu.copy_gmem_to_smem(k_ref.at[b, blk, g], k_smem.at[slot], k_bar.at[slot])
+            plgpu.copy_gmem_to_smem(bias_ref.at[b, g, qt, u], b_smem.at[slot], b_bar.at[slot])
+
+        def values(u, slot):
+            blk = pl.ds(blocks_ref[b, g, qt, u] * KEYS, KEYS)
+            plgpu.copy_gmem_to_smem(v_ref.at[b, blk, g], v_smem.at[slot], v_bar.at[slot])
+
+        for i in range(stages):
+            @pl.when(i < count)
+            def _first():
+                keys(i, i)
+                values(i, i)
+
+        def refill(u, _):
+            slot = lax.rem(u, jnp.int32(stages))
+            plgpu.barrier_wait(k_free.at[slot])
+            keys(u, slot)
+            plgpu.barrier_wait(v_free.at[slot])
+            values(u, slot)
+            return _
+
+        lax.fori_loop(stages, count, refill, None)
+
+
+def sel_tiled_forward_mosaic(q, k, v, idx, cfg: NSAConfig, bs, scale: float, interpret: bool,
+                             *, choices=None, seg=None, stages: int = STAGES):
+    """Same contract as ``selection_tiled.sel_tiled_forward`` except that o comes in q's dtype:
+    -> o [B,T,Hq,Dv], lse2 float32 [B,T,Hq]. Operands must pass :func:`mosaic_unsupported`
+    (checked by the caller, ``nsa.selection_kernels``); ``bs`` and ``choices`` are accepted for
+    the shared signature (the tiles are fixed: 64 rows, 64 keys)."""
+    del bs, choices
+    plgpu = _plgpu()
+    B, T, Hq, D = q.shape
+    G, Dv = k.shape[2], v.shape[-1]
+    h = Hq // G
+    nqt = cdiv(T, ROWS)
+    (blocks, bcount, _, _), table = tile_lists(idx, T, cfg, ROWS, seg)
+    nfull = full_counts(blocks, bcount, ROWS, cfg, seg)
+    bias = row_bias(words_by_tile(table, blocks))            # [B,G,nqt,Ts,ROWS]
+    stages = max(2, min(int(stages), cfg.num_sel_blocks(T)))
+    tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    if interpret:
+        raise ValueError("sel_tiled_forward_mosaic: Mosaic GPU kernels run compiled on a Hopper "
+                         "GPU only (no interpret mode)")
+
+    def nsa_sel_tiled_fwd_mgpu(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, o_ref, lse_ref):
+        scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=tiled),
+                   plgpu.SMEM((stages, KEYS, D), k.dtype, transforms=tiled),
+                   plgpu.SMEM((stages, KEYS, Dv), v.dtype, transforms=tiled),
+                   plgpu.SMEM((stages, ROWS), jnp.float32),
+                   plgpu.SMEM((2, ROWS), jnp.float32))
+        loaded = (plgpu.Barrier(num_barriers=2),) + (plgpu.Barrier(num_barriers=stages),) * 3
+        freed = (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2
+        pl.run_scoped(
+            lambda *s: _kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
+                               o_ref, lse_ref, s, h=h, dv=Dv, stages=stages,
+                               c=float(scale * LOG2E), nqt=nqt, dtype=q.dtype),
+            scratch, loaded, freed, plgpu.Barrier(num_arrivals=2), collective_axes="wg")
+
+    o, lse_t = plgpu.kernel(
+        nsa_sel_tiled_fwd_mgpu,   # the name profiles show
+        out_type=[jax.ShapeDtypeStruct((B, T, Hq, Dv), q.dtype),
+                  jax.ShapeDtypeStruct((B, Hq, T), jnp.float32)],
+        grid=(Hq // 2, nqt, B), grid_names=("pair", "tile", "batch"),
+        num_threads=3, thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+    )(blocks, bcount, nfull, q, k, v, bias)
+    return o, jnp.swapaxes(lse_t, 1, 2)
+
+

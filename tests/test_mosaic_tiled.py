@@ -1,0 +1,215 @@
+"""The Mosaic GPU (Hopper) tiled selection forward, ``nsa_jax/pallas/mosaic_tiled.py``.
+
+On the CPU: the kernel lowers for CUDA (Pallas -> Mosaic GPU, every tracing and layout rule; PTX
+is not built), its row-bias operand equals the rows' membership, and ``sel_tiled_fwd`` resolves
+as documented, with one error naming the key where "mosaic" cannot run. jax's Mosaic GPU
+interpreter (``jax._src``) lacks the register-operand wgmma and transposed shared-memory operands
+this kernel uses, so values are checked on the GPU only (``gpu``-marked tests below).
+"""
+import math
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nsa_jax.nsa import KernelChoices, NSAConfig
+from nsa_jax.nsa import reference as ref
+from nsa_jax.pallas import BlockSizes
+from nsa_jax.pallas import mosaic_tiled as mt
+from nsa_jax.pallas.nsa import tiled_forward_backend
+from nsa_jax.pallas.tiled_index import member_table, tile_index, words_by_tile
+from nsa_testutil import random_inputs
+
+CFG = NSAConfig()  # l' = 64
+
+
+def S(*shape, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+@pytest.mark.parametrize("h,D", [(6, 64), (16, 128)])
+def test_mosaic_forward_lowers_for_cuda(h, D):
+    """The whole forward, with its XLA-side lists and row bias, lowers for CUDA to one Mosaic GPU
+    custom call (jax's ``lowering_platforms``; no GPU needed)."""
+    B, T, G = 2, 512, 2
+    f = jax.jit(lambda q, k, v, i: mt.sel_tiled_forward_mosaic(q, k, v, i, CFG, None, 0.125,
+                                                               False))
+    text = f.trace(S(B, T, G * h, D), S(B, T, G, D), S(B, T, G, D),
+                   S(B, T, G, 16, dtype=jnp.int32)).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("mosaic_gpu") >= 1
+    assert "tt.func" not in text   # no Triton kernel inside
+
+
+def test_mosaic_forward_refuses_interpret_mode():
+    x = jnp.zeros((1, 64, 2, 64), jnp.bfloat16)
+    k = jnp.zeros((1, 64, 1, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match="no interpret mode"):
+        mt.sel_tiled_forward_mosaic(x, k, k, jnp.zeros((1, 64, 1, 16), jnp.int32), CFG, None,
+                                    0.125, True)
+
+
+def test_row_bias_is_each_rows_membership():
+    """bias[b, g, i, u, r] = 0 iff row r of tile i listed block blocks[b, g, i, u] among its ids
+    (duplicates and unused -1 slots included), else -inf."""
+    B, T, G, n = 2, 256, 2, 5
+    Ts = CFG.num_sel_blocks(T)
+    rng = np.random.default_rng(0)
+    idx = rng.integers(-1, Ts, size=(B, T, G, n)).astype(np.int32)
+    idx[0, 3, 0, :] = 2                                   # one id five times
+    blocks, bcount, _, _ = tile_index(jnp.asarray(idx), T, CFG, mt.ROWS)
+    bias = np.asarray(mt.row_bias(words_by_tile(member_table(jnp.asarray(idx), T, CFG, mt.ROWS),
+                                                blocks)))
+    blocks, bcount = np.asarray(blocks), np.asarray(bcount)
+    assert bias.shape == blocks.shape + (mt.ROWS,)
+    checked = 0
+    for b in range(B):
+        for g in range(G):
+            for i in range(T // mt.ROWS):
+                for u in range(bcount[b, g, i]):
+                    j = blocks[b, g, i, u]
+                    rows = idx[b, i * mt.ROWS:(i + 1) * mt.ROWS, g, :]
+                    want = np.where((rows == j).any(-1), 0.0, -np.inf)
+                    np.testing.assert_array_equal(bias[b, g, i, u], want)
+                    checked += 1
+    assert checked > 20
+
+
+def _fake_hopper(monkeypatch, cc="9.0"):
+    dev = types.SimpleNamespace(platform="gpu", compute_capability=cc, device_kind="fake GPU")
+    monkeypatch.setattr(mt.jax, "devices", lambda *a: [dev])
+
+
+def test_mosaic_unsupported_names_each_reason(monkeypatch):
+    q, k = S(1, 128, 4, 64), S(1, 128, 2, 64)
+    assert "GPU" in mt.mosaic_unsupported(q, k, k, CFG, None, True)
+    assert "Hopper" in mt.mosaic_unsupported(q, k, k, CFG, None, False)  # the CPU here
+    _fake_hopper(monkeypatch, cc="8.0")
+    assert "Hopper" in mt.mosaic_unsupported(q, k, k, CFG, None, False)
+    _fake_hopper(monkeypatch)
+    assert mt.mosaic_unsupported(q, k, k, CFG, None, False) is None
+    cases = {
+        "bf16/fp16": (S(1, 128, 4, 64, dtype=jnp.float32), k, k, CFG, None),
+        "head dims": (S(1, 128, 4, 32), S(1, 128, 2, 32), S(1, 128, 2, 32), CFG, None),
+        "even number": (S(1, 128, 6, 64), S(1, 128, 2, 64), S(1, 128, 2, 64), CFG, None),
+        "multiple of 64": (S(1, 100, 4, 64), S(1, 100, 2, 64), S(1, 100, 2, 64), CFG, None),
+        "l' = 64": (q, k, k, NSAConfig(sel_block=32), None),
+        "unpacked": (q, k, k, CFG, object()),
+    }
+    for want, args in cases.items():
+        why = mt.mosaic_unsupported(*args, False)
+        assert why is not None and want in why, (want, why)
+
+
+def test_sel_tiled_fwd_resolves_and_fails_by_key(monkeypatch):
+    q, k = S(1, 128, 4, 64), S(1, 128, 2, 64)
+    for c in (None, KernelChoices(), KernelChoices(sel_tiled_fwd="triton")):
+        assert tiled_forward_backend(c, q, k, k, CFG, None, True) == "triton"
+    with pytest.raises(ValueError, match=r"kernel\.sel_tiled_fwd: 'mosaic' cannot run here: "
+                                         r"it needs a GPU"):
+        tiled_forward_backend(KernelChoices(sel_tiled_fwd="mosaic"), q, k, k, CFG, None, True)
+    _fake_hopper(monkeypatch)
+    assert tiled_forward_backend(None, q, k, k, CFG, None, False) == "mosaic"
+    assert tiled_forward_backend(KernelChoices(sel_tiled_fwd="triton"), q, k, k, CFG, None,
+                                 False) == "triton"
+    f32 = S(1, 128, 4, 64, dtype=jnp.float32)
+    assert tiled_forward_backend(None, f32, k, k, CFG, None, False) == "triton"
+    with pytest.raises(ValueError, match="kernel.sel_tiled_fwd.*bf16/fp16"):
+        tiled_forward_backend(KernelChoices(sel_tiled_fwd="mosaic"), f32, k, k, CFG, None, False)
+
+
+def test_kernel_choices_reject_unknown_tiled_forward():
+    with pytest.raises(ValueError, match="kernel.sel_tiled_fwd"):
+        KernelChoices(sel_tiled_fwd="cuda")
+
+
+# ---- GPU (compiled on a Hopper GPU) -------------------------------------------------------------
+def _rrmse(a, b):
+    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+    assert np.isfinite(a).all(), "non-finite values in the kernel result"
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _inputs(seed, B, T, Hq, G, D):
+    args = random_inputs(seed, B, T, Hq, G, D, D, CFG, dtype=jnp.bfloat16)
+    idx = jax.jit(lambda q, kc: ref.select_blocks(q, kc, CFG))(
+        args[0].astype(jnp.float32), args[1].astype(jnp.float32))
+    return args, idx
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,Hq,G,D", [(2048, 12, 2, 64), (1024, 32, 2, 128), (256, 2, 1, 64)])
+def test_gpu_mosaic_forward_matches_reference_and_triton(T, Hq, G, D):
+    """o and lse against the float32 reference's selection branch (relative RMSE <= 5e-3) and
+    the Triton tiled forward. Rows with no selected block give o = 0 and lse = +inf, as the
+    Triton kernel's contract says: half of a tile (rows 64-95 of batch row 1, a -inf row bias on
+    every pair of a non-empty list) and a whole tile (rows 128-191 of batch row 0: an empty
+    list)."""
+    from nsa_jax.pallas.selection_tiled import sel_tiled_forward
+    if mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG, None,
+                             False) is not None:
+        pytest.skip("needs a Hopper GPU")
+    B = 2
+    args, idx = _inputs(T + Hq, B, T, Hq, G, D)
+    idx = idx.at[1, 64:96].set(-1).at[0, 128:192].set(-1)
+    q, k, v = args[0], args[3], args[4]
+    scale = 1.0 / math.sqrt(D)
+    o, lse = jax.jit(lambda *a: mt.sel_tiled_forward_mosaic(*a, CFG, None, scale, False))(
+        q, k, v, idx)
+    o_t, lse_t = jax.jit(lambda *a: sel_tiled_forward(*a, CFG, BlockSizes.for_shape(
+        Hq // G, D), scale, False))(q, k, v, idx)
+    assert o.dtype == q.dtype and lse.shape == (B, T, Hq)
+    lse = np.asarray(lse)
+    empty = np.zeros(lse.shape, bool)
+    empty[1, 64:96] = True
+    empty[0, 128:192] = True
+    assert np.all(np.isposinf(lse[empty])) and np.all(np.asarray(o, np.float32)[empty] == 0)
+    assert np.array_equal(np.isposinf(lse), np.isposinf(np.asarray(lse_t)))
+    h = Hq // G
+    errs = {}
+    for g in range(G):   # the reference's [T, T] mask one group at a time
+        hs, gg = slice(g * h, (g + 1) * h), slice(g, g + 1)
+        f32 = [x.astype(jnp.float32) for x in (q[:, :, hs], k[:, :, gg], v[:, :, gg])]
+        o_r = jax.jit(lambda a, b_, c, i: ref.selection_attention(a, b_, c, i, CFG))(
+            *f32, idx[:, :, gg])
+        errs[f"o{g}"] = _rrmse(o[:, :, hs], o_r)
+    errs["o_vs_triton"] = _rrmse(o, o_t)
+    fin = np.isfinite(lse)
+    errs["lse_vs_triton"] = float(np.abs(lse[fin] - np.asarray(lse_t)[fin]).max())
+    print(T, Hq, G, D, {k_: f"{e:.2e}" for k_, e in errs.items()})
+    assert errs["lse_vs_triton"] <= 2e-2   # base-2 lse of bf16 logits, two summation orders
+    bad = {k_: e for k_, e in errs.items() if k_ != "lse_vs_triton" and not e <= 5e-3}
+    assert not bad, f"relative RMSE above 5e-3: {bad}"
+
+
+@pytest.mark.gpu
+def test_gpu_full_nsa_with_mosaic_forward_bf16():
+    """The whole op with ``sel_tiled_fwd: mosaic`` (Triton backward on the Mosaic forward's lse)
+    against the float32 reference: output and all 8 input gradients, relative RMSE <= 5e-3."""
+    from nsa_jax.nsa import nsa_attention
+    Hq, G, D, T, B = 12, 2, 64, 1024, 2
+    if mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG, None,
+                             False) is not None:
+        pytest.skip("needs a Hopper GPU")
+    args, idx = _inputs(7, B, T, Hq, G, D)
+    cot = jax.random.normal(jax.random.PRNGKey(8), (B, T, Hq, D)).astype(jnp.bfloat16)
+    choices = KernelChoices(sel_impl="tiled", sel_tiled_fwd="mosaic")
+
+    def run(impl, a, c, i, ch):
+        def f(*x):
+            return jnp.vdot(nsa_attention(*x, CFG, impl, block_idx=i, choices=ch).astype(
+                jnp.float32), c.astype(jnp.float32))
+        return jax.jit(jax.value_and_grad(f, argnums=tuple(range(8))))(*a)
+
+    val, grads = run("pallas", args, cot, idx, choices)
+    f32 = [a.astype(jnp.float32) for a in args]
+    val_r, grads_r = run("reference", f32, cot.astype(jnp.float32), idx, None)
+    errs = {"loss": abs(float(val) - float(val_r)) / abs(float(val_r))}
+    names = ("q", "k_cmp", "v_cmp", "k_slc", "v_slc", "k_win", "v_win", "gates")
+    for n, a, b_ in zip(names, grads, grads_r):
+        errs[n] = _rrmse(a, b_)
+    print({k_: f"{e:.2e}" for k_, e in errs.items()})
+    bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
+    assert not bad, f"relative RMSE above 5e-3: {bad}"
