@@ -18,7 +18,7 @@ from nsa_jax.nsa import KernelChoices, NSAConfig
 from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas import mosaic_tiled as mt
-from nsa_jax.pallas.nsa import tiled_forward_backend
+from nsa_jax.pallas.nsa import tiled_backend
 from nsa_jax.pallas.tiled_index import member_table, tile_index, words_by_tile
 from nsa_testutil import random_inputs
 
@@ -40,6 +40,19 @@ def test_mosaic_forward_lowers_for_cuda(h, D):
                    S(B, T, G, 16, dtype=jnp.int32)).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("mosaic_gpu") >= 1
     assert "tt.func" not in text   # no Triton kernel inside
+
+
+@pytest.mark.parametrize("h,D", [(6, 64), (16, 128)])
+def test_mosaic_dq_lowers_for_cuda(h, D):
+    """The dQ kernel lowers for CUDA too, within shared memory at 128-wide heads."""
+    B, T, G = 2, 512, 2
+    f = jax.jit(lambda q, k, v, i, do, gs, lse, de: mt.sel_tiled_bwd_dq_mosaic(
+        q, k, v, i, do, gs, lse, de, CFG, 0.125, False))
+    r = S(B, T, G * h, dtype=jnp.float32)
+    text = f.trace(S(B, T, G * h, D), S(B, T, G, D), S(B, T, G, D),
+                   S(B, T, G, 16, dtype=jnp.int32), S(B, T, G * h, D), r, r, r).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert text.count("mosaic_gpu") >= 1
 
 
 def test_mosaic_forward_refuses_interpret_mode():
@@ -102,26 +115,35 @@ def test_mosaic_unsupported_names_each_reason(monkeypatch):
         assert why is not None and want in why, (want, why)
 
 
-def test_sel_tiled_fwd_resolves_and_fails_by_key(monkeypatch):
+@pytest.mark.parametrize("key", ["sel_tiled_fwd", "sel_tiled_dq"])
+def test_tiled_backend_resolves_and_fails_by_key(monkeypatch, key):
+    """"auto" takes Mosaic GPU where it runs and heads are 128 wide (measured faster there);
+    "triton" always Triton; an explicit "mosaic" where it cannot run: one error naming the key
+    and the reason."""
     q, k = S(1, 128, 4, 64), S(1, 128, 2, 64)
-    for c in (None, KernelChoices(), KernelChoices(sel_tiled_fwd="triton")):
-        assert tiled_forward_backend(c, q, k, k, CFG, None, True) == "triton"
-    with pytest.raises(ValueError, match=r"kernel\.sel_tiled_fwd: 'mosaic' cannot run here: "
+    wq, wk = S(1, 128, 4, 128), S(1, 128, 2, 128)
+    def ch(v):
+        return KernelChoices(**{key: v})
+    for c in (None, KernelChoices(), ch("triton")):
+        assert tiled_backend(key, c, wq, wk, wk, CFG, None, True) == "triton"
+    with pytest.raises(ValueError, match=rf"kernel\.{key}: 'mosaic' cannot run here: "
                                          r"it needs a GPU"):
-        tiled_forward_backend(KernelChoices(sel_tiled_fwd="mosaic"), q, k, k, CFG, None, True)
+        tiled_backend(key, ch("mosaic"), q, k, k, CFG, None, True)
     _fake_hopper(monkeypatch)
-    assert tiled_forward_backend(None, q, k, k, CFG, None, False) == "mosaic"
-    assert tiled_forward_backend(KernelChoices(sel_tiled_fwd="triton"), q, k, k, CFG, None,
-                                 False) == "triton"
-    f32 = S(1, 128, 4, 64, dtype=jnp.float32)
-    assert tiled_forward_backend(None, f32, k, k, CFG, None, False) == "triton"
-    with pytest.raises(ValueError, match="kernel.sel_tiled_fwd.*bf16/fp16"):
-        tiled_forward_backend(KernelChoices(sel_tiled_fwd="mosaic"), f32, k, k, CFG, None, False)
+    assert tiled_backend(key, None, wq, wk, wk, CFG, None, False) == "mosaic"
+    assert tiled_backend(key, None, q, k, k, CFG, None, False) == "triton"     # 64 wide
+    assert tiled_backend(key, ch("mosaic"), q, k, k, CFG, None, False) == "mosaic"
+    assert tiled_backend(key, ch("triton"), wq, wk, wk, CFG, None, False) == "triton"
+    f32 = S(1, 128, 4, 128, dtype=jnp.float32)
+    assert tiled_backend(key, None, f32, wk, wk, CFG, None, False) == "triton"
+    with pytest.raises(ValueError, match=rf"kernel\.{key}.*bf16/fp16"):
+        tiled_backend(key, ch("mosaic"), f32, wk, wk, CFG, None, False)
 
 
-def test_kernel_choices_reject_unknown_tiled_forward():
-    with pytest.raises(ValueError, match="kernel.sel_tiled_fwd"):
-        KernelChoices(sel_tiled_fwd="cuda")
+@pytest.mark.parametrize("key", ["sel_tiled_fwd", "sel_tiled_dq"])
+def test_kernel_choices_reject_unknown_tiled_backend(key):
+    with pytest.raises(ValueError, match=f"kernel.{key}"):
+        KernelChoices(**{key: "cuda"})
 
 
 # ---- GPU (compiled on a Hopper GPU) -------------------------------------------------------------
@@ -185,9 +207,55 @@ def test_gpu_mosaic_forward_matches_reference_and_triton(T, Hq, G, D):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,Hq,G,D", [(2048, 12, 2, 64), (1024, 32, 2, 128), (256, 2, 1, 64)])
+def test_gpu_mosaic_dq_matches_reference_and_triton(T, Hq, G, D):
+    """dQ for the cotangent gs * dO against the float32 reference's and the Triton kernel's
+    (relative RMSE <= 5e-3), with rows that selected nothing (dQ = 0 there)."""
+    from nsa_jax.pallas.selection_tiled import sel_tiled_bwd_dq
+    from nsa_jax.pallas.tiled_index import tile_lists
+    if mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG, None,
+                             False) is not None:
+        pytest.skip("needs a Hopper GPU")
+    B = 2
+    args, idx = _inputs(T + 3 * Hq, B, T, Hq, G, D)
+    idx = idx.at[1, 64:96].set(-1).at[0, 128:192].set(-1)
+    q, k, v, gs = args[0], args[3], args[4], args[7][..., 1].astype(jnp.float32)
+    do = jax.random.normal(jax.random.PRNGKey(T), q.shape).astype(jnp.bfloat16)
+    scale = 1.0 / math.sqrt(D)
+    bs = BlockSizes.for_shape(Hq // G, D)
+
+    @jax.jit
+    def run(q, k, v, idx, do, gs):
+        o, lse = mt.sel_tiled_forward_mosaic(q, k, v, idx, CFG, None, scale, False)
+        delta = gs * jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
+        dq = mt.sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, CFG, scale, False)
+        (blocks, bcount, _, _), table = tile_lists(idx, T, CFG, bs.sel_tile_q, None)
+        dq_t = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, CFG, bs,
+                                scale, False, table=table)
+        return dq, dq_t
+
+    dq, dq_t = run(q, k, v, idx, do, gs)
+    assert dq.dtype == jnp.float32 and dq.shape == q.shape
+    assert np.all(np.asarray(dq)[1, 64:96] == 0) and np.all(np.asarray(dq)[0, 128:192] == 0)
+    h = Hq // G
+    errs = {"dq_vs_triton": _rrmse(dq, dq_t)}
+    for g in range(G):
+        hs, gg = slice(g * h, (g + 1) * h), slice(g, g + 1)
+        f32 = [x.astype(jnp.float32) for x in (q[:, :, hs], k[:, :, gg], v[:, :, gg])]
+        cot = do[:, :, hs].astype(jnp.float32) * gs[:, :, hs, None]
+        _, vjp = jax.vjp(lambda a: ref.selection_attention(a, f32[1], f32[2], idx[:, :, gg],
+                                                           CFG), f32[0])
+        errs[f"dq{g}"] = _rrmse(dq[:, :, hs], vjp(cot)[0])
+    print(T, Hq, G, D, {k_: f"{e:.2e}" for k_, e in errs.items()})
+    bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
+    assert not bad, f"relative RMSE above 5e-3: {bad}"
+
+
+@pytest.mark.gpu
 def test_gpu_full_nsa_with_mosaic_forward_bf16():
-    """The whole op with ``sel_tiled_fwd: mosaic`` (Triton backward on the Mosaic forward's lse)
-    against the float32 reference: output and all 8 input gradients, relative RMSE <= 5e-3."""
+    """The whole op with ``sel_tiled_fwd`` and ``sel_tiled_dq: mosaic`` (Triton dK/dV on the
+    Mosaic forward's lse) against the float32 reference: output and all 8 input gradients,
+    relative RMSE <= 5e-3."""
     from nsa_jax.nsa import nsa_attention
     Hq, G, D, T, B = 12, 2, 64, 1024, 2
     if mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG, None,
@@ -195,7 +263,7 @@ def test_gpu_full_nsa_with_mosaic_forward_bf16():
         pytest.skip("needs a Hopper GPU")
     args, idx = _inputs(7, B, T, Hq, G, D)
     cot = jax.random.normal(jax.random.PRNGKey(8), (B, T, Hq, D)).astype(jnp.bfloat16)
-    choices = KernelChoices(sel_impl="tiled", sel_tiled_fwd="mosaic")
+    choices = KernelChoices(sel_impl="tiled", sel_tiled_fwd="mosaic", sel_tiled_dq="mosaic")
 
     def run(impl, a, c, i, ch):
         def f(*x):

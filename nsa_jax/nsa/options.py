@@ -18,7 +18,7 @@ SCORE_HEADS = ("auto", "rows", "loop")
 F32_DOTS = ("ieee", "tf32")
 CMP_ATTNS = ("auto", "pallas", "cudnn", "xla")
 WIN_ATTNS = ("auto", "cudnn", "pallas")
-TILED_FWDS = ("auto", "triton", "mosaic")
+TILED_BACKENDS = ("auto", "triton", "mosaic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +34,12 @@ class KernelChoices:
                         bf16/fp16 operands, equal head dims of 64 or 128, groups of an even
                         number of heads, T a multiple of 64, l' = 64 and unpacked rows; an
                         explicit "mosaic" elsewhere is an error naming this key) or "auto"
-                        (mosaic where it runs, else triton). The backward is Triton either way.
+                        (mosaic where it runs and heads are 128 wide, else triton). On an H100,
+                        NSA op at the bench heads (64 / 4 / 128), 2k / B=8: the forward kernel
+                        1.86 -> 1.31 ms; at the 125M heads (64 wide) it was 13-15% slower
+                        (bench/NOTES.md, thirty-first session).
+    sel_tiled_dq:       backend of the tiled selection backward's dQ kernel, as sel_tiled_fwd
+                        (same rule for "auto"); dK/dV is Triton either way.
     sel_bwd:            gather backward: "inverted" (block -> query index) or "atomic".
     sel_fwd:            gather forward: "query" (one program per query and group loads its n
                         blocks), "block" (one program per key block and a chunk of the queries
@@ -126,6 +131,7 @@ class KernelChoices:
     sel_impl: str = "auto"
     sel_tiled_max_t: int = 4096
     sel_tiled_fwd: str = "auto"
+    sel_tiled_dq: str = "auto"
     sel_bwd: str = "inverted"
     sel_fwd: str = "auto"
     sel_dq: str = "auto"
@@ -144,8 +150,9 @@ class KernelChoices:
 
         if self.sel_impl not in SEL_IMPLS:
             fail("sel_impl", f"one of {list(SEL_IMPLS)}, got {self.sel_impl!r}")
-        if self.sel_tiled_fwd not in TILED_FWDS:
-            fail("sel_tiled_fwd", f"one of {list(TILED_FWDS)}, got {self.sel_tiled_fwd!r}")
+        for f in ("sel_tiled_fwd", "sel_tiled_dq"):
+            if getattr(self, f) not in TILED_BACKENDS:
+                fail(f, f"one of {list(TILED_BACKENDS)}, got {getattr(self, f)!r}")
         if self.sel_bwd not in SEL_BWDS:
             fail("sel_bwd", f"one of {list(SEL_BWDS)}, got {self.sel_bwd!r}")
         if self.sel_fwd not in SEL_FWDS:

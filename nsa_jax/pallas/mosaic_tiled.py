@@ -6,7 +6,8 @@ Why a second backend: jax deprecated the Pallas Triton backend in 0.11.0, and on
 own Mosaic GPU flash attention runs the causal forward 1.3-1.9x faster than our Triton kernel of
 the same algorithm (bench/NOTES.md, thirtieth session). This kernel is the first of ours on it;
 ``KernelChoices.sel_tiled_fwd`` picks it, and the Triton kernels stay for every other GPU, for
-the shapes this one does not take (:func:`mosaic_unsupported`) and for the backward.
+the shapes this one does not take (:func:`mosaic_unsupported`) and for dK/dV.
+``sel_tiled_bwd_dq_mosaic`` is the backward's dQ on the same schedule (``sel_tiled_dq``).
 
 Schedule: one CTA per (pair of query heads of one KV group, query tile of 64 rows, batch row),
 three warpgroups:
@@ -52,6 +53,7 @@ from nsa_jax.pallas.tiled_index import (WORD_BITS, full_counts, tile_lists, word
 ROWS = 64      # query rows per compute warpgroup (one wgmma M tile) = the tiled kernels' bq
 KEYS = 64      # keys per K/V tile = the selection block l'
 STAGES = 3     # K/V ring slots
+AUTO_MIN_HEAD_DIM = 128   # "auto" takes these kernels from this head dim (measured faster)
 
 
 def _plgpu():
@@ -94,27 +96,87 @@ def row_bias(words, rows: int = ROWS):
     return jnp.where(bit != 0, 0.0, NEG_INF).astype(jnp.float32)
 
 
-def _kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, o_ref, lse_ref,
-            scoped, *, h: int, dv: int, stages: int, c: float, nqt: int, dtype):
-    plgpu = _plgpu()
-    wgmma_rows = plgpu.Layout.WGMMA.reduce(1)
-    cast = plgpu.layout_cast
-
-    def iota(shape, dim):
-        return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
-    (q_smem, k_smem, v_smem, b_smem, lse_smem), loaded, freed, turn = scoped
-    q_bar, k_bar, v_bar, b_bar = loaded
-    k_free, v_free = freed
+def _program(nqt: int, h: int):
+    """(pair, query tile, batch row, warpgroup, KV group) of a CTA on grid (Hq / 2, nqt, B):
+    tiles run last to first in launch order (the last tiles list the most blocks)."""
     pair = lax.axis_index("pair")
-    qt = nqt - 1 - lax.axis_index("tile")     # last tiles (most blocks) launch first
-    b = lax.axis_index("batch")
-    wg = lax.axis_index("wg")
-    g = lax.div(pair * 2, jnp.int32(h))
-    count = bcount_ref[b, g, qt]
+    qt = nqt - 1 - lax.axis_index("tile")
+    return pair, qt, lax.axis_index("batch"), lax.axis_index("wg"), lax.div(pair * 2,
+                                                                            jnp.int32(h))
+
+
+def _turns(turn):
+    """The two compute warpgroups' turns on the tensor cores: arrive and wait on one barrier of
+    two arrivals."""
+    plgpu = _plgpu()
 
     def take_turn():
         plgpu.barrier_arrive(turn)
         plgpu.barrier_wait(turn)
+    return take_turn
+
+
+def _produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count, ring, *, stages: int):
+    """The producer warpgroup: TMA copies of each listed block's K (with the pair's row bias)
+    and V into ``stages`` ring slots, each refilled once both compute warpgroups freed it."""
+    plgpu = _plgpu()
+    plgpu.set_max_registers(40, action="decrease")
+    (k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free) = ring
+
+    def keys(u, slot):
+        blk = pl.ds(blocks_ref[b, g, qt, u] * KEYS, KEYS)
+        plgpu.copy_gmem_to_smem(k_ref.at[b, blk, g], k_smem.at[slot], k_bar.at[slot])
+        plgpu.copy_gmem_to_smem(bias_ref.at[b, g, qt, u], b_smem.at[slot], b_bar.at[slot])
+
+    def values(u, slot):
+        blk = pl.ds(blocks_ref[b, g, qt, u] * KEYS, KEYS)
+        plgpu.copy_gmem_to_smem(v_ref.at[b, blk, g], v_smem.at[slot], v_bar.at[slot])
+
+    for i in range(stages):
+        @pl.when(i < count)
+        def _first():
+            keys(i, i)
+            values(i, i)
+
+    def refill(u, carry):
+        slot = lax.rem(u, jnp.int32(stages))
+        plgpu.barrier_wait(k_free.at[slot])
+        keys(u, slot)
+        plgpu.barrier_wait(v_free.at[slot])
+        values(u, slot)
+        return carry
+
+    lax.fori_loop(stages, count, refill, None)
+
+
+def _logits(s, bias, c: float, diagonal: bool, j, qt):
+    """Base-2 logits of one (tile, block) pair from the raw dot s = Q K_j^T [64, 64]: s * c plus
+    the row bias, and on the diagonal pair the causal mask key <= row."""
+    plgpu = _plgpu()
+    x = s * c + lax.broadcast_in_dim(bias, s.shape, [0])
+    if diagonal:
+        r = plgpu.broadcasted_iota(jnp.int32, s.shape, 0, layout=plgpu.Layout.WGMMA)
+        col = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
+        x = jnp.where(col + j * KEYS <= r + qt * ROWS, x, NEG_INF)
+    return x
+
+
+def _rows_vec(ref):
+    """A [64] float32 row vector from shared memory in the wgmma rows' layout."""
+    plgpu = _plgpu()
+    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1))
+
+
+# ---- forward -----------------------------------------------------------------------------------
+def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, o_ref, lse_ref,
+                scoped, *, h: int, dv: int, stages: int, c: float, nqt: int, dtype):
+    plgpu = _plgpu()
+    (q_smem, k_smem, v_smem, b_smem, lse_smem), loaded, freed, turn = scoped
+    q_bar, k_bar, v_bar, b_bar = loaded
+    k_free, v_free = freed
+    pair, qt, b, wg, g = _program(nqt, h)
+    count = bcount_ref[b, g, qt]
+    take_turn = _turns(turn)
 
     @pl.when(wg < 2)
     def _compute():
@@ -124,9 +186,10 @@ def _kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, o_
         rows = pl.ds(qt * ROWS, ROWS)
         plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hd], qs, q_bar.at[wg])
         plgpu.barrier_wait(q_bar.at[wg])
-        m = cast(jnp.full((ROWS,), NEG_INF, jnp.float32), wgmma_rows)
-        lsum = cast(jnp.zeros((ROWS,), jnp.float32), wgmma_rows)
-        acc = cast(jnp.zeros((ROWS, dv), jnp.float32), plgpu.Layout.WGMMA)
+        m = plgpu.layout_cast(jnp.full((ROWS,), NEG_INF, jnp.float32),
+                              plgpu.Layout.WGMMA.reduce(1))
+        lsum = plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+        acc = plgpu.layout_cast(jnp.zeros((ROWS, dv), jnp.float32), plgpu.Layout.WGMMA)
         pl.when(wg == 1)(take_turn)
 
         def step(u, carry, diagonal: bool):
@@ -135,19 +198,15 @@ def _kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, o_
             plgpu.barrier_wait(k_bar.at[slot])
 
             def qk(acc_ref):
-                plgpu.wgmma(acc_ref, qs, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                plgpu.wgmma(acc_ref, qs, k_smem.at[slot].T)
                 take_turn()
                 return acc_ref[...]
 
             s = pl.run_scoped(qk, plgpu.ACC((ROWS, KEYS), jnp.float32))
             plgpu.barrier_wait(b_bar.at[slot])
-            bias = cast(b_smem.at[slot][...], wgmma_rows)
+            bias = _rows_vec(b_smem.at[slot])
             plgpu.barrier_arrive(k_free.at[slot])     # K and the bias slot are read
-            x = s * c + lax.broadcast_in_dim(bias, s.shape, [0])
-            if diagonal:
-                j = blocks_ref[b, g, qt, u]
-                r, col = iota(s.shape, 0), iota(s.shape, 1)
-                x = jnp.where(col + j * KEYS <= r + qt * ROWS, x, NEG_INF)
+            x = _logits(s, bias, c, diagonal, blocks_ref[b, g, qt, u] if diagonal else None, qt)
             m_new = jnp.maximum(m, x.max(axis=1))
             m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
             alpha = jnp.exp2(m - m_safe)
@@ -183,78 +242,193 @@ def _kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, o_
         plgpu.wait_smem_to_gmem(0)
 
     @pl.when(wg == 2)
-    def _produce():
-        plgpu.set_max_registers(40, action="decrease")
+    def _producer():
+        _produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count,
+                 ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)),
+                 stages=stages)
 
-        def keys(u, slot):
-            blk = pl.ds(blocks_ref[b, g, qt, u] * KEYS, KEYS)
-            plgpu.copy_gmem_to_smem(k_ref.at[b, blk, g], k_smem.at[slot], k_bar.at[slot])
-            plgpu.copy_gmem_to_smem(bias_ref.at[b, g, qt, u], b_smem.at[slot], b_bar.at[slot])
 
-        def values(u, slot):
-            blk = pl.ds(blocks_ref[b, g, qt, u] * KEYS, KEYS)
-            plgpu.copy_gmem_to_smem(v_ref.at[b, blk, g], v_smem.at[slot], v_bar.at[slot])
+def _lists(idx, T: int, cfg: NSAConfig, seg):
+    """The 64-row tiles' block lists, full-pair counts and row bias (``tiled_index``)."""
+    (blocks, bcount, _, _), table = tile_lists(idx, T, cfg, ROWS, seg)
+    nfull = full_counts(blocks, bcount, ROWS, cfg, seg)
+    return blocks, bcount, nfull, row_bias(words_by_tile(table, blocks))  # bias [B,G,nqt,Ts,64]
 
-        for i in range(stages):
-            @pl.when(i < count)
-            def _first():
-                keys(i, i)
-                values(i, i)
 
-        def refill(u, _):
-            slot = lax.rem(u, jnp.int32(stages))
-            plgpu.barrier_wait(k_free.at[slot])
-            keys(u, slot)
-            plgpu.barrier_wait(v_free.at[slot])
-            values(u, slot)
-            return _
+def _tiles(plgpu):
+    return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
-        lax.fori_loop(stages, count, refill, None)
+
+def _ring(plgpu, stages: int, dtype, D: int, Dv: int):
+    """Shared-memory K, V and row-bias ring slots, their load barriers and their free barriers
+    (two arrivals: both compute warpgroups)."""
+    smem = (plgpu.SMEM((stages, KEYS, D), dtype, transforms=_tiles(plgpu)),
+            plgpu.SMEM((stages, KEYS, Dv), dtype, transforms=_tiles(plgpu)),
+            plgpu.SMEM((stages, ROWS), jnp.float32))
+    return smem, (plgpu.Barrier(num_barriers=stages),) * 3, \
+        (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2
+
+
+def _launch(plgpu, body, out_type, Hq: int, nqt: int, B: int):
+    return plgpu.kernel(body, out_type=out_type, grid=(Hq // 2, nqt, B),
+                        grid_names=("pair", "tile", "batch"), num_threads=3, thread_name="wg",
+                        compiler_params=plgpu.CompilerParams(approx_math=True))
+
+
+def _no_interpret(interpret, name):
+    if interpret:
+        raise ValueError(f"{name}: Mosaic GPU kernels run compiled on a Hopper GPU only (no "
+                         f"interpret mode)")
+
+
+def _stages(stages: int, cfg: NSAConfig, T: int) -> int:
+    return max(2, min(int(stages), cfg.num_sel_blocks(T)))
 
 
 def sel_tiled_forward_mosaic(q, k, v, idx, cfg: NSAConfig, bs, scale: float, interpret: bool,
                              *, choices=None, seg=None, stages: int = STAGES):
     """Same contract as ``selection_tiled.sel_tiled_forward`` except that o comes in q's dtype:
     -> o [B,T,Hq,Dv], lse2 float32 [B,T,Hq]. Operands must pass :func:`mosaic_unsupported`
-    (checked by the caller, ``nsa.selection_kernels``); ``bs`` and ``choices`` are accepted for
-    the shared signature (the tiles are fixed: 64 rows, 64 keys)."""
+    (checked by the caller, ``nsa.tiled_backend``); ``bs`` and ``choices`` are accepted
+    for the shared signature (the tiles are fixed: 64 rows, 64 keys)."""
     del bs, choices
+    _no_interpret(interpret, "sel_tiled_forward_mosaic")
     plgpu = _plgpu()
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]
-    h = Hq // G
     nqt = cdiv(T, ROWS)
-    (blocks, bcount, _, _), table = tile_lists(idx, T, cfg, ROWS, seg)
-    nfull = full_counts(blocks, bcount, ROWS, cfg, seg)
-    bias = row_bias(words_by_tile(table, blocks))            # [B,G,nqt,Ts,ROWS]
-    stages = max(2, min(int(stages), cfg.num_sel_blocks(T)))
-    tiled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    if interpret:
-        raise ValueError("sel_tiled_forward_mosaic: Mosaic GPU kernels run compiled on a Hopper "
-                         "GPU only (no interpret mode)")
+    blocks, bcount, nfull, bias = _lists(idx, T, cfg, seg)
+    stages = _stages(stages, cfg, T)
 
-    def nsa_sel_tiled_fwd_mgpu(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, o_ref, lse_ref):
-        scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=tiled),
-                   plgpu.SMEM((stages, KEYS, D), k.dtype, transforms=tiled),
-                   plgpu.SMEM((stages, KEYS, Dv), v.dtype, transforms=tiled),
-                   plgpu.SMEM((stages, ROWS), jnp.float32),
-                   plgpu.SMEM((2, ROWS), jnp.float32))
-        loaded = (plgpu.Barrier(num_barriers=2),) + (plgpu.Barrier(num_barriers=stages),) * 3
-        freed = (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2
+    def nsa_sel_tiled_fwd_mgpu(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
+                               o_ref, lse_ref):
+        ring, loaded, freed = _ring(plgpu, stages, q.dtype, D, Dv)
+        scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=_tiles(plgpu)),) + ring + \
+            (plgpu.SMEM((2, ROWS), jnp.float32),)
         pl.run_scoped(
-            lambda *s: _kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
-                               o_ref, lse_ref, s, h=h, dv=Dv, stages=stages,
-                               c=float(scale * LOG2E), nqt=nqt, dtype=q.dtype),
-            scratch, loaded, freed, plgpu.Barrier(num_arrivals=2), collective_axes="wg")
+            lambda *s: _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
+                                   bias_ref, o_ref, lse_ref, s, h=Hq // G, dv=Dv, stages=stages,
+                                   c=float(scale * LOG2E), nqt=nqt, dtype=q.dtype),
+            scratch, (plgpu.Barrier(num_barriers=2),) + loaded, freed,
+            plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 
-    o, lse_t = plgpu.kernel(
-        nsa_sel_tiled_fwd_mgpu,   # the name profiles show
-        out_type=[jax.ShapeDtypeStruct((B, T, Hq, Dv), q.dtype),
-                  jax.ShapeDtypeStruct((B, Hq, T), jnp.float32)],
-        grid=(Hq // 2, nqt, B), grid_names=("pair", "tile", "batch"),
-        num_threads=3, thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
-    )(blocks, bcount, nfull, q, k, v, bias)
+    o, lse_t = _launch(plgpu, nsa_sel_tiled_fwd_mgpu,   # the kernel's name in profiles
+                       [jax.ShapeDtypeStruct((B, T, Hq, Dv), q.dtype),
+                        jax.ShapeDtypeStruct((B, Hq, T), jnp.float32)], Hq, nqt, B)(
+        blocks, bcount, nfull, q, k, v, bias)
     return o, jnp.swapaxes(lse_t, 1, 2)
 
 
+# ---- backward: dQ ------------------------------------------------------------------------------
+def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, do_ref, rv_ref,
+               dq_ref, scoped, *, h: int, stages: int, c: float, scale: float, nqt: int, dtype):
+    """dQ of one tile for two heads: per listed block, s = Q K^T and dP = dO V^T (wgmma), P =
+    exp2(logits - lse), dS = P * (dP * gs - delta), dQ += dS K (wgmma, dS from registers)."""
+    plgpu = _plgpu()
+    (q_smem, do_smem, k_smem, v_smem, b_smem, rv_smem, dq_smem), loaded, freed, turn = scoped
+    q_bar, do_bar, rv_bar, k_bar, v_bar, b_bar = loaded
+    k_free, v_free = freed
+    pair, qt, b, wg, g = _program(nqt, h)
+    count = bcount_ref[b, g, qt]
+    take_turn = _turns(turn)
+
+    @pl.when(wg < 2)
+    def _compute():
+        plgpu.set_max_registers(232, action="increase")
+        hd = pair * 2 + wg
+        qs, dos = q_smem.at[wg], do_smem.at[wg]
+        rows = pl.ds(qt * ROWS, ROWS)
+        plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hd], qs, q_bar.at[wg])
+        plgpu.copy_gmem_to_smem(do_ref.at[b, rows, hd], dos, do_bar.at[wg])
+        plgpu.copy_gmem_to_smem(rv_ref.at[b, hd, :, rows], rv_smem.at[wg], rv_bar.at[wg])
+        for bar in (q_bar, do_bar, rv_bar):
+            plgpu.barrier_wait(bar.at[wg])
+        lse = _rows_vec(rv_smem.at[wg, 0])
+        delta = _rows_vec(rv_smem.at[wg, 1])
+        gs = _rows_vec(rv_smem.at[wg, 2])
+        dq = plgpu.layout_cast(jnp.zeros((ROWS, q_ref.shape[-1]), jnp.float32),
+                               plgpu.Layout.WGMMA)
+        pl.when(wg == 1)(take_turn)
+
+        def step(u, dq, diagonal: bool):
+            slot = lax.rem(u, jnp.int32(stages))
+            plgpu.barrier_wait(k_bar.at[slot])
+            plgpu.barrier_wait(v_bar.at[slot])
+
+            def scores(s_ref, dp_ref):
+                plgpu.wgmma(s_ref, qs, k_smem.at[slot].T)
+                plgpu.wgmma(dp_ref, dos, v_smem.at[slot].T)
+                take_turn()
+                return s_ref[...], dp_ref[...]
+
+            s, dp = pl.run_scoped(scores, plgpu.ACC((ROWS, KEYS), jnp.float32),
+                                  plgpu.ACC((ROWS, KEYS), jnp.float32))
+            plgpu.barrier_arrive(v_free.at[slot])
+            plgpu.barrier_wait(b_bar.at[slot])
+            bias = _rows_vec(b_smem.at[slot])
+            x = _logits(s, bias, c, diagonal, blocks_ref[b, g, qt, u] if diagonal else None, qt)
+            p = jnp.exp2(x - lax.broadcast_in_dim(lse, x.shape, [0]))
+            ds = p * (dp * lax.broadcast_in_dim(gs, dp.shape, [0])
+                      - lax.broadcast_in_dim(delta, dp.shape, [0]))
+            ds16 = ds.astype(dtype)
+            dq, ds16 = lax.optimization_barrier((dq, ds16))
+            plgpu.barrier_arrive(turn)
+            plgpu.barrier_wait(turn)
+
+            def dsk(acc_ref):
+                plgpu.wgmma(acc_ref, ds16, k_smem.at[slot])
+
+            dq = pl.run_state(dsk)(plgpu.ACC.init(dq))
+            plgpu.barrier_arrive(k_free.at[slot])      # K and the bias slot are read
+            return dq
+
+        nfull = nfull_ref[b, g, qt]
+        dq = lax.fori_loop(0, nfull, functools.partial(step, diagonal=False), dq)
+        dq = lax.fori_loop(nfull, count, functools.partial(step, diagonal=True), dq)
+        pl.when(wg == 0)(take_turn)
+        dq_smem.at[wg][...] = dq * scale
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, rows, hd])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == 2)
+    def _producer():
+        _produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count,
+                 ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)),
+                 stages=stages)
+
+
+def sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, scale: float,
+                            interpret: bool, *, seg=None, stages: int = STAGES):
+    """dQ float32 [B,T,Hq,Dk] of the selection branch (``selection_tiled.sel_tiled_bwd_dq``'s
+    values; its own 64-row lists from ``idx``) for the cotangent ``gs * do``, from the forward's
+    base-2 ``lse`` and ``delta = gs * rowsum(o * do)`` (float32 [B,T,Hq] each)."""
+    _no_interpret(interpret, "sel_tiled_bwd_dq_mosaic")
+    plgpu = _plgpu()
+    B, T, Hq, D = q.shape
+    G, Dv = k.shape[2], v.shape[-1]
+    nqt = cdiv(T, ROWS)
+    blocks, bcount, nfull, bias = _lists(idx, T, cfg, seg)
+    # 128-wide heads: q, dO, the float32 dQ staging and 3 K/V slots would pass the 227 KB of
+    # shared memory by ~200 bytes; 2 slots there.
+    stages = _stages(min(stages, 2) if max(D, Dv) >= 128 else stages, cfg, T)
+    rv = jnp.stack([lse, delta, gs], axis=-1).astype(jnp.float32).transpose(0, 2, 3, 1)
+
+    def nsa_sel_tiled_bwd_dq_mgpu(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
+                                  bias_ref, do_ref, rv_ref, dq_ref):
+        ring, loaded, freed = _ring(plgpu, stages, q.dtype, D, Dv)
+        scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=_tiles(plgpu)),
+                   plgpu.SMEM((2, ROWS, Dv), do.dtype, transforms=_tiles(plgpu))) + ring + \
+            (plgpu.SMEM((2, 3, ROWS), jnp.float32),
+             plgpu.SMEM((2, ROWS, D), jnp.float32))
+        pl.run_scoped(
+            lambda *s: _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
+                                  bias_ref, do_ref, rv_ref, dq_ref, s, h=Hq // G, stages=stages,
+                                  c=float(scale * LOG2E), scale=float(scale), nqt=nqt,
+                                  dtype=q.dtype),
+            scratch, (plgpu.Barrier(num_barriers=2),) * 3 + loaded, freed,
+            plgpu.Barrier(num_arrivals=2), collective_axes="wg")
+
+    return _launch(plgpu, nsa_sel_tiled_bwd_dq_mgpu,
+                   jax.ShapeDtypeStruct((B, T, Hq, D), jnp.float32), Hq, nqt, B)(
+        blocks, bcount, nfull, q, k, v, bias, do.astype(q.dtype), rv)

@@ -117,20 +117,22 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
             (sel_backward_block if block_dq else sel_backward))
 
 
-def tiled_forward_backend(choices: KernelChoices | None, q, k, v, cfg: NSAConfig, seg,
-                          interpret: bool) -> str:
-    """``KernelChoices.sel_tiled_fwd`` resolved for these operands: "mosaic" or "triton".
-    "auto" takes the Mosaic GPU kernel wherever it runs (``mosaic_tiled.mosaic_unsupported``);
-    an explicit "mosaic" where it cannot is one error naming the key and the reason."""
-    want = choices_or_default(choices).sel_tiled_fwd
+def tiled_backend(key: str, choices: KernelChoices | None, q, k, v, cfg: NSAConfig, seg,
+                  interpret: bool) -> str:
+    """``KernelChoices.<key>`` (``sel_tiled_fwd`` or ``sel_tiled_dq``) resolved for these
+    operands: "mosaic" or "triton". "auto" takes the Mosaic GPU kernel where it runs
+    (``mosaic_tiled.mosaic_unsupported``) and was measured faster: 128-wide heads
+    (``mosaic_tiled.AUTO_MIN_HEAD_DIM``); an explicit "mosaic" where it cannot run is one error
+    naming the key and the reason."""
+    want = getattr(choices_or_default(choices), key)
     if want == "triton":
         return "triton"
     why = mosaic_tiled.mosaic_unsupported(q, k, v, cfg, seg, interpret)
-    if why is None:
+    if why is None and (want == "mosaic" or q.shape[-1] >= mosaic_tiled.AUTO_MIN_HEAD_DIM):
         return "mosaic"
     if want == "mosaic":
-        raise ValueError(f"kernel.sel_tiled_fwd: 'mosaic' cannot run here: {why}; use 'triton' "
-                         f"or 'auto'")
+        raise ValueError(f"kernel.{key}: 'mosaic' cannot run here: {why}; use 'triton' or "
+                         f"'auto'")
     return "triton"
 
 
@@ -223,8 +225,8 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
         sel_fwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
                                     q.dtype)[0]
         kw = {"return_index": True} if sel_fwd is sel_forward_block else {}
-        if sel_fwd is sel_tiled_forward and tiled_forward_backend(
-                st.choices, qp, k_slc, v_slc, cfg, seg, interpret) == "mosaic":
+        if sel_fwd is sel_tiled_forward and tiled_backend(
+                "sel_tiled_fwd", st.choices, qp, k_slc, v_slc, cfg, seg, interpret) == "mosaic":
             sel_fwd = mosaic_tiled.sel_tiled_forward_mosaic
         o_s, lse_s, *index = sel_fwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, cfg, bs,
                                      scale, interpret, choices=st.choices, seg=seg, **kw)
@@ -282,6 +284,9 @@ def _nsa_bwd(st: _Static, resid, dout):
             kw = {"index": index[0]}           # the forward's indices, one per slot pass
         elif index and len(index[0]) == 1 and not atomic_mode(st.choices):
             kw = {"index": index[0][0]}        # query dQ + inverted dK/dV: one pass's index
+        elif sel_bwd is sel_tiled_backward and tiled_backend(
+                "sel_tiled_dq", st.choices, qp, k_slc, v_slc, cfg, seg, interpret) == "mosaic":
+            kw = {"dq_kernel": mosaic_tiled.sel_tiled_bwd_dq_mosaic}
         dq_s, dks, dvs = sel_bwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, o_s, lse_s,
                                  dop, g[..., 1], cfg, bs, scale, interpret, choices=st.choices,
                                  seg=seg, **kw)
