@@ -43,11 +43,13 @@ def test_mosaic_forward_lowers_for_cuda(h, D):
 
 
 @pytest.mark.parametrize("h,D", [(6, 64), (16, 128)])
-def test_mosaic_dq_lowers_for_cuda(h, D):
-    """The dQ kernel lowers for CUDA too, within shared memory at 128-wide heads."""
+@pytest.mark.parametrize("kernel", ["dq", "dkv"])
+def test_mosaic_backward_lowers_for_cuda(h, D, kernel):
+    """The dQ and dK/dV kernels lower for CUDA too, within shared memory at 128-wide heads."""
     B, T, G = 2, 512, 2
-    f = jax.jit(lambda q, k, v, i, do, gs, lse, de: mt.sel_tiled_bwd_dq_mosaic(
-        q, k, v, i, do, gs, lse, de, CFG, 0.125, False))
+    fn = getattr(mt, f"sel_tiled_bwd_{kernel}_mosaic")
+    f = jax.jit(lambda q, k, v, i, do, gs, lse, de: fn(q, k, v, i, do, gs, lse, de, CFG, 0.125,
+                                                       False))
     r = S(B, T, G * h, dtype=jnp.float32)
     text = f.trace(S(B, T, G * h, D), S(B, T, G, D), S(B, T, G, D),
                    S(B, T, G, 16, dtype=jnp.int32), S(B, T, G * h, D), r, r, r).lower(
@@ -115,7 +117,7 @@ def test_mosaic_unsupported_names_each_reason(monkeypatch):
         assert why is not None and want in why, (want, why)
 
 
-@pytest.mark.parametrize("key", ["sel_tiled_fwd", "sel_tiled_dq"])
+@pytest.mark.parametrize("key", ["sel_tiled_fwd", "sel_tiled_dq", "sel_tiled_dkv"])
 def test_tiled_backend_resolves_and_fails_by_key(monkeypatch, key):
     """"auto" takes Mosaic GPU where it runs and heads are 128 wide (measured faster there);
     "triton" always Triton; an explicit "mosaic" where it cannot run: one error naming the key
@@ -140,7 +142,7 @@ def test_tiled_backend_resolves_and_fails_by_key(monkeypatch, key):
         tiled_backend(key, ch("mosaic"), f32, wk, wk, CFG, None, False)
 
 
-@pytest.mark.parametrize("key", ["sel_tiled_fwd", "sel_tiled_dq"])
+@pytest.mark.parametrize("key", ["sel_tiled_fwd", "sel_tiled_dq", "sel_tiled_dkv"])
 def test_kernel_choices_reject_unknown_tiled_backend(key):
     with pytest.raises(ValueError, match=f"kernel.{key}"):
         KernelChoices(**{key: "cuda"})
@@ -252,10 +254,56 @@ def test_gpu_mosaic_dq_matches_reference_and_triton(T, Hq, G, D):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,Hq,G,D", [(2048, 12, 2, 64), (1024, 32, 2, 128), (256, 2, 1, 64)])
+def test_gpu_mosaic_dkv_matches_reference_and_triton(T, Hq, G, D):
+    """dK, dV for the cotangent gs * dO against the float32 reference's and the Triton kernel's
+    (relative RMSE <= 5e-3), with rows that selected nothing (rows 64-95 of batch row 1: a -inf
+    row bias in every pair of their tile)."""
+    from nsa_jax.pallas.selection_tiled import sel_tiled_bwd_dkv
+    from nsa_jax.pallas.tiled_index import tile_lists
+    if mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG, None,
+                             False) is not None:
+        pytest.skip("needs a Hopper GPU")
+    B = 2
+    args, idx = _inputs(T + 5 * Hq, B, T, Hq, G, D)
+    idx = idx.at[1, 64:96].set(-1)
+    q, k, v, gs = args[0], args[3], args[4], args[7][..., 1].astype(jnp.float32)
+    do = jax.random.normal(jax.random.PRNGKey(T + 1), q.shape).astype(jnp.bfloat16)
+    scale = 1.0 / math.sqrt(D)
+    bs = BlockSizes.for_shape(Hq // G, D)
+
+    @jax.jit
+    def run(q, k, v, idx, do, gs):
+        o, lse = mt.sel_tiled_forward_mosaic(q, k, v, idx, CFG, None, scale, False)
+        delta = gs * jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
+        dk, dv = mt.sel_tiled_bwd_dkv_mosaic(q, k, v, idx, do, gs, lse, delta, CFG, scale, False)
+        (_, _, tiles, tcount), table = tile_lists(idx, T, CFG, bs.sel_tile_q, None)
+        dk_t, dv_t = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, CFG, bs,
+                                       scale, False, table=table)
+        return dk, dv, dk_t, dv_t
+
+    dk, dv, dk_t, dv_t = run(q, k, v, idx, do, gs)
+    assert dk.dtype == k.dtype and dv.shape == v.shape
+    h = Hq // G
+    errs = {"dk_vs_triton": _rrmse(dk, dk_t), "dv_vs_triton": _rrmse(dv, dv_t)}
+    for g in range(G):
+        hs, gg = slice(g * h, (g + 1) * h), slice(g, g + 1)
+        f32 = [x.astype(jnp.float32) for x in (q[:, :, hs], k[:, :, gg], v[:, :, gg])]
+        cot = do[:, :, hs].astype(jnp.float32) * gs[:, :, hs, None]
+        _, vjp = jax.vjp(lambda kk, vv: ref.selection_attention(f32[0], kk, vv, idx[:, :, gg],
+                                                                CFG), f32[1], f32[2])
+        dk_r, dv_r = vjp(cot)
+        errs[f"dk{g}"] = _rrmse(dk[:, :, gg], dk_r)
+        errs[f"dv{g}"] = _rrmse(dv[:, :, gg], dv_r)
+    print(T, Hq, G, D, {k_: f"{e:.2e}" for k_, e in errs.items()})
+    bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
+    assert not bad, f"relative RMSE above 5e-3: {bad}"
+
+
+@pytest.mark.gpu
 def test_gpu_full_nsa_with_mosaic_forward_bf16():
-    """The whole op with ``sel_tiled_fwd`` and ``sel_tiled_dq: mosaic`` (Triton dK/dV on the
-    Mosaic forward's lse) against the float32 reference: output and all 8 input gradients,
-    relative RMSE <= 5e-3."""
+    """The whole op with the three tiled selection kernels on Mosaic GPU against the float32
+    reference: output and all 8 input gradients, relative RMSE <= 5e-3."""
     from nsa_jax.nsa import nsa_attention
     Hq, G, D, T, B = 12, 2, 64, 1024, 2
     if mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG, None,
@@ -263,7 +311,8 @@ def test_gpu_full_nsa_with_mosaic_forward_bf16():
         pytest.skip("needs a Hopper GPU")
     args, idx = _inputs(7, B, T, Hq, G, D)
     cot = jax.random.normal(jax.random.PRNGKey(8), (B, T, Hq, D)).astype(jnp.bfloat16)
-    choices = KernelChoices(sel_impl="tiled", sel_tiled_fwd="mosaic", sel_tiled_dq="mosaic")
+    choices = KernelChoices(sel_impl="tiled", sel_tiled_fwd="mosaic", sel_tiled_dq="mosaic",
+                            sel_tiled_dkv="mosaic")
 
     def run(impl, a, c, i, ch):
         def f(*x):

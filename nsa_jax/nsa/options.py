@@ -39,7 +39,9 @@ class KernelChoices:
                         1.86 -> 1.31 ms; at the 125M heads (64 wide) it was 13-15% slower
                         (bench/NOTES.md, thirty-first session).
     sel_tiled_dq:       backend of the tiled selection backward's dQ kernel, as sel_tiled_fwd
-                        (same rule for "auto"); dK/dV is Triton either way.
+                        (same rule for "auto"; bench heads 2k / B=8: 2.06 -> 1.65 ms).
+    sel_tiled_dkv:      backend of its dK/dV kernel, as sel_tiled_fwd (Mosaic GPU: one CTA per
+                        key block, the two compute warpgroups split the group's heads).
     sel_bwd:            gather backward: "inverted" (block -> query index) or "atomic".
     sel_fwd:            gather forward: "query" (one program per query and group loads its n
                         blocks), "block" (one program per key block and a chunk of the queries
@@ -132,6 +134,7 @@ class KernelChoices:
     sel_tiled_max_t: int = 4096
     sel_tiled_fwd: str = "auto"
     sel_tiled_dq: str = "auto"
+    sel_tiled_dkv: str = "auto"
     sel_bwd: str = "inverted"
     sel_fwd: str = "auto"
     sel_dq: str = "auto"
@@ -150,7 +153,7 @@ class KernelChoices:
 
         if self.sel_impl not in SEL_IMPLS:
             fail("sel_impl", f"one of {list(SEL_IMPLS)}, got {self.sel_impl!r}")
-        for f in ("sel_tiled_fwd", "sel_tiled_dq"):
+        for f in ("sel_tiled_fwd", "sel_tiled_dq", "sel_tiled_dkv"):
             if getattr(self, f) not in TILED_BACKENDS:
                 fail(f, f"one of {list(TILED_BACKENDS)}, got {getattr(self, f)!r}")
         if self.sel_bwd not in SEL_BWDS:

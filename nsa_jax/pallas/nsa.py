@@ -119,8 +119,8 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
 
 def tiled_backend(key: str, choices: KernelChoices | None, q, k, v, cfg: NSAConfig, seg,
                   interpret: bool) -> str:
-    """``KernelChoices.<key>`` (``sel_tiled_fwd`` or ``sel_tiled_dq``) resolved for these
-    operands: "mosaic" or "triton". "auto" takes the Mosaic GPU kernel where it runs
+    """``KernelChoices.<key>`` (``sel_tiled_fwd``, ``sel_tiled_dq``, ``sel_tiled_dkv``) resolved
+    for these operands: "mosaic" or "triton". "auto" takes the Mosaic GPU kernel where it runs
     (``mosaic_tiled.mosaic_unsupported``) and was measured faster: 128-wide heads
     (``mosaic_tiled.AUTO_MIN_HEAD_DIM``); an explicit "mosaic" where it cannot run is one error
     naming the key and the reason."""
@@ -284,9 +284,11 @@ def _nsa_bwd(st: _Static, resid, dout):
             kw = {"index": index[0]}           # the forward's indices, one per slot pass
         elif index and len(index[0]) == 1 and not atomic_mode(st.choices):
             kw = {"index": index[0][0]}        # query dQ + inverted dK/dV: one pass's index
-        elif sel_bwd is sel_tiled_backward and tiled_backend(
-                "sel_tiled_dq", st.choices, qp, k_slc, v_slc, cfg, seg, interpret) == "mosaic":
-            kw = {"dq_kernel": mosaic_tiled.sel_tiled_bwd_dq_mosaic}
+        elif sel_bwd is sel_tiled_backward:
+            mosaic = {key: tiled_backend(f"sel_tiled_{key}", st.choices, qp, k_slc, v_slc, cfg,
+                                         seg, interpret) == "mosaic" for key in ("dq", "dkv")}
+            kw = {"dq_kernel": mosaic_tiled.sel_tiled_bwd_dq_mosaic if mosaic["dq"] else None,
+                  "dkv_kernel": mosaic_tiled.sel_tiled_bwd_dkv_mosaic if mosaic["dkv"] else None}
         dq_s, dks, dvs = sel_bwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, o_s, lse_s,
                                  dop, g[..., 1], cfg, bs, scale, interpret, choices=st.choices,
                                  seg=seg, **kw)

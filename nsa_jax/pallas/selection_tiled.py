@@ -452,12 +452,13 @@ def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAC
 
 def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,
                        scale: float, interpret: bool, *, choices=None, seg=None,
-                       dq_kernel=None):
+                       dq_kernel=None, dkv_kernel=None):
     """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
     same contract as ``selection.sel_backward`` (``do`` in its own dtype, ``gs`` [B,T,Hq] float32
     per-row scale, None = 1; ``seg`` as ``sel_tiled_forward``); ``choices.f32_dot`` sets float32
-    dot precision. ``dq_kernel``: another dQ kernel of ``mosaic_tiled.sel_tiled_bwd_dq_mosaic``'s
-    signature (None: ``sel_tiled_bwd_dq``)."""
+    dot precision. ``dq_kernel`` / ``dkv_kernel``: other dQ / dK, dV kernels of
+    ``mosaic_tiled.sel_tiled_bwd_dq_mosaic``'s signature (None: ``sel_tiled_bwd_dq`` /
+    ``sel_tiled_bwd_dkv``)."""
     B, T, Hq, _ = q.shape
     gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
@@ -468,6 +469,9 @@ def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
                               table=table)
     else:
         dq = dq_kernel(q, k, v, idx, do, gs, lse, delta, cfg, scale, interpret, seg=seg)
-    dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args, choices=choices, seg=seg,
-                               table=table)
+    if dkv_kernel is None:
+        dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args, choices=choices, seg=seg,
+                                   table=table)
+    else:
+        dk, dv = dkv_kernel(q, k, v, idx, do, gs, lse, delta, cfg, scale, interpret, seg=seg)
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)
