@@ -55,7 +55,9 @@ from nsa_jax.pallas.tiled_index import (WORD_BITS, full_counts, member_table, ti
 ROWS = 64      # query rows per compute warpgroup (one wgmma M tile) = the tiled kernels' bq
 KEYS = 64      # keys per K/V tile = the selection block l'
 STAGES = 3     # K/V ring slots
-AUTO_MIN_HEAD_DIM = 128   # "auto" takes these kernels from this head dim (measured faster)
+# "auto" takes each kernel from this head dim (measured faster there on an H100, bench/NOTES.md,
+# thirty-first session): the forward and dQ only at 128-wide heads, dK/dV at both 64 and 128
+AUTO_MIN_HEAD_DIM = {"sel_tiled_fwd": 128, "sel_tiled_dq": 128, "sel_tiled_dkv": 64}
 
 
 def _plgpu():
@@ -444,7 +446,8 @@ def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, bias_ref,
     tile list: warpgroup w takes the heads of parity w, both walk the tiles together (one ring
     slot holds a tile's q, dO and row vectors for the two heads of a step), and the two partial
     sums meet in shared memory at the end. Keys-first: s^T = K Q^T, P^T = exp2(s^T c + bias -
-    lse), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T gs - delta), dK += dS^T Q."""
+    lse), dV += (P^T gs) dO, dP^T = V dO^T, dS^T = P^T (dP^T gs - delta), dK += dS^T Q (gs: the
+    rows' output scale, the branch gate)."""
     plgpu = _plgpu()
     wgmma_cols = plgpu.Layout.WGMMA.reduce(0)
     (k_smem, v_smem, q_smem, do_smem, rv_smem, b_smem, red_smem), loaded, free, sync = scoped
@@ -498,15 +501,17 @@ def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, bias_ref,
             pt = jnp.exp2(x - bcast(cols(rv_smem.at[slot, wg, 0])))
             plgpu.barrier_wait(do_bar.at[mine])
 
+            gs = bcast(cols(rv_smem.at[slot, wg, 2]))   # the rows' output scale (the gate)
+            ptg = (pt * gs).astype(dtype)
+
             def dv_dpt(refs):
                 dv_ref, dpt_ref = refs
-                plgpu.wgmma(dv_ref, pt.astype(dtype), dos)
+                plgpu.wgmma(dv_ref, ptg, dos)               # dV += P^T (gs dO)
                 plgpu.wgmma(dpt_ref, v_smem, dos.T)
 
             zeros = plgpu.layout_cast(jnp.zeros((KEYS, ROWS), jnp.float32), plgpu.Layout.WGMMA)
             dv, dpt = pl.run_state(dv_dpt)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
-            dst = pt * (dpt * bcast(cols(rv_smem.at[slot, wg, 2]))
-                        - bcast(cols(rv_smem.at[slot, wg, 1])))
+            dst = pt * (dpt * gs - bcast(cols(rv_smem.at[slot, wg, 1])))
 
             def dk_step(acc_ref):
                 plgpu.wgmma(acc_ref, dst.astype(dtype), qs)

@@ -121,14 +121,14 @@ def tiled_backend(key: str, choices: KernelChoices | None, q, k, v, cfg: NSAConf
                   interpret: bool) -> str:
     """``KernelChoices.<key>`` (``sel_tiled_fwd``, ``sel_tiled_dq``, ``sel_tiled_dkv``) resolved
     for these operands: "mosaic" or "triton". "auto" takes the Mosaic GPU kernel where it runs
-    (``mosaic_tiled.mosaic_unsupported``) and was measured faster: 128-wide heads
-    (``mosaic_tiled.AUTO_MIN_HEAD_DIM``); an explicit "mosaic" where it cannot run is one error
-    naming the key and the reason."""
+    (``mosaic_tiled.mosaic_unsupported``) and was measured faster (``mosaic_tiled.
+    AUTO_MIN_HEAD_DIM``: the forward and dQ at 128-wide heads, dK/dV at 64 and 128); an
+    explicit "mosaic" where it cannot run is one error naming the key and the reason."""
     want = getattr(choices_or_default(choices), key)
     if want == "triton":
         return "triton"
     why = mosaic_tiled.mosaic_unsupported(q, k, v, cfg, seg, interpret)
-    if why is None and (want == "mosaic" or q.shape[-1] >= mosaic_tiled.AUTO_MIN_HEAD_DIM):
+    if why is None and (want == "mosaic" or q.shape[-1] >= mosaic_tiled.AUTO_MIN_HEAD_DIM[key]):
         return "mosaic"
     if want == "mosaic":
         raise ValueError(f"kernel.{key}: 'mosaic' cannot run here: {why}; use 'triton' or "
