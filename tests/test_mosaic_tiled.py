@@ -1,10 +1,12 @@
-"""The Mosaic GPU (Hopper) tiled selection forward, ``nsa_jax/pallas/mosaic_tiled.py``.
+"""The Mosaic GPU (Hopper) tiled selection kernels: forward and dQ (``nsa_jax/pallas/
+mosaic_tiled.py``), dK/dV (``mosaic_tiled_dkv.py``).
 
-On the CPU: the kernel lowers for CUDA (Pallas -> Mosaic GPU, every tracing and layout rule; PTX
-is not built), its row-bias operand equals the rows' membership, and ``sel_tiled_fwd`` resolves
-as documented, with one error naming the key where "mosaic" cannot run. jax's Mosaic GPU
-interpreter (``jax._src``) lacks the register-operand wgmma and transposed shared-memory operands
-this kernel uses, so values are checked on the GPU only (``gpu``-marked tests below).
+On the CPU: the kernels lower for CUDA (Pallas -> Mosaic GPU, every tracing, layout and
+shared-memory rule; PTX is not built), their row-bias operand equals the rows' membership, and
+``sel_tiled_fwd`` / ``sel_tiled_dq`` / ``sel_tiled_dkv`` resolve as documented, with one error
+naming the key where "mosaic" cannot run. jax's Mosaic GPU interpreter (``jax._src``) lacks the
+register-operand wgmma and transposed shared-memory operands these kernels use, so values are
+checked on the GPU only (``gpu``-marked tests below).
 """
 import math
 import types
@@ -18,6 +20,7 @@ from nsa_jax.nsa import KernelChoices, NSAConfig
 from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas import mosaic_tiled as mt
+from nsa_jax.pallas import mosaic_tiled_dkv as mtd
 from nsa_jax.pallas.nsa import tiled_backend
 from nsa_jax.pallas.tiled_index import member_table, tile_index, words_by_tile
 from nsa_testutil import random_inputs
@@ -47,7 +50,7 @@ def test_mosaic_forward_lowers_for_cuda(h, D):
 def test_mosaic_backward_lowers_for_cuda(h, D, kernel):
     """The dQ and dK/dV kernels lower for CUDA too, within shared memory at 128-wide heads."""
     B, T, G = 2, 512, 2
-    fn = getattr(mt, f"sel_tiled_bwd_{kernel}_mosaic")
+    fn = {"dq": mt.sel_tiled_bwd_dq_mosaic, "dkv": mtd.sel_tiled_bwd_dkv_mosaic}[kernel]
     f = jax.jit(lambda q, k, v, i, do, gs, lse, de: fn(q, k, v, i, do, gs, lse, de, CFG, 0.125,
                                                        False))
     r = S(B, T, G * h, dtype=jnp.float32)
@@ -279,7 +282,8 @@ def test_gpu_mosaic_dkv_matches_reference_and_triton(T, Hq, G, D):
     def run(q, k, v, idx, do, gs):
         o, lse = mt.sel_tiled_forward_mosaic(q, k, v, idx, CFG, None, scale, False)
         delta = gs * jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
-        dk, dv = mt.sel_tiled_bwd_dkv_mosaic(q, k, v, idx, do, gs, lse, delta, CFG, scale, False)
+        dk, dv = mtd.sel_tiled_bwd_dkv_mosaic(q, k, v, idx, do, gs, lse, delta, CFG, scale,
+                                              False)
         (_, _, tiles, tcount), table = tile_lists(idx, T, CFG, bs.sel_tile_q, None)
         dk_t, dv_t = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, CFG, bs,
                                        scale, False, table=table)

@@ -7,8 +7,8 @@ own Mosaic GPU flash attention runs the causal forward 1.3-1.9x faster than our 
 the same algorithm (bench/NOTES.md, thirtieth session). This kernel is the first of ours on it;
 ``KernelChoices.sel_tiled_fwd`` picks it, and the Triton kernels stay for every other GPU and for
 the shapes this one does not take (:func:`mosaic_unsupported`). The backward's kernels follow:
-``sel_tiled_bwd_dq_mosaic`` (dQ on the forward's schedule; ``sel_tiled_dq``) and
-``sel_tiled_bwd_dkv_mosaic`` (one CTA per key block; ``sel_tiled_dkv``).
+``sel_tiled_bwd_dq_mosaic`` (dQ on the forward's schedule, here; ``sel_tiled_dq``) and
+``mosaic_tiled_dkv.sel_tiled_bwd_dkv_mosaic`` (one CTA per key block; ``sel_tiled_dkv``).
 
 Schedule: one CTA per (pair of query heads of one KV group, query tile of 64 rows, batch row),
 three warpgroups:
@@ -34,9 +34,19 @@ Output: o in the input dtype [B,T,Hq,Dv] (the op keeps the selection output in q
 the backward anyway: ``nsa.py``) and the base-2 lse [B,T,Hq] (+inf for a row with no visible
 key), which the Triton dQ and dK/dV kernels consume unchanged.
 
+dQ (``sel_tiled_bwd_dq_mosaic``) runs the same schedule: per listed block s = Q K^T and dP =
+dO V^T, P from the saved lse, dS = P (dP gs - delta), dQ += dS K (dS from registers).
+
+Measured on an H100 (bench/NOTES.md, thirty-first session), against the Triton kernels: at the
+bench heads (64 / 4 / 128) forward -29 to -30%, dQ -19 to -20%; at the 125M heads (64 wide)
+forward +13 to +16% and dQ +6%, where the Triton forward already runs at ~300 TFLOP/s and each
+step's two 64 x 64 x 64 wgmmas leave the per-step barriers and loads a large share. Hence
+``AUTO_MIN_HEAD_DIM``.
+
 No interpret mode: Mosaic GPU kernels run only on a Hopper GPU, so their parity tests are
-``@pytest.mark.gpu``; on the CPU the tests lower the kernel for CUDA (catching every tracing and
-layout error) without running it.
+``@pytest.mark.gpu``; on the CPU the tests lower the kernels for CUDA (catching every tracing,
+layout and shared-memory error) without running them. jax's Mosaic GPU interpreter (under
+``jax._src``) was tried and cannot run them (no register-operand wgmma, no ``run_state``).
 """
 from __future__ import annotations
 
@@ -49,8 +59,7 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import LOG2E, NEG_INF, POS_INF, cdiv
-from nsa_jax.pallas.tiled_index import (WORD_BITS, full_counts, member_table, tile_lists,
-                                        words_by_tile)
+from nsa_jax.pallas.tiled_index import WORD_BITS, full_counts, tile_lists, words_by_tile
 
 ROWS = 64      # query rows per compute warpgroup (one wgmma M tile) = the tiled kernels' bq
 KEYS = 64      # keys per K/V tile = the selection block l'
@@ -60,7 +69,7 @@ STAGES = 3     # K/V ring slots
 AUTO_MIN_HEAD_DIM = {"sel_tiled_fwd": 128, "sel_tiled_dq": 128, "sel_tiled_dkv": 64}
 
 
-def _plgpu():
+def plgpu_module():
     from jax.experimental.pallas import mosaic_gpu as plgpu
     return plgpu
 
@@ -112,7 +121,7 @@ def _program(nqt: int, h: int):
 def _turns(turn):
     """The two compute warpgroups' turns on the tensor cores: arrive and wait on one barrier of
     two arrivals."""
-    plgpu = _plgpu()
+    plgpu = plgpu_module()
 
     def take_turn():
         plgpu.barrier_arrive(turn)
@@ -123,7 +132,7 @@ def _turns(turn):
 def _produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count, ring, *, stages: int):
     """The producer warpgroup: TMA copies of each listed block's K (with the pair's row bias)
     and V into ``stages`` ring slots, each refilled once both compute warpgroups freed it."""
-    plgpu = _plgpu()
+    plgpu = plgpu_module()
     plgpu.set_max_registers(40, action="decrease")
     (k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free) = ring
 
@@ -156,7 +165,7 @@ def _produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count, ring, *, stage
 def _logits(s, bias, c: float, diagonal: bool, j, qt):
     """Base-2 logits of one (tile, block) pair from the raw dot s = Q K_j^T [64, 64]: s * c plus
     the row bias, and on the diagonal pair the causal mask key <= row."""
-    plgpu = _plgpu()
+    plgpu = plgpu_module()
     x = s * c + lax.broadcast_in_dim(bias, s.shape, [0])
     if diagonal:
         r = plgpu.broadcasted_iota(jnp.int32, s.shape, 0, layout=plgpu.Layout.WGMMA)
@@ -167,14 +176,14 @@ def _logits(s, bias, c: float, diagonal: bool, j, qt):
 
 def _rows_vec(ref):
     """A [64] float32 row vector from shared memory in the wgmma rows' layout."""
-    plgpu = _plgpu()
+    plgpu = plgpu_module()
     return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1))
 
 
 # ---- forward -----------------------------------------------------------------------------------
 def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, o_ref, lse_ref,
                 scoped, *, h: int, dv: int, stages: int, c: float, nqt: int, dtype):
-    plgpu = _plgpu()
+    plgpu = plgpu_module()
     (q_smem, k_smem, v_smem, b_smem, lse_smem), loaded, freed, turn = scoped
     q_bar, k_bar, v_bar, b_bar = loaded
     k_free, v_free = freed
@@ -259,15 +268,15 @@ def _lists(idx, T: int, cfg: NSAConfig, seg):
     return blocks, bcount, nfull, row_bias(words_by_tile(table, blocks))  # bias [B,G,nqt,Ts,64]
 
 
-def _tiles(plgpu):
+def smem_tiles(plgpu):
     return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
 
 def _ring(plgpu, stages: int, dtype, D: int, Dv: int):
     """Shared-memory K, V and row-bias ring slots, their load barriers and their free barriers
     (two arrivals: both compute warpgroups)."""
-    smem = (plgpu.SMEM((stages, KEYS, D), dtype, transforms=_tiles(plgpu)),
-            plgpu.SMEM((stages, KEYS, Dv), dtype, transforms=_tiles(plgpu)),
+    smem = (plgpu.SMEM((stages, KEYS, D), dtype, transforms=smem_tiles(plgpu)),
+            plgpu.SMEM((stages, KEYS, Dv), dtype, transforms=smem_tiles(plgpu)),
             plgpu.SMEM((stages, ROWS), jnp.float32))
     return smem, (plgpu.Barrier(num_barriers=stages),) * 3, \
         (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2
@@ -279,7 +288,7 @@ def _launch(plgpu, body, out_type, Hq: int, nqt: int, B: int):
                         compiler_params=plgpu.CompilerParams(approx_math=True))
 
 
-def _no_interpret(interpret, name):
+def no_interpret(interpret, name):
     if interpret:
         raise ValueError(f"{name}: Mosaic GPU kernels run compiled on a Hopper GPU only (no "
                          f"interpret mode)")
@@ -296,8 +305,8 @@ def sel_tiled_forward_mosaic(q, k, v, idx, cfg: NSAConfig, bs, scale: float, int
     (checked by the caller, ``nsa.tiled_backend``); ``bs`` and ``choices`` are accepted
     for the shared signature (the tiles are fixed: 64 rows, 64 keys)."""
     del bs, choices
-    _no_interpret(interpret, "sel_tiled_forward_mosaic")
-    plgpu = _plgpu()
+    no_interpret(interpret, "sel_tiled_forward_mosaic")
+    plgpu = plgpu_module()
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     nqt = cdiv(T, ROWS)
@@ -307,7 +316,7 @@ def sel_tiled_forward_mosaic(q, k, v, idx, cfg: NSAConfig, bs, scale: float, int
     def nsa_sel_tiled_fwd_mgpu(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
                                o_ref, lse_ref):
         ring, loaded, freed = _ring(plgpu, stages, q.dtype, D, Dv)
-        scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=_tiles(plgpu)),) + ring + \
+        scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=smem_tiles(plgpu)),) + ring + \
             (plgpu.SMEM((2, ROWS), jnp.float32),)
         pl.run_scoped(
             lambda *s: _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
@@ -328,7 +337,7 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
                dq_ref, scoped, *, h: int, stages: int, c: float, scale: float, nqt: int, dtype):
     """dQ of one tile for two heads: per listed block, s = Q K^T and dP = dO V^T (wgmma), P =
     exp2(logits - lse), dS = P * (dP * gs - delta), dQ += dS K (wgmma, dS from registers)."""
-    plgpu = _plgpu()
+    plgpu = plgpu_module()
     (q_smem, do_smem, k_smem, v_smem, b_smem, rv_smem, dq_smem), loaded, freed, turn = scoped
     q_bar, do_bar, rv_bar, k_bar, v_bar, b_bar = loaded
     k_free, v_free = freed
@@ -407,8 +416,8 @@ def sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, sc
     """dQ float32 [B,T,Hq,Dk] of the selection branch (``selection_tiled.sel_tiled_bwd_dq``'s
     values; its own 64-row lists from ``idx``) for the cotangent ``gs * do``, from the forward's
     base-2 ``lse`` and ``delta = gs * rowsum(o * do)`` (float32 [B,T,Hq] each)."""
-    _no_interpret(interpret, "sel_tiled_bwd_dq_mosaic")
-    plgpu = _plgpu()
+    no_interpret(interpret, "sel_tiled_bwd_dq_mosaic")
+    plgpu = plgpu_module()
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     nqt = cdiv(T, ROWS)
@@ -421,8 +430,8 @@ def sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, sc
     def nsa_sel_tiled_bwd_dq_mgpu(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
                                   bias_ref, do_ref, rv_ref, dq_ref):
         ring, loaded, freed = _ring(plgpu, stages, q.dtype, D, Dv)
-        scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=_tiles(plgpu)),
-                   plgpu.SMEM((2, ROWS, Dv), do.dtype, transforms=_tiles(plgpu))) + ring + \
+        scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=smem_tiles(plgpu)),
+                   plgpu.SMEM((2, ROWS, Dv), do.dtype, transforms=smem_tiles(plgpu))) + ring + \
             (plgpu.SMEM((2, 3, ROWS), jnp.float32),
              plgpu.SMEM((2, ROWS, D), jnp.float32))
         pl.run_scoped(
@@ -436,194 +445,3 @@ def sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, sc
     return _launch(plgpu, nsa_sel_tiled_bwd_dq_mgpu,
                    jax.ShapeDtypeStruct((B, T, Hq, D), jnp.float32), Hq, nqt, B)(
         blocks, bcount, nfull, q, k, v, bias, do.astype(q.dtype), rv)
-
-
-# ---- backward: dK/dV ---------------------------------------------------------------------------
-def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, bias_ref, do_ref, rv_ref,
-                dk_ref, dv_ref, scoped, *, h: int, stages: int, c: float, scale: float,
-                dtype):
-    """dK, dV of one key block (64 keys of one group) over the (query tile, head) pairs of its
-    tile list: warpgroup w takes the heads of parity w, both walk the tiles together (one ring
-    slot holds a tile's q, dO and row vectors for the two heads of a step), and the two partial
-    sums meet in shared memory at the end. Keys-first: s^T = K Q^T, P^T = exp2(s^T c + bias -
-    lse), dV += (P^T gs) dO, dP^T = V dO^T, dS^T = P^T (dP^T gs - delta), dK += dS^T Q (gs: the
-    rows' output scale, the branch gate)."""
-    plgpu = _plgpu()
-    wgmma_cols = plgpu.Layout.WGMMA.reduce(0)
-    (k_smem, v_smem, q_smem, do_smem, rv_smem, b_smem, red_smem), loaded, free, sync = scoped
-    kv_bar, q_bar, do_bar, rv_bar, b_bar = loaded
-    g, j, b = lax.axis_index("group"), lax.axis_index("block"), lax.axis_index("batch")
-    wg = lax.axis_index("wg")
-    hh = h // 2
-    count = tcount_ref[b, g, j] * hh          # steps: (tile, head pair)
-    ndiag = ndiag_ref[b, g, j] * hh
-    D, Dv = k_ref.shape[-1], v_ref.shape[-1]
-
-    def cols(ref):
-        return plgpu.layout_cast(ref[...], wgmma_cols)
-
-    def bcast(x):
-        return lax.broadcast_in_dim(x, (KEYS, ROWS), [1])
-
-    @pl.when(wg < 2)
-    def _compute():
-        plgpu.set_max_registers(232, action="increase")
-        blk = pl.ds(j * KEYS, KEYS)
-
-        @pl.when(wg == 0)
-        def _load_block():   # one copy for both warpgroups
-            plgpu.copy_gmem_to_smem(k_ref.at[b, blk, g], k_smem, kv_bar.at[0])
-            plgpu.copy_gmem_to_smem(v_ref.at[b, blk, g], v_smem, kv_bar.at[1])
-        plgpu.barrier_wait(kv_bar.at[0])
-        plgpu.barrier_wait(kv_bar.at[1])
-        dk = plgpu.layout_cast(jnp.zeros((KEYS, D), jnp.float32), plgpu.Layout.WGMMA)
-        dv = plgpu.layout_cast(jnp.zeros((KEYS, Dv), jnp.float32), plgpu.Layout.WGMMA)
-
-        def step(it, carry, diagonal: bool):
-            dk, dv = carry
-            slot = lax.rem(it, jnp.int32(stages))
-            mine = slot * 2 + wg
-            qs, dos = q_smem.at[slot, wg], do_smem.at[slot, wg]
-            plgpu.barrier_wait(q_bar.at[mine])
-
-            def scores(acc_ref):
-                plgpu.wgmma(acc_ref, k_smem, qs.T)
-                return acc_ref[...]
-
-            st = pl.run_scoped(scores, plgpu.ACC((KEYS, ROWS), jnp.float32))
-            plgpu.barrier_wait(b_bar.at[slot])
-            plgpu.barrier_wait(rv_bar.at[mine])
-            x = st * c + bcast(cols(b_smem.at[slot]))
-            if diagonal:   # the tile is the block's own (64-row tiles, 64-key blocks)
-                r = plgpu.broadcasted_iota(jnp.int32, st.shape, 0, layout=plgpu.Layout.WGMMA)
-                col = plgpu.broadcasted_iota(jnp.int32, st.shape, 1, layout=plgpu.Layout.WGMMA)
-                x = jnp.where(r <= col, x, NEG_INF)
-            pt = jnp.exp2(x - bcast(cols(rv_smem.at[slot, wg, 0])))
-            plgpu.barrier_wait(do_bar.at[mine])
-
-            gs = bcast(cols(rv_smem.at[slot, wg, 2]))   # the rows' output scale (the gate)
-            ptg = (pt * gs).astype(dtype)
-
-            def dv_dpt(refs):
-                dv_ref, dpt_ref = refs
-                plgpu.wgmma(dv_ref, ptg, dos)               # dV += P^T (gs dO)
-                plgpu.wgmma(dpt_ref, v_smem, dos.T)
-
-            zeros = plgpu.layout_cast(jnp.zeros((KEYS, ROWS), jnp.float32), plgpu.Layout.WGMMA)
-            dv, dpt = pl.run_state(dv_dpt)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
-            dst = pt * (dpt * gs - bcast(cols(rv_smem.at[slot, wg, 1])))
-
-            def dk_step(acc_ref):
-                plgpu.wgmma(acc_ref, dst.astype(dtype), qs)
-
-            dk = pl.run_state(dk_step)(plgpu.ACC.init(dk))
-            plgpu.barrier_arrive(free.at[slot])      # this warpgroup is done with the slot
-            return dk, dv
-
-        carry = lax.fori_loop(0, ndiag, functools.partial(step, diagonal=True), (dk, dv))
-        dk, dv = lax.fori_loop(ndiag, count, functools.partial(step, diagonal=False), carry)
-
-        def meet():
-            plgpu.barrier_arrive(sync)
-            plgpu.barrier_wait(sync)
-
-        # the two warpgroups' partial sums: warpgroup 1 hands its dK, then its dV, to 0
-        for part, (acc, out_smem, s) in enumerate(((dk, k_smem, scale), (dv, v_smem, 1.0))):
-            @pl.when(wg == 1)
-            def _hand():
-                red_smem[...] = acc
-            meet()
-
-            @pl.when(wg == 0)
-            def _sum():
-                total = acc + plgpu.layout_cast(red_smem[...], plgpu.Layout.WGMMA)
-                out_smem[...] = (total * s).astype(dtype)
-            meet()
-
-        @pl.when(wg == 0)
-        def _store():
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[b, blk, g])
-            plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[b, blk, g])
-            plgpu.wait_smem_to_gmem(0)
-
-    @pl.when(wg == 2)
-    def _producer():
-        plgpu.set_max_registers(40, action="decrease")
-
-        def issue(it, slot):
-            u = lax.div(it, jnp.int32(hh))
-            pair = it - u * hh
-            rows = pl.ds(tiles_ref[b, g, j, u] * ROWS, ROWS)
-            plgpu.copy_gmem_to_smem(bias_ref.at[b, g, j, u], b_smem.at[slot], b_bar.at[slot])
-            for w in range(2):
-                hd = g * h + pair * 2 + w
-                mine = slot * 2 + w
-                plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hd], q_smem.at[slot, w],
-                                        q_bar.at[mine])
-                plgpu.copy_gmem_to_smem(rv_ref.at[b, hd, :, rows], rv_smem.at[slot, w],
-                                        rv_bar.at[mine])
-                plgpu.copy_gmem_to_smem(do_ref.at[b, rows, hd], do_smem.at[slot, w],
-                                        do_bar.at[mine])
-
-        for i in range(stages):
-            @pl.when(i < count)
-            def _first():
-                issue(i, i)
-
-        def refill(it, carry):
-            slot = lax.rem(it, jnp.int32(stages))
-            plgpu.barrier_wait(free.at[slot])
-            issue(it, slot)
-            return carry
-
-        lax.fori_loop(stages, count, refill, None)
-
-
-def sel_tiled_bwd_dkv_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, scale: float,
-                             interpret: bool, *, seg=None, stages: int = 2):
-    """dK, dV in k's / v's dtype [B,T,G,D] of the selection branch
-    (``selection_tiled.sel_tiled_bwd_dkv``'s values, rounded once) for the cotangent ``gs * do``,
-    from the forward's base-2 ``lse`` and ``delta = gs * rowsum(o * do)``; one CTA per (group,
-    key block, batch row) over the block's 64-row tile list (``tiled_index.tile_index``)."""
-    from nsa_jax.pallas.tiled_index import diagonal_counts, tile_index, words_by_block
-    _no_interpret(interpret, "sel_tiled_bwd_dkv_mosaic")
-    plgpu = _plgpu()
-    B, T, Hq, D = q.shape
-    G, Dv = k.shape[2], v.shape[-1]
-    Ts = cfg.num_sel_blocks(T)
-    table = member_table(idx, T, cfg, ROWS)
-    _, _, tiles, tcount = tile_index(idx, T, cfg, ROWS, table=table)
-    ndiag = diagonal_counts(tiles, tcount, ROWS, cfg, seg)
-    bias = row_bias(words_by_block(table, tiles))            # [B,G,Ts,nqt,ROWS]
-    rv = jnp.stack([lse, delta, gs], axis=-1).astype(jnp.float32).transpose(0, 2, 3, 1)
-
-    def nsa_sel_tiled_bwd_dkv_mgpu(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref,
-                                   bias_ref, do_ref, rv_ref, dk_ref, dv_ref):
-        t = _tiles(plgpu)
-        scratch = (plgpu.SMEM((KEYS, D), k.dtype, transforms=t),
-                   plgpu.SMEM((KEYS, Dv), v.dtype, transforms=t),
-                   plgpu.SMEM((stages, 2, ROWS, D), q.dtype, transforms=t),
-                   plgpu.SMEM((stages, 2, ROWS, Dv), q.dtype, transforms=t),
-                   plgpu.SMEM((stages, 2, 3, ROWS), jnp.float32),
-                   plgpu.SMEM((stages, ROWS), jnp.float32),
-                   plgpu.SMEM((KEYS, D), jnp.float32,   # the partial sums' handover (D = Dv)
-                              transforms=(plgpu.TilingTransform((8, 32)),
-                                          plgpu.SwizzleTransform(128))))
-        loaded = (plgpu.Barrier(num_barriers=2),) + (plgpu.Barrier(num_barriers=2 * stages),) * 3 \
-            + (plgpu.Barrier(num_barriers=stages),)
-        pl.run_scoped(
-            lambda *s: _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref,
-                                   bias_ref, do_ref, rv_ref, dk_ref, dv_ref, s, h=Hq // G,
-                                   stages=stages, c=float(scale * LOG2E), scale=float(scale),
-                                   dtype=q.dtype),
-            scratch, loaded, plgpu.Barrier(num_arrivals=2, num_barriers=stages),
-            plgpu.Barrier(num_arrivals=2), collective_axes="wg")
-
-    return plgpu.kernel(
-        nsa_sel_tiled_bwd_dkv_mgpu,
-        out_type=[jax.ShapeDtypeStruct((B, T, G, D), k.dtype),
-                  jax.ShapeDtypeStruct((B, T, G, Dv), v.dtype)],
-        grid=(G, Ts, B), grid_names=("group", "block", "batch"), num_threads=3,
-        thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True))(
-        tiles, tcount, ndiag, q, k, v, bias, do.astype(q.dtype), rv)
