@@ -162,6 +162,12 @@ def _rrmse(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def _require_hopper(T, Hq, G, D):
+    if mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG, None,
+                             False) is not None:
+        pytest.skip("needs a Hopper GPU")
+
+
 def _inputs(seed, B, T, Hq, G, D):
     args = random_inputs(seed, B, T, Hq, G, D, D, CFG, dtype=jnp.bfloat16)
     idx = jax.jit(lambda q, kc: ref.select_blocks(q, kc, CFG))(
@@ -178,9 +184,7 @@ def test_gpu_mosaic_forward_matches_reference_and_triton(T, Hq, G, D):
     every pair of a non-empty list) and a whole tile (rows 128-191 of batch row 0: an empty
     list)."""
     from nsa_jax.pallas.selection_tiled import sel_tiled_forward
-    if mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG, None,
-                             False) is not None:
-        pytest.skip("needs a Hopper GPU")
+    _require_hopper(T, Hq, G, D)
     B = 2
     args, idx = _inputs(T + Hq, B, T, Hq, G, D)
     idx = idx.at[1, 64:96].set(-1).at[0, 128:192].set(-1)
@@ -221,9 +225,7 @@ def test_gpu_mosaic_dq_matches_reference_and_triton(T, Hq, G, D):
     (relative RMSE <= 5e-3), with rows that selected nothing (dQ = 0 there)."""
     from nsa_jax.pallas.selection_tiled import sel_tiled_bwd_dq
     from nsa_jax.pallas.tiled_index import tile_lists
-    if mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG, None,
-                             False) is not None:
-        pytest.skip("needs a Hopper GPU")
+    _require_hopper(T, Hq, G, D)
     B = 2
     args, idx = _inputs(T + 3 * Hq, B, T, Hq, G, D)
     idx = idx.at[1, 64:96].set(-1).at[0, 128:192].set(-1)
@@ -267,9 +269,7 @@ def test_gpu_mosaic_dkv_matches_reference_and_triton(T, Hq, G, D):
     row bias in every pair of their tile)."""
     from nsa_jax.pallas.selection_tiled import sel_tiled_bwd_dkv
     from nsa_jax.pallas.tiled_index import tile_lists
-    if mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG, None,
-                             False) is not None:
-        pytest.skip("needs a Hopper GPU")
+    _require_hopper(T, Hq, G, D)
     B = 2
     args, idx = _inputs(T + 5 * Hq, B, T, Hq, G, D)
     idx = idx.at[1, 64:96].set(-1)
@@ -313,9 +313,7 @@ def test_gpu_full_nsa_with_mosaic_forward_bf16():
     reference: output and all 8 input gradients, relative RMSE <= 5e-3."""
     from nsa_jax.nsa import nsa_attention
     Hq, G, D, T, B = 12, 2, 64, 1024, 2
-    if mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG, None,
-                             False) is not None:
-        pytest.skip("needs a Hopper GPU")
+    _require_hopper(T, Hq, G, D)
     args, idx = _inputs(7, B, T, Hq, G, D)
     cot = jax.random.normal(jax.random.PRNGKey(8), (B, T, Hq, D)).astype(jnp.bfloat16)
     choices = KernelChoices(sel_impl="tiled", sel_tiled_fwd="mosaic", sel_tiled_dq="mosaic",

@@ -109,13 +109,15 @@ def row_bias(words, rows: int = ROWS):
     return jnp.where(bit != 0, 0.0, NEG_INF).astype(jnp.float32)
 
 
-def _program(nqt: int, h: int):
-    """(pair, query tile, batch row, warpgroup, KV group) of a CTA on grid (Hq / 2, nqt, B):
-    tiles run last to first in launch order (the last tiles list the most blocks)."""
+def _program(nqt: int, h: int, bcount_ref):
+    """(pair, query tile, batch row, warpgroup, KV group, listed blocks) of a CTA on grid
+    (Hq / 2, nqt, B): tiles run last to first in launch order (the last tiles list the most
+    blocks)."""
     pair = lax.axis_index("pair")
     qt = nqt - 1 - lax.axis_index("tile")
-    return pair, qt, lax.axis_index("batch"), lax.axis_index("wg"), lax.div(pair * 2,
-                                                                            jnp.int32(h))
+    b = lax.axis_index("batch")
+    g = lax.div(pair * 2, jnp.int32(h))
+    return pair, qt, b, lax.axis_index("wg"), g, bcount_ref[b, g, qt]
 
 
 def _turns(turn):
@@ -187,8 +189,7 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref
     (q_smem, k_smem, v_smem, b_smem, lse_smem), loaded, freed, turn = scoped
     q_bar, k_bar, v_bar, b_bar = loaded
     k_free, v_free = freed
-    pair, qt, b, wg, g = _program(nqt, h)
-    count = bcount_ref[b, g, qt]
+    pair, qt, b, wg, g, count = _program(nqt, h, bcount_ref)
     take_turn = _turns(turn)
 
     @pl.when(wg < 2)
@@ -254,11 +255,9 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref
         plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[b, hd, rows])
         plgpu.wait_smem_to_gmem(0)
 
-    @pl.when(wg == 2)
-    def _producer():
-        _produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count,
-                 ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)),
-                 stages=stages)
+    pl.when(wg == 2)(functools.partial(
+        _produce, blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count,
+        ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)), stages=stages))
 
 
 def _lists(idx, T: int, cfg: NSAConfig, seg):
@@ -341,8 +340,7 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
     (q_smem, do_smem, k_smem, v_smem, b_smem, rv_smem, dq_smem), loaded, freed, turn = scoped
     q_bar, do_bar, rv_bar, k_bar, v_bar, b_bar = loaded
     k_free, v_free = freed
-    pair, qt, b, wg, g = _program(nqt, h)
-    count = bcount_ref[b, g, qt]
+    pair, qt, b, wg, g, count = _program(nqt, h, bcount_ref)
     take_turn = _turns(turn)
 
     @pl.when(wg < 2)
@@ -404,11 +402,9 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
         plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, rows, hd])
         plgpu.wait_smem_to_gmem(0)
 
-    @pl.when(wg == 2)
-    def _producer():
-        _produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count,
-                 ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)),
-                 stages=stages)
+    pl.when(wg == 2)(functools.partial(
+        _produce, blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count,
+        ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)), stages=stages))
 
 
 def sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, scale: float,
