@@ -96,7 +96,7 @@ def test_row_bias_is_each_rows_membership():
 
 def _fake_hopper(monkeypatch, cc="9.0"):
     dev = types.SimpleNamespace(platform="gpu", compute_capability=cc, device_kind="fake GPU")
-    monkeypatch.setattr(mt.jax, "devices", lambda *a: [dev])
+    monkeypatch.setattr(mt, "default_device", lambda: dev)
 
 
 def test_mosaic_unsupported_names_each_reason(monkeypatch):
@@ -146,6 +146,42 @@ def test_tiled_backend_resolves_and_fails_by_key(monkeypatch, key):
     assert tiled_backend(key, None, f32, wk, wk, CFG, None, False) == "triton"
     with pytest.raises(ValueError, match=rf"kernel\.{key}.*bf16/fp16"):
         tiled_backend(key, ch("mosaic"), f32, wk, wk, CFG, None, False)
+
+
+@pytest.mark.parametrize("Hq,D,want", [
+    (12, 64, {"nsa_sel_tiled_bwd_dkv_mgpu"}),
+    (8, 128, {"nsa_sel_tiled_fwd_mgpu", "nsa_sel_tiled_bwd_dq_mgpu", "nsa_sel_tiled_bwd_dkv_mgpu"}),
+])
+def test_op_runs_the_mosaic_kernels_auto_picks(monkeypatch, Hq, D, want):
+    """The whole op's fwd+bwd lowered for CUDA on a (faked) Hopper with the default choices: the
+    tiled kernels "auto" measured faster on Mosaic GPU are Mosaic GPU kernels and the others
+    Triton (64-wide heads: dK/dV only; 128-wide: all three). Compressed and window branches on
+    their Pallas kernels (cuDNN does not lower without a GPU)."""
+    import re
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import triton_ir
+    import nsa_jax.pallas.nsa as pnsa
+    _fake_hopper(monkeypatch)
+    B, T, G = 1, 1024, 2
+    Tc = CFG.num_cmp_blocks(T)
+    shapes = [S(B, T, Hq, D), S(B, Tc, G, D), S(B, Tc, G, D)] + [S(B, T, G, D)] * 4 + \
+        [S(B, T, Hq, 3)]
+    ch = KernelChoices(sel_impl="tiled", cmp_attn="pallas", win_attn="pallas")
+
+    def f(*a):
+        o, vjp = jax.vjp(lambda *x: pnsa.nsa_attention_pallas(*x, CFG, choices=ch), *a)
+        return o, vjp(o)
+
+    with triton_ir.compiled():
+        text = jax.jit(f).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+    triton = {p.split('"')[0] for p in text.split('name = "')[1:]}
+    mosaic = set(re.findall(r"nsa_sel_tiled_\w*?_mgpu", text))
+    assert mosaic == want, mosaic
+    every = {"nsa_sel_tiled_fwd", "nsa_sel_tiled_bwd_dq", "nsa_sel_tiled_bwd_dkv"}
+    assert triton & every == {n for n in every if n + "_mgpu" not in want}, triton
+    assert {"nsa_local_fwd", "nsa_cmp_fwd"} <= triton, triton
 
 
 @pytest.mark.parametrize("key", ["sel_tiled_fwd", "sel_tiled_dq", "sel_tiled_dkv"])

@@ -74,6 +74,11 @@ def plgpu_module():
     return plgpu
 
 
+def default_device():
+    """The device the kernels would run on (jax's first; a seam for the CPU tests)."""
+    return jax.devices()[0]
+
+
 def mosaic_unsupported(q, k, v, cfg: NSAConfig, seg, interpret: bool) -> str | None:
     """None where this kernel runs these operands, else why not (for the error of an explicit
     choice and for "auto" to pass over it)."""
@@ -81,7 +86,7 @@ def mosaic_unsupported(q, k, v, cfg: NSAConfig, seg, interpret: bool) -> str | N
     G, Dv = k.shape[2], v.shape[-1]
     if interpret:
         return "it needs a GPU (Mosaic GPU has no interpret mode here)"
-    dev = jax.devices()[0]
+    dev = default_device()
     cc = getattr(dev, "compute_capability", None)
     if dev.platform != "gpu" or cc is None or not str(cc).startswith("9"):
         return f"it needs a Hopper GPU (compute capability 9.x), got {dev.device_kind}"
