@@ -184,6 +184,36 @@ def test_op_runs_the_mosaic_kernels_auto_picks(monkeypatch, Hq, D, want):
     assert {"nsa_local_fwd", "nsa_cmp_fwd"} <= triton, triton
 
 
+def test_backward_hands_its_index_to_the_other_kernels():
+    """``sel_tiled_backward`` gives a dq_kernel / dkv_kernel the lists it built (with their tile
+    height), and ``index_lists`` reuses them at 64-row tiles and builds its own otherwise: one
+    index per backward where the heights agree."""
+    from nsa_jax.pallas.selection_tiled import sel_tiled_backward
+    from nsa_jax.pallas.tiled_index import tile_lists
+    B, T, Hq, G, D = 1, 128, 2, 1, 16
+    q = jnp.zeros((B, T, Hq, D), jnp.float32)
+    k = jnp.zeros((B, T, G, D), jnp.float32)
+    idx = jnp.zeros((B, T, G, CFG.n_sel), jnp.int32).at[..., 1].set(1)
+    seen = {}
+
+    def fake_dq(q, k, v, idx, do, gs, lse, delta, cfg, scale, interpret, **kw):
+        seen.update(kw)
+        return jnp.zeros(q.shape, jnp.float32)
+
+    for bq in (64, 32):
+        bs = BlockSizes(sel_tile_q=bq)
+        sel_tiled_backward(q, k, k, idx, q, jnp.zeros((B, T, Hq)), q, None, CFG, bs, 0.1, True,
+                           dq_kernel=fake_dq)
+        height, built = seen["lists"]
+        assert height == bq and seen["seg"] is None
+        want = tile_lists(idx, T, CFG, bq, None)
+        assert jax.tree.all(jax.tree.map(lambda a, b_: bool(jnp.array_equal(a, b_)), built, want))
+        got = mt.index_lists(idx, T, CFG, None, seen["lists"])
+        assert (got is built) == (bq == mt.ROWS)
+        if bq != mt.ROWS:   # built at 64 rows instead
+            assert got[0][0].shape[2] == T // mt.ROWS
+
+
 @pytest.mark.parametrize("key", ["sel_tiled_fwd", "sel_tiled_dq", "sel_tiled_dkv"])
 def test_kernel_choices_reject_unknown_tiled_backend(key):
     with pytest.raises(ValueError, match=f"kernel.{key}"):

@@ -265,9 +265,24 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref
         ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)), stages=stages))
 
 
-def _lists(idx, T: int, cfg: NSAConfig, seg):
+def index_lists(idx, T: int, cfg: NSAConfig, seg, lists=None):
+    """``tiled_index.tile_lists`` at this module's 64-row tiles: ``lists`` = (bq, its result)
+    from a caller that built them already (``selection_tiled.sel_tiled_backward`` for its Triton
+    kernels), reused when bq is 64, else built here."""
+    if lists is not None and lists[0] == ROWS:
+        return lists[1]
+    return tile_lists(idx, T, cfg, ROWS, seg)
+
+
+def row_vectors(lse, delta, gs):
+    """The backward kernels' per-row operands as one float32 [B,Hq,3,T] array (lse, delta, gs;
+    T minor, so a tile's [3, 64] is one TMA copy)."""
+    return jnp.stack([lse, delta, gs], axis=-1).astype(jnp.float32).transpose(0, 2, 3, 1)
+
+
+def _lists(idx, T: int, cfg: NSAConfig, seg, lists=None):
     """The 64-row tiles' block lists, full-pair counts and row bias (``tiled_index``)."""
-    (blocks, bcount, _, _), table = tile_lists(idx, T, cfg, ROWS, seg)
+    (blocks, bcount, _, _), table = index_lists(idx, T, cfg, seg, lists)
     nfull = full_counts(blocks, bcount, ROWS, cfg, seg)
     return blocks, bcount, nfull, row_bias(words_by_tile(table, blocks))  # bias [B,G,nqt,Ts,64]
 
@@ -413,20 +428,21 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
 
 
 def sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, scale: float,
-                            interpret: bool, *, seg=None, stages: int = STAGES):
+                            interpret: bool, *, seg=None, lists=None, stages: int = STAGES):
     """dQ float32 [B,T,Hq,Dk] of the selection branch (``selection_tiled.sel_tiled_bwd_dq``'s
-    values; its own 64-row lists from ``idx``) for the cotangent ``gs * do``, from the forward's
-    base-2 ``lse`` and ``delta = gs * rowsum(o * do)`` (float32 [B,T,Hq] each)."""
+    values; 64-row lists from ``idx``, or ``lists`` as :func:`index_lists` takes them) for the
+    cotangent ``gs * do``, from the forward's base-2 ``lse`` and ``delta = gs * rowsum(o * do)``
+    (float32 [B,T,Hq] each)."""
     no_interpret(interpret, "sel_tiled_bwd_dq_mosaic")
     plgpu = plgpu_module()
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     nqt = cdiv(T, ROWS)
-    blocks, bcount, nfull, bias = _lists(idx, T, cfg, seg)
+    blocks, bcount, nfull, bias = _lists(idx, T, cfg, seg, lists)
     # 128-wide heads: q, dO, the float32 dQ staging and 3 K/V slots would pass the 227 KB of
     # shared memory by ~200 bytes; 2 slots there.
     stages = _stages(min(stages, 2) if max(D, Dv) >= 128 else stages, cfg, T)
-    rv = jnp.stack([lse, delta, gs], axis=-1).astype(jnp.float32).transpose(0, 2, 3, 1)
+    rv = row_vectors(lse, delta, gs)
 
     def nsa_sel_tiled_bwd_dq_mgpu(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
                                   bias_ref, do_ref, rv_ref, dq_ref):

@@ -29,9 +29,9 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import LOG2E, NEG_INF
-from nsa_jax.pallas.mosaic_tiled import KEYS, ROWS, no_interpret, plgpu_module, smem_tiles, row_bias
-from nsa_jax.pallas.tiled_index import (diagonal_counts, member_table, tile_index,
-                                        words_by_block)
+from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, index_lists, no_interpret, plgpu_module,
+                                         row_bias, row_vectors, smem_tiles)
+from nsa_jax.pallas.tiled_index import diagonal_counts, words_by_block
 
 
 def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, bias_ref, do_ref, rv_ref,
@@ -176,21 +176,21 @@ def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, bias_ref,
 
 
 def sel_tiled_bwd_dkv_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, scale: float,
-                             interpret: bool, *, seg=None, stages: int = 2):
+                             interpret: bool, *, seg=None, lists=None, stages: int = 2):
     """dK, dV in k's / v's dtype [B,T,G,D] of the selection branch
     (``selection_tiled.sel_tiled_bwd_dkv``'s values, rounded once) for the cotangent ``gs * do``,
     from the forward's base-2 ``lse`` and ``delta = gs * rowsum(o * do)``; one CTA per (group,
-    key block, batch row) over the block's 64-row tile list (``tiled_index.tile_index``)."""
+    key block, batch row) over the block's 64-row tile list (``tiled_index.tile_index``;
+    ``lists`` as ``mosaic_tiled.index_lists`` takes them)."""
     no_interpret(interpret, "sel_tiled_bwd_dkv_mosaic")
     plgpu = plgpu_module()
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     Ts = cfg.num_sel_blocks(T)
-    table = member_table(idx, T, cfg, ROWS)
-    _, _, tiles, tcount = tile_index(idx, T, cfg, ROWS, table=table)
+    (_, _, tiles, tcount), table = index_lists(idx, T, cfg, seg, lists)
     ndiag = diagonal_counts(tiles, tcount, ROWS, cfg, seg)
     bias = row_bias(words_by_block(table, tiles))            # [B,G,Ts,nqt,ROWS]
-    rv = jnp.stack([lse, delta, gs], axis=-1).astype(jnp.float32).transpose(0, 2, 3, 1)
+    rv = row_vectors(lse, delta, gs)
 
     def nsa_sel_tiled_bwd_dkv_mgpu(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref,
                                    bias_ref, do_ref, rv_ref, dk_ref, dv_ref):

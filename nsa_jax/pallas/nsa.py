@@ -225,11 +225,12 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
         sel_fwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
                                     q.dtype)[0]
         kw = {"return_index": True} if sel_fwd is sel_forward_block else {}
+        ksp, vsp = pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp)
         if sel_fwd is sel_tiled_forward and tiled_backend(
-                "sel_tiled_fwd", st.choices, qp, k_slc, v_slc, cfg, seg, interpret) == "mosaic":
+                "sel_tiled_fwd", st.choices, qp, ksp, vsp, cfg, seg, interpret) == "mosaic":
             sel_fwd = mosaic_tiled.sel_tiled_forward_mosaic
-        o_s, lse_s, *index = sel_fwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, cfg, bs,
-                                     scale, interpret, choices=st.choices, seg=seg, **kw)
+        o_s, lse_s, *index = sel_fwd(qp, ksp, vsp, idx, cfg, bs, scale, interpret,
+                                     choices=st.choices, seg=seg, **kw)
         o_slc = o_s[..., :Dv]
         # index: the block forward's, for the backward; o_s kept in q's dtype if 16-bit
         res["slc"] = (idx, o_s.astype(stored_dtype(q.dtype)), lse_s, index)
@@ -279,20 +280,20 @@ def _nsa_bwd(st: _Static, resid, dout):
         dgates[1] = _gate_sum(o_s[..., :Dv], dout32)
         sel_bwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
                                     q.dtype)[1]
+        ksp, vsp = pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp)
         kw = {}
         if index and sel_bwd is sel_backward_block:
             kw = {"index": index[0]}           # the forward's indices, one per slot pass
         elif index and len(index[0]) == 1 and not atomic_mode(st.choices):
             kw = {"index": index[0][0]}        # query dQ + inverted dK/dV: one pass's index
         elif sel_bwd is sel_tiled_backward:
-            mosaic = {key: tiled_backend(f"sel_tiled_{key}", st.choices, qp, k_slc, v_slc, cfg,
-                                         seg, interpret) == "mosaic" for key in ("dq", "dkv")}
+            mosaic = {key: tiled_backend(f"sel_tiled_{key}", st.choices, qp, ksp, vsp, cfg, seg,
+                                         interpret) == "mosaic" for key in ("dq", "dkv")}
             kw = {"dq_kernel": mosaic_tiled.sel_tiled_bwd_dq_mosaic if mosaic["dq"] else None,
                   "dkv_kernel": (mosaic_tiled_dkv.sel_tiled_bwd_dkv_mosaic if mosaic["dkv"]
                                  else None)}
-        dq_s, dks, dvs = sel_bwd(qp, pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp), idx, o_s, lse_s,
-                                 dop, g[..., 1], cfg, bs, scale, interpret, choices=st.choices,
-                                 seg=seg, **kw)
+        dq_s, dks, dvs = sel_bwd(qp, ksp, vsp, idx, o_s, lse_s, dop, g[..., 1], cfg, bs, scale,
+                                 interpret, choices=st.choices, seg=seg, **kw)
         dq = dq + dq_s
     dq = dq[..., :Dk]
     if "win" in res:

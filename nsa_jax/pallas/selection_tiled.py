@@ -458,20 +458,23 @@ def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     per-row scale, None = 1; ``seg`` as ``sel_tiled_forward``); ``choices.f32_dot`` sets float32
     dot precision. ``dq_kernel`` / ``dkv_kernel``: other dQ / dK, dV kernels of
     ``mosaic_tiled.sel_tiled_bwd_dq_mosaic``'s signature (None: ``sel_tiled_bwd_dq`` /
-    ``sel_tiled_bwd_dkv``)."""
+    ``sel_tiled_bwd_dkv``); they get the lists built here with their tile height (``lists``),
+    so that the two kernels of one backward build the index once when the heights agree."""
     B, T, Hq, _ = q.shape
     gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
-    (blocks, bcount, tiles, tcount), table = tile_lists(idx, T, cfg, bs.sel_tile_q, seg)
+    built = tile_lists(idx, T, cfg, bs.sel_tile_q, seg)
+    (blocks, bcount, tiles, tcount), table = built
+    other = dict(seg=seg, lists=(bs.sel_tile_q, built))   # the dq_kernel / dkv_kernel keywords
     args = (do, gs, lse, delta, cfg, bs, scale, interpret)
     if dq_kernel is None:
         dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, *args, choices=choices, seg=seg,
                               table=table)
     else:
-        dq = dq_kernel(q, k, v, idx, do, gs, lse, delta, cfg, scale, interpret, seg=seg)
+        dq = dq_kernel(q, k, v, idx, do, gs, lse, delta, cfg, scale, interpret, **other)
     if dkv_kernel is None:
         dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args, choices=choices, seg=seg,
                                    table=table)
     else:
-        dk, dv = dkv_kernel(q, k, v, idx, do, gs, lse, delta, cfg, scale, interpret, seg=seg)
+        dk, dv = dkv_kernel(q, k, v, idx, do, gs, lse, delta, cfg, scale, interpret, **other)
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)
