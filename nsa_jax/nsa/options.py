@@ -17,7 +17,7 @@ SCORE_DOTS = ("ieee", "tf32x3")
 SCORE_HEADS = ("auto", "rows", "loop")
 F32_DOTS = ("ieee", "tf32")
 CMP_ATTNS = ("auto", "pallas", "cudnn", "xla")
-WIN_ATTNS = ("auto", "cudnn", "pallas")
+WIN_ATTNS = ("auto", "cudnn", "pallas", "mosaic")
 TILED_BACKENDS = ("auto", "triton", "mosaic")
 
 
@@ -127,10 +127,12 @@ class KernelChoices:
     win_attn:           sliding-window branch of unpacked rows: "cudnn" (cuDNN's fused attention
                         with a local window; bf16/fp16 on a GPU, equal head dims <= 128),
                         "pallas" (the document-local FlashAttention kernel of ``nsa_jax/pallas/
-                        local.py`` with one document per row; in interpret mode on the CPU) or
-                        "auto" (cudnn where it applies, else the Pallas kernel on a GPU and
-                        masked XLA attention on the CPU). Packed rows always take the
-                        document-local kernel.
+                        local.py`` with one document per row; in interpret mode on the CPU),
+                        "mosaic" (the tiled Mosaic GPU kernels on the window's block lists,
+                        ``nsa_jax/pallas/mosaic_window.py``: Hopper, bf16/fp16, head dims 64 /
+                        128, even h, T and w multiples of 64) or "auto" (cudnn where it applies,
+                        else the Pallas kernel on a GPU and masked XLA attention on the CPU).
+                        Packed rows always take the document-local kernel.
     """
     sel_impl: str = "auto"
     sel_tiled_max_t: int = 4096

@@ -79,9 +79,10 @@ def default_device():
     return jax.devices()[0]
 
 
-def mosaic_unsupported(q, k, v, cfg: NSAConfig, seg, interpret: bool) -> str | None:
-    """None where this kernel runs these operands, else why not (for the error of an explicit
-    choice and for "auto" to pass over it)."""
+def operands_unsupported(q, k, v, interpret: bool) -> str | None:
+    """None where the 64 x 64-tile Mosaic GPU kernels (this module's, ``mosaic_tiled_dkv``,
+    ``mosaic_window``) run these operands, else why not: a Hopper GPU, compiled, bf16/fp16,
+    equal head dims of 64 or 128, an even number of heads per KV group, T % 64 = 0."""
     Hq, Dk = q.shape[2], q.shape[-1]
     G, Dv = k.shape[2], v.shape[-1]
     if interpret:
@@ -98,6 +99,16 @@ def mosaic_unsupported(q, k, v, cfg: NSAConfig, seg, interpret: bool) -> str | N
         return f"it takes groups of an even number of heads, got h = {Hq // G}"
     if q.shape[1] % ROWS:
         return f"it takes T a multiple of {ROWS}, got T = {q.shape[1]}"
+    return None
+
+
+def mosaic_unsupported(q, k, v, cfg: NSAConfig, seg, interpret: bool) -> str | None:
+    """None where the tiled selection kernels run these operands (:func:`operands_unsupported`,
+    l' = 64, unpacked rows), else why not (for the error of an explicit choice and for "auto"
+    to pass over it)."""
+    why = operands_unsupported(q, k, v, interpret)
+    if why is not None:
+        return why
     if cfg.sel_block != KEYS:
         return f"it takes selection blocks of l' = {KEYS} keys, got {cfg.sel_block}"
     if seg is not None:
@@ -137,8 +148,9 @@ def _turns(turn):
 
 
 def _produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count, ring, *, stages: int):
-    """The producer warpgroup: TMA copies of each listed block's K (with the pair's row bias)
-    and V into ``stages`` ring slots, each refilled once both compute warpgroups freed it."""
+    """The producer warpgroup: TMA copies of each listed block's K (with the pair's row bias;
+    none when ``bias_ref`` is None) and V into ``stages`` ring slots, each refilled once both
+    compute warpgroups freed it."""
     plgpu = plgpu_module()
     plgpu.set_max_registers(40, action="decrease")
     (k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free) = ring
@@ -146,7 +158,8 @@ def _produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count, ring, *, stage
     def keys(u, slot):
         blk = pl.ds(blocks_ref[b, g, qt, u] * KEYS, KEYS)
         plgpu.copy_gmem_to_smem(k_ref.at[b, blk, g], k_smem.at[slot], k_bar.at[slot])
-        plgpu.copy_gmem_to_smem(bias_ref.at[b, g, qt, u], b_smem.at[slot], b_bar.at[slot])
+        if bias_ref is not None:
+            plgpu.copy_gmem_to_smem(bias_ref.at[b, g, qt, u], b_smem.at[slot], b_bar.at[slot])
 
     def values(u, slot):
         blk = pl.ds(blocks_ref[b, g, qt, u] * KEYS, KEYS)
@@ -169,16 +182,42 @@ def _produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count, ring, *, stage
     lax.fori_loop(stages, count, refill, None)
 
 
-def _logits(s, bias, c: float, diagonal: bool, j, qt):
+def _logits(s, bias, c: float, masked: bool, j, qt, window: int | None = None):
     """Base-2 logits of one (tile, block) pair from the raw dot s = Q K_j^T [64, 64]: s * c plus
-    the row bias, and on the diagonal pair the causal mask key <= row."""
+    the row bias (None: no bias), and on a masked pair the causal mask key <= row, with a
+    ``window`` also key > row - window (the sliding window, ``semantics.window_visible``)."""
     plgpu = plgpu_module()
-    x = s * c + lax.broadcast_in_dim(bias, s.shape, [0])
-    if diagonal:
+    x = s * c
+    if bias is not None:
+        x = x + lax.broadcast_in_dim(bias, s.shape, [0])
+    if masked:
         r = plgpu.broadcasted_iota(jnp.int32, s.shape, 0, layout=plgpu.Layout.WGMMA)
         col = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
-        x = jnp.where(col + j * KEYS <= r + qt * ROWS, x, NEG_INF)
+        key, row = col + j * KEYS, r + qt * ROWS
+        vis = key <= row
+        if window is not None:
+            vis = vis & (key > row - window)
+        x = jnp.where(vis, x, NEG_INF)
     return x
+
+
+def walk(step, carry, nedge, nfull, count):
+    """A tile's listed blocks in three runs: [0, nedge) masked (the window's first block; nedge
+    None: no such run), [nedge, nfull) unmasked (blocks wholly visible to every row), [nfull,
+    count) masked (the diagonal)."""
+    if nedge is not None:
+        carry = lax.fori_loop(0, nedge, functools.partial(step, masked=True), carry)
+    carry = lax.fori_loop(0 if nedge is None else nedge, nfull,
+                          functools.partial(step, masked=False), carry)
+    return lax.fori_loop(nfull, count, functools.partial(step, masked=True), carry)
+
+
+def edge_count(qt, window: int | None):
+    """How many listed blocks of tile ``qt`` open the window (masked by key > row - w): the
+    first, when the window starts inside the tile's lists (qt >= w / 64); None without one."""
+    if window is None:
+        return None
+    return (qt >= window // KEYS).astype(jnp.int32)
 
 
 def _rows_vec(ref):
@@ -187,9 +226,18 @@ def _rows_vec(ref):
     return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1))
 
 
+def _bias(b_bar, b_smem, slot, bias_ref):
+    """The pair's row bias from its ring slot, once loaded (None: the kernel takes none)."""
+    if bias_ref is None:
+        return None
+    plgpu_module().barrier_wait(b_bar.at[slot])
+    return _rows_vec(b_smem.at[slot])
+
+
 # ---- forward -----------------------------------------------------------------------------------
 def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, o_ref, lse_ref,
-                scoped, *, h: int, dv: int, stages: int, c: float, nqt: int, dtype):
+                scoped, *, h: int, dv: int, stages: int, c: float, nqt: int, dtype,
+                window: int | None = None):
     plgpu = plgpu_module()
     (q_smem, k_smem, v_smem, b_smem, lse_smem), loaded, freed, turn = scoped
     q_bar, k_bar, v_bar, b_bar = loaded
@@ -211,7 +259,7 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref
         acc = plgpu.layout_cast(jnp.zeros((ROWS, dv), jnp.float32), plgpu.Layout.WGMMA)
         pl.when(wg == 1)(take_turn)
 
-        def step(u, carry, diagonal: bool):
+        def step(u, carry, masked: bool):
             acc, m, lsum = carry
             slot = lax.rem(u, jnp.int32(stages))
             plgpu.barrier_wait(k_bar.at[slot])
@@ -222,10 +270,10 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref
                 return acc_ref[...]
 
             s = pl.run_scoped(qk, plgpu.ACC((ROWS, KEYS), jnp.float32))
-            plgpu.barrier_wait(b_bar.at[slot])
-            bias = _rows_vec(b_smem.at[slot])
+            bias = _bias(b_bar, b_smem, slot, bias_ref)
             plgpu.barrier_arrive(k_free.at[slot])     # K and the bias slot are read
-            x = _logits(s, bias, c, diagonal, blocks_ref[b, g, qt, u] if diagonal else None, qt)
+            x = _logits(s, bias, c, masked, blocks_ref[b, g, qt, u] if masked else None, qt,
+                        window)
             m_new = jnp.maximum(m, x.max(axis=1))
             m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
             alpha = jnp.exp2(m - m_safe)
@@ -245,9 +293,8 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref
             plgpu.barrier_arrive(v_free.at[slot])
             return acc, m_new, lsum
 
-        nfull = nfull_ref[b, g, qt]
-        carry = lax.fori_loop(0, nfull, functools.partial(step, diagonal=False), (acc, m, lsum))
-        acc, m, lsum = lax.fori_loop(nfull, count, functools.partial(step, diagonal=True), carry)
+        acc, m, lsum = walk(step, (acc, m, lsum), edge_count(qt, window), nfull_ref[b, g, qt],
+                            count)
         pl.when(wg == 0)(take_turn)
 
         has = lsum > 0.0
@@ -317,6 +364,41 @@ def _stages(stages: int, cfg: NSAConfig, T: int) -> int:
     return max(2, min(int(stages), cfg.num_sel_blocks(T)))
 
 
+def forward_call(q, k, v, lists, scale: float, *, stages: int, name: str,
+                 window: int | None = None):
+    """Launch the forward kernel on 64-row tile ``lists`` = (blocks, bcount, nfull, bias or None;
+    ``tiled_index``'s layout) -> o in q's dtype [B,T,Hq,Dv], base-2 lse float32 [B,T,Hq].
+    ``window``: the pairs' masks also keep key > row - window (``walk``); ``name``: the
+    kernel's name in profiles."""
+    plgpu = plgpu_module()
+    B, T, Hq, D = q.shape
+    G, Dv = k.shape[2], v.shape[-1]
+    nqt = cdiv(T, ROWS)
+    blocks, bcount, nfull, bias = lists
+    operands = (blocks, bcount, nfull, q, k, v) + (() if bias is None else (bias,))
+
+    def body(*refs):
+        (blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref), rest = refs[:6], refs[6:]
+        bias_ref = None if bias is None else rest[0]
+        o_ref, lse_ref = rest[-2:]
+        ring, loaded, freed = _ring(plgpu, stages, q.dtype, D, Dv)
+        scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=smem_tiles(plgpu)),) + ring + \
+            (plgpu.SMEM((2, ROWS), jnp.float32),)
+        pl.run_scoped(
+            lambda *s: _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
+                                   bias_ref, o_ref, lse_ref, s, h=Hq // G, dv=Dv, stages=stages,
+                                   c=float(scale * LOG2E), nqt=nqt, dtype=q.dtype,
+                                   window=window),
+            scratch, (plgpu.Barrier(num_barriers=2),) + loaded, freed,
+            plgpu.Barrier(num_arrivals=2), collective_axes="wg")
+
+    body.__name__ = name
+    o, lse_t = _launch(plgpu, body,
+                       [jax.ShapeDtypeStruct((B, T, Hq, Dv), q.dtype),
+                        jax.ShapeDtypeStruct((B, Hq, T), jnp.float32)], Hq, nqt, B)(*operands)
+    return o, jnp.swapaxes(lse_t, 1, 2)
+
+
 def sel_tiled_forward_mosaic(q, k, v, idx, cfg: NSAConfig, bs, scale: float, interpret: bool,
                              *, choices=None, seg=None, stages: int = STAGES):
     """Same contract as ``selection_tiled.sel_tiled_forward`` except that o comes in q's dtype:
@@ -325,35 +407,14 @@ def sel_tiled_forward_mosaic(q, k, v, idx, cfg: NSAConfig, bs, scale: float, int
     for the shared signature (the tiles are fixed: 64 rows, 64 keys)."""
     del bs, choices
     no_interpret(interpret, "sel_tiled_forward_mosaic")
-    plgpu = plgpu_module()
-    B, T, Hq, D = q.shape
-    G, Dv = k.shape[2], v.shape[-1]
-    nqt = cdiv(T, ROWS)
-    blocks, bcount, nfull, bias = _lists(idx, T, cfg, seg)
-    stages = _stages(stages, cfg, T)
-
-    def nsa_sel_tiled_fwd_mgpu(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
-                               o_ref, lse_ref):
-        ring, loaded, freed = _ring(plgpu, stages, q.dtype, D, Dv)
-        scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=smem_tiles(plgpu)),) + ring + \
-            (plgpu.SMEM((2, ROWS), jnp.float32),)
-        pl.run_scoped(
-            lambda *s: _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
-                                   bias_ref, o_ref, lse_ref, s, h=Hq // G, dv=Dv, stages=stages,
-                                   c=float(scale * LOG2E), nqt=nqt, dtype=q.dtype),
-            scratch, (plgpu.Barrier(num_barriers=2),) + loaded, freed,
-            plgpu.Barrier(num_arrivals=2), collective_axes="wg")
-
-    o, lse_t = _launch(plgpu, nsa_sel_tiled_fwd_mgpu,   # the kernel's name in profiles
-                       [jax.ShapeDtypeStruct((B, T, Hq, Dv), q.dtype),
-                        jax.ShapeDtypeStruct((B, Hq, T), jnp.float32)], Hq, nqt, B)(
-        blocks, bcount, nfull, q, k, v, bias)
-    return o, jnp.swapaxes(lse_t, 1, 2)
+    return forward_call(q, k, v, _lists(idx, q.shape[1], cfg, seg), scale,
+                        stages=_stages(stages, cfg, q.shape[1]), name="nsa_sel_tiled_fwd_mgpu")
 
 
 # ---- backward: dQ ------------------------------------------------------------------------------
 def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, do_ref, rv_ref,
-               dq_ref, scoped, *, h: int, stages: int, c: float, scale: float, nqt: int, dtype):
+               dq_ref, scoped, *, h: int, stages: int, c: float, scale: float, nqt: int, dtype,
+               window: int | None = None):
     """dQ of one tile for two heads: per listed block, s = Q K^T and dP = dO V^T (wgmma), P =
     exp2(logits - lse), dS = P * (dP * gs - delta), dQ += dS K (wgmma, dS from registers)."""
     plgpu = plgpu_module()
@@ -381,7 +442,7 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
                                plgpu.Layout.WGMMA)
         pl.when(wg == 1)(take_turn)
 
-        def step(u, dq, diagonal: bool):
+        def step(u, dq, masked: bool):
             slot = lax.rem(u, jnp.int32(stages))
             plgpu.barrier_wait(k_bar.at[slot])
             plgpu.barrier_wait(v_bar.at[slot])
@@ -395,9 +456,9 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
             s, dp = pl.run_scoped(scores, plgpu.ACC((ROWS, KEYS), jnp.float32),
                                   plgpu.ACC((ROWS, KEYS), jnp.float32))
             plgpu.barrier_arrive(v_free.at[slot])
-            plgpu.barrier_wait(b_bar.at[slot])
-            bias = _rows_vec(b_smem.at[slot])
-            x = _logits(s, bias, c, diagonal, blocks_ref[b, g, qt, u] if diagonal else None, qt)
+            bias = _bias(b_bar, b_smem, slot, bias_ref)
+            x = _logits(s, bias, c, masked, blocks_ref[b, g, qt, u] if masked else None, qt,
+                        window)
             p = jnp.exp2(x - lax.broadcast_in_dim(lse, x.shape, [0]))
             ds = p * (dp * lax.broadcast_in_dim(gs, dp.shape, [0])
                       - lax.broadcast_in_dim(delta, dp.shape, [0]))
@@ -413,9 +474,7 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
             plgpu.barrier_arrive(k_free.at[slot])      # K and the bias slot are read
             return dq
 
-        nfull = nfull_ref[b, g, qt]
-        dq = lax.fori_loop(0, nfull, functools.partial(step, diagonal=False), dq)
-        dq = lax.fori_loop(nfull, count, functools.partial(step, diagonal=True), dq)
+        dq = walk(step, dq, edge_count(qt, window), nfull_ref[b, g, qt], count)
         pl.when(wg == 0)(take_turn)
         dq_smem.at[wg][...] = dq * scale
         plgpu.commit_smem()
@@ -427,6 +486,46 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
         ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)), stages=stages))
 
 
+def dq_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
+            window: int | None = None):
+    """Launch the dQ kernel on 64-row tile ``lists`` (as :func:`forward_call`) with the rows'
+    [B,Hq,3,T] vectors ``rv`` (:func:`row_vectors`) -> dQ float32 [B,T,Hq,Dk]."""
+    plgpu = plgpu_module()
+    B, T, Hq, D = q.shape
+    G, Dv = k.shape[2], v.shape[-1]
+    nqt = cdiv(T, ROWS)
+    blocks, bcount, nfull, bias = lists
+    operands = (blocks, bcount, nfull, q, k, v) + (() if bias is None else (bias,)) + \
+        (do.astype(q.dtype), rv)
+
+    def body(*refs):
+        (blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref), rest = refs[:6], refs[6:]
+        bias_ref = None if bias is None else rest[0]
+        do_ref, rv_ref, dq_ref = rest[-3:]
+        ring, loaded, freed = _ring(plgpu, stages, q.dtype, D, Dv)
+        scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=smem_tiles(plgpu)),
+                   plgpu.SMEM((2, ROWS, Dv), q.dtype, transforms=smem_tiles(plgpu))) + ring + \
+            (plgpu.SMEM((2, 3, ROWS), jnp.float32),
+             plgpu.SMEM((2, ROWS, D), jnp.float32))
+        pl.run_scoped(
+            lambda *s: _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
+                                  bias_ref, do_ref, rv_ref, dq_ref, s, h=Hq // G, stages=stages,
+                                  c=float(scale * LOG2E), scale=float(scale), nqt=nqt,
+                                  dtype=q.dtype, window=window),
+            scratch, (plgpu.Barrier(num_barriers=2),) * 3 + loaded, freed,
+            plgpu.Barrier(num_arrivals=2), collective_axes="wg")
+
+    body.__name__ = name
+    return _launch(plgpu, body, jax.ShapeDtypeStruct((B, T, Hq, D), jnp.float32), Hq, nqt,
+                   B)(*operands)
+
+
+def dq_stages(stages: int, D: int, Dv: int) -> int:
+    """The dQ kernel's ring slots: at 128-wide heads q, dO, the float32 dQ staging and 3 K/V
+    slots would pass the 227 KB of shared memory by ~200 bytes, so 2 there."""
+    return min(stages, 2) if max(D, Dv) >= 128 else stages
+
+
 def sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, scale: float,
                             interpret: bool, *, seg=None, lists=None, stages: int = STAGES):
     """dQ float32 [B,T,Hq,Dk] of the selection branch (``selection_tiled.sel_tiled_bwd_dq``'s
@@ -434,31 +533,7 @@ def sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, sc
     cotangent ``gs * do``, from the forward's base-2 ``lse`` and ``delta = gs * rowsum(o * do)``
     (float32 [B,T,Hq] each)."""
     no_interpret(interpret, "sel_tiled_bwd_dq_mosaic")
-    plgpu = plgpu_module()
-    B, T, Hq, D = q.shape
-    G, Dv = k.shape[2], v.shape[-1]
-    nqt = cdiv(T, ROWS)
-    blocks, bcount, nfull, bias = _lists(idx, T, cfg, seg, lists)
-    # 128-wide heads: q, dO, the float32 dQ staging and 3 K/V slots would pass the 227 KB of
-    # shared memory by ~200 bytes; 2 slots there.
-    stages = _stages(min(stages, 2) if max(D, Dv) >= 128 else stages, cfg, T)
-    rv = row_vectors(lse, delta, gs)
-
-    def nsa_sel_tiled_bwd_dq_mgpu(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
-                                  bias_ref, do_ref, rv_ref, dq_ref):
-        ring, loaded, freed = _ring(plgpu, stages, q.dtype, D, Dv)
-        scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=smem_tiles(plgpu)),
-                   plgpu.SMEM((2, ROWS, Dv), do.dtype, transforms=smem_tiles(plgpu))) + ring + \
-            (plgpu.SMEM((2, 3, ROWS), jnp.float32),
-             plgpu.SMEM((2, ROWS, D), jnp.float32))
-        pl.run_scoped(
-            lambda *s: _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
-                                  bias_ref, do_ref, rv_ref, dq_ref, s, h=Hq // G, stages=stages,
-                                  c=float(scale * LOG2E), scale=float(scale), nqt=nqt,
-                                  dtype=q.dtype),
-            scratch, (plgpu.Barrier(num_barriers=2),) * 3 + loaded, freed,
-            plgpu.Barrier(num_arrivals=2), collective_axes="wg")
-
-    return _launch(plgpu, nsa_sel_tiled_bwd_dq_mgpu,
-                   jax.ShapeDtypeStruct((B, T, Hq, D), jnp.float32), Hq, nqt, B)(
-        blocks, bcount, nfull, q, k, v, bias, do.astype(q.dtype), rv)
+    T = q.shape[1]
+    stages = _stages(dq_stages(stages, q.shape[-1], v.shape[-1]), cfg, T)
+    return dq_call(q, k, v, do, row_vectors(lse, delta, gs), _lists(idx, T, cfg, seg, lists),
+                   scale, stages=stages, name="nsa_sel_tiled_bwd_dq_mgpu")

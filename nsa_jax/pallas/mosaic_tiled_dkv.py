@@ -34,15 +34,17 @@ from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, index_lists, no_interpret, 
 from nsa_jax.pallas.tiled_index import diagonal_counts, words_by_block
 
 
-def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, bias_ref, do_ref, rv_ref,
-                dk_ref, dv_ref, scoped, *, h: int, stages: int, c: float, scale: float,
-                dtype):
+def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, nlate_ref, q_ref, k_ref, v_ref, bias_ref,
+                do_ref, rv_ref, dk_ref, dv_ref, scoped, *, h: int, stages: int, c: float, scale: float,
+                dtype, window: int | None = None):
     """dK, dV of one key block (64 keys of one group) over the (query tile, head) pairs of its
     tile list: warpgroup w takes the heads of parity w, both walk the tiles together (one ring
     slot holds a tile's q, dO and row vectors for the two heads of a step), and the two partial
     sums meet in shared memory at the end. Keys-first: s^T = K Q^T, P^T = exp2(s^T c + bias -
     lse), dV += (P^T gs) dO, dP^T = V dO^T, dS^T = P^T (dP^T gs - delta), dK += dS^T Q (gs: the
-    rows' output scale, the branch gate)."""
+    rows' output scale, the branch gate). ``bias_ref`` None: no row bias; ``window``: the
+    block's tile list is its window's (the block's own tile, the tiles that see all of it, and
+    last the tile where the window opens, masked by key > row - window)."""
     plgpu = plgpu_module()
     wgmma_cols = plgpu.Layout.WGMMA.reduce(0)
     (k_smem, v_smem, q_smem, do_smem, rv_smem, b_smem, red_smem), loaded, free, sync = scoped
@@ -74,7 +76,7 @@ def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, bias_ref,
         dk = plgpu.layout_cast(jnp.zeros((KEYS, D), jnp.float32), plgpu.Layout.WGMMA)
         dv = plgpu.layout_cast(jnp.zeros((KEYS, Dv), jnp.float32), plgpu.Layout.WGMMA)
 
-        def step(it, carry, diagonal: bool):
+        def step(it, carry, masked: bool):
             dk, dv = carry
             slot = lax.rem(it, jnp.int32(stages))
             mine = slot * 2 + wg
@@ -86,13 +88,20 @@ def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, bias_ref,
                 return acc_ref[...]
 
             st = pl.run_scoped(scores, plgpu.ACC((KEYS, ROWS), jnp.float32))
-            plgpu.barrier_wait(b_bar.at[slot])
+            x = st * c
+            if bias_ref is not None:
+                plgpu.barrier_wait(b_bar.at[slot])
+                x = x + bcast(cols(b_smem.at[slot]))
             plgpu.barrier_wait(rv_bar.at[mine])
-            x = st * c + bcast(cols(b_smem.at[slot]))
-            if diagonal:   # the tile is the block's own (64-row tiles, 64-key blocks)
+            if masked:   # keys-first: rows are keys, columns the tile's queries
                 r = plgpu.broadcasted_iota(jnp.int32, st.shape, 0, layout=plgpu.Layout.WGMMA)
                 col = plgpu.broadcasted_iota(jnp.int32, st.shape, 1, layout=plgpu.Layout.WGMMA)
-                x = jnp.where(r <= col, x, NEG_INF)
+                key = r + j * KEYS
+                row = col + tiles_ref[b, g, j, lax.div(it, jnp.int32(hh))] * ROWS
+                vis = key <= row
+                if window is not None:
+                    vis = vis & (key > row - window)
+                x = jnp.where(vis, x, NEG_INF)
             pt = jnp.exp2(x - bcast(cols(rv_smem.at[slot, wg, 0])))
             plgpu.barrier_wait(do_bar.at[mine])
 
@@ -115,8 +124,14 @@ def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, bias_ref,
             plgpu.barrier_arrive(free.at[slot])      # this warpgroup is done with the slot
             return dk, dv
 
-        carry = lax.fori_loop(0, ndiag, functools.partial(step, diagonal=True), (dk, dv))
-        dk, dv = lax.fori_loop(ndiag, count, functools.partial(step, diagonal=False), carry)
+        # the block's own tile first (causal), then the tiles that see all of it, then (window)
+        # the tile where the window opens
+        nlate = count if window is None else nlate_ref[b, g, j] * hh
+        carry = lax.fori_loop(0, ndiag, functools.partial(step, masked=True), (dk, dv))
+        carry = lax.fori_loop(ndiag, nlate, functools.partial(step, masked=False), carry)
+        if window is not None:
+            carry = lax.fori_loop(nlate, count, functools.partial(step, masked=True), carry)
+        dk, dv = carry
 
         def meet():
             plgpu.barrier_arrive(sync)
@@ -150,7 +165,9 @@ def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, bias_ref,
             u = lax.div(it, jnp.int32(hh))
             pair = it - u * hh
             rows = pl.ds(tiles_ref[b, g, j, u] * ROWS, ROWS)
-            plgpu.copy_gmem_to_smem(bias_ref.at[b, g, j, u], b_smem.at[slot], b_bar.at[slot])
+            if bias_ref is not None:
+                plgpu.copy_gmem_to_smem(bias_ref.at[b, g, j, u], b_smem.at[slot],
+                                        b_bar.at[slot])
             for w in range(2):
                 hd = g * h + pair * 2 + w
                 mine = slot * 2 + w
@@ -175,25 +192,28 @@ def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, bias_ref,
         lax.fori_loop(stages, count, refill, None)
 
 
-def sel_tiled_bwd_dkv_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, scale: float,
-                             interpret: bool, *, seg=None, lists=None, stages: int = 2):
-    """dK, dV in k's / v's dtype [B,T,G,D] of the selection branch
-    (``selection_tiled.sel_tiled_bwd_dkv``'s values, rounded once) for the cotangent ``gs * do``,
-    from the forward's base-2 ``lse`` and ``delta = gs * rowsum(o * do)``; one CTA per (group,
-    key block, batch row) over the block's 64-row tile list (``tiled_index.tile_index``;
-    ``lists`` as ``mosaic_tiled.index_lists`` takes them)."""
-    no_interpret(interpret, "sel_tiled_bwd_dkv_mosaic")
+def dkv_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
+             window: int | None = None):
+    """Launch the dK/dV kernel on the blocks' 64-row tile ``lists`` = (tiles, tcount, ndiag,
+    nlate or None, bias or None; ``tiled_index``'s layout, nlate: where a window's last masked
+    run starts) with the rows' [B,Hq,3,T] vectors ``rv`` -> dK, dV in k's / v's dtype."""
     plgpu = plgpu_module()
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]
-    Ts = cfg.num_sel_blocks(T)
-    (_, _, tiles, tcount), table = index_lists(idx, T, cfg, seg, lists)
-    ndiag = diagonal_counts(tiles, tcount, ROWS, cfg, seg)
-    bias = row_bias(words_by_block(table, tiles))            # [B,G,Ts,nqt,ROWS]
-    rv = row_vectors(lse, delta, gs)
+    tiles, tcount, ndiag, nlate, bias = lists
+    Ts = tcount.shape[-1]
+    operands = (tiles, tcount, ndiag) + (() if nlate is None else (nlate,)) + (q, k, v) + \
+        (() if bias is None else (bias,)) + (do.astype(q.dtype), rv)
 
-    def nsa_sel_tiled_bwd_dkv_mgpu(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref,
-                                   bias_ref, do_ref, rv_ref, dk_ref, dv_ref):
+    def body(*refs):
+        refs = list(refs)
+        tiles_ref, tcount_ref, ndiag_ref = refs[:3]
+        del refs[:3]
+        nlate_ref = refs.pop(0) if nlate is not None else None
+        q_ref, k_ref, v_ref = refs[:3]
+        del refs[:3]
+        bias_ref = refs.pop(0) if bias is not None else None
+        do_ref, rv_ref, dk_ref, dv_ref = refs
         t = smem_tiles(plgpu)
         scratch = (plgpu.SMEM((KEYS, D), k.dtype, transforms=t),
                    plgpu.SMEM((KEYS, Dv), v.dtype, transforms=t),
@@ -207,17 +227,33 @@ def sel_tiled_bwd_dkv_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, s
         loaded = (plgpu.Barrier(num_barriers=2),) + (plgpu.Barrier(num_barriers=2 * stages),) * 3 \
             + (plgpu.Barrier(num_barriers=stages),)
         pl.run_scoped(
-            lambda *s: _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref,
-                                   bias_ref, do_ref, rv_ref, dk_ref, dv_ref, s, h=Hq // G,
+            lambda *s: _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, nlate_ref, q_ref, k_ref,
+                                   v_ref, bias_ref, do_ref, rv_ref, dk_ref, dv_ref, s, h=Hq // G,
                                    stages=stages, c=float(scale * LOG2E), scale=float(scale),
-                                   dtype=q.dtype),
+                                   dtype=q.dtype, window=window),
             scratch, loaded, plgpu.Barrier(num_arrivals=2, num_barriers=stages),
             plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 
+    body.__name__ = name
     return plgpu.kernel(
-        nsa_sel_tiled_bwd_dkv_mgpu,
+        body,
         out_type=[jax.ShapeDtypeStruct((B, T, G, D), k.dtype),
                   jax.ShapeDtypeStruct((B, T, G, Dv), v.dtype)],
         grid=(G, Ts, B), grid_names=("group", "block", "batch"), num_threads=3,
-        thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True))(
-        tiles, tcount, ndiag, q, k, v, bias, do.astype(q.dtype), rv)
+        thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True))(*operands)
+
+
+def sel_tiled_bwd_dkv_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, scale: float,
+                             interpret: bool, *, seg=None, lists=None, stages: int = 2):
+    """dK, dV in k's / v's dtype [B,T,G,D] of the selection branch
+    (``selection_tiled.sel_tiled_bwd_dkv``'s values, rounded once) for the cotangent ``gs * do``,
+    from the forward's base-2 ``lse`` and ``delta = gs * rowsum(o * do)``; one CTA per (group,
+    key block, batch row) over the block's 64-row tile list (``tiled_index.tile_index``;
+    ``lists`` as ``mosaic_tiled.index_lists`` takes them)."""
+    no_interpret(interpret, "sel_tiled_bwd_dkv_mosaic")
+    T = q.shape[1]
+    (_, _, tiles, tcount), table = index_lists(idx, T, cfg, seg, lists)
+    ndiag = diagonal_counts(tiles, tcount, ROWS, cfg, seg)
+    bias = row_bias(words_by_block(table, tiles))            # [B,G,Ts,nqt,ROWS]
+    return dkv_call(q, k, v, do, row_vectors(lse, delta, gs), (tiles, tcount, ndiag, None, bias),
+                    scale, stages=stages, name="nsa_sel_tiled_bwd_dkv_mgpu")

@@ -9,7 +9,9 @@ float32 runs do not silently drop to tf32). On the CPU it is masked attention in
 ``semantics.window_visible`` (O(T^2) memory; CPU shapes are small). ``KernelChoices.win_attn``
 picks explicitly: "pallas" runs the document-local kernel for unpacked bf16 rows too (and in
 interpret mode on the CPU); measured slower than cuDNN at the 125M shape at 2k-64k on an H100
-(bench/NOTES.md, twenty-fifth session), so "auto" keeps cuDNN.
+(bench/NOTES.md, twenty-fifth session), so "auto" keeps cuDNN. "mosaic" runs the tiled Mosaic
+GPU kernels on the window's block lists (``mosaic_window.py``; Hopper, bf16/fp16, head dims 64 /
+128, even h, T and w multiples of 64).
 
 Packed documents (``seg``, a ``semantics.SegmentLayout``): keys also satisfy s >= start(t).
 On every device this is the document-local kernel with the window (interpret mode on the CPU):
@@ -32,6 +34,7 @@ from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (BlockSizes, choices_or_default, cudnn_applies,
                                    require_cudnn)
 from nsa_jax.pallas.local import local_attention
+from nsa_jax.pallas.mosaic_window import window_attention_mosaic, window_unsupported
 
 def xla_precision(choices: KernelChoices | None):
     """XLA matmul precision of the window branch's float32 einsums by ``choices.f32_dot``."""
@@ -63,6 +66,13 @@ def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
         return local_attention(q, k, v, seg.start, cfg.window, block_sizes,
                                interpret=interpret, choices=choices)
     impl = choices_or_default(choices).win_attn
+    if impl == "mosaic":
+        why = window_unsupported(q, k, v, cfg.window, interpret)
+        if why is not None:
+            raise ValueError(f"kernel.win_attn: 'mosaic' cannot run here: {why}; use 'cudnn', "
+                             f"'pallas' or 'auto'")
+        return window_attention_mosaic(q, k.astype(q.dtype), v.astype(q.dtype),
+                                       cfg.window).astype(jnp.float32)
     if impl == "cudnn":
         require_cudnn("win_attn", q, v, interpret, "'pallas' or 'auto'")
     ok = cudnn_applies(q, v, interpret)
