@@ -1,5 +1,5 @@
-"""The Mosaic GPU (Hopper) tiled selection kernels: forward and dQ (``nsa_jax/pallas/
-mosaic_tiled.py``), dK/dV (``mosaic_tiled_dkv.py``).
+"""The Mosaic GPU (Hopper) tiled selection kernels: forward (``nsa_jax/pallas/mosaic_tiled.py``),
+dQ (``mosaic_tiled_dq.py``), dK/dV (``mosaic_tiled_dkv.py``).
 
 On the CPU: the kernels lower for CUDA (Pallas -> Mosaic GPU, every tracing, layout and
 shared-memory rule; PTX is not built), their row-bias operand equals the rows' membership, and
@@ -21,6 +21,7 @@ from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import BlockSizes
 from nsa_jax.pallas import mosaic_tiled as mt
 from nsa_jax.pallas import mosaic_tiled_dkv as mtd
+from nsa_jax.pallas import mosaic_tiled_dq as mtq
 from nsa_jax.pallas.nsa import tiled_backend
 from nsa_jax.pallas.tiled_index import member_table, tile_index, words_by_tile
 from nsa_testutil import random_inputs
@@ -50,7 +51,7 @@ def test_mosaic_forward_lowers_for_cuda(h, D):
 def test_mosaic_backward_lowers_for_cuda(h, D, kernel):
     """The dQ and dK/dV kernels lower for CUDA too, within shared memory at 128-wide heads."""
     B, T, G = 2, 512, 2
-    fn = {"dq": mt.sel_tiled_bwd_dq_mosaic, "dkv": mtd.sel_tiled_bwd_dkv_mosaic}[kernel]
+    fn = {"dq": mtq.sel_tiled_bwd_dq_mosaic, "dkv": mtd.sel_tiled_bwd_dkv_mosaic}[kernel]
     f = jax.jit(lambda q, k, v, i, do, gs, lse, de: fn(q, k, v, i, do, gs, lse, de, CFG, 0.125,
                                                        False))
     r = S(B, T, G * h, dtype=jnp.float32)
@@ -304,7 +305,7 @@ def test_gpu_mosaic_dq_matches_reference_and_triton(T, Hq, G, D):
     def run(q, k, v, idx, do, gs):
         o, lse = mt.sel_tiled_forward_mosaic(q, k, v, idx, CFG, None, scale, False)
         delta = gs * jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
-        dq = mt.sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, CFG, scale, False)
+        dq = mtq.sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, CFG, scale, False)
         (blocks, bcount, _, _), table = tile_lists(idx, T, CFG, bs.sel_tile_q, None)
         dq_t = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, CFG, bs,
                                 scale, False, table=table)

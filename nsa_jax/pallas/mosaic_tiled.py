@@ -7,8 +7,10 @@ own Mosaic GPU flash attention runs the causal forward 1.3-1.9x faster than our 
 the same algorithm (bench/NOTES.md, thirtieth session). This kernel is the first of ours on it;
 ``KernelChoices.sel_tiled_fwd`` picks it, and the Triton kernels stay for every other GPU and for
 the shapes this one does not take (:func:`mosaic_unsupported`). The backward's kernels follow:
-``sel_tiled_bwd_dq_mosaic`` (dQ on the forward's schedule, here; ``sel_tiled_dq``) and
-``mosaic_tiled_dkv.sel_tiled_bwd_dkv_mosaic`` (one CTA per key block; ``sel_tiled_dkv``).
+``mosaic_tiled_dq.sel_tiled_bwd_dq_mosaic`` (dQ on the forward's schedule; ``sel_tiled_dq``) and
+``mosaic_tiled_dkv.sel_tiled_bwd_dkv_mosaic`` (one CTA per key block; ``sel_tiled_dkv``); both
+use this module's shared pieces (the producer, the logits and masks, the three-run ``walk``, the
+ring and the lists). ``mosaic_window`` runs all three on the sliding window's fixed lists.
 
 Schedule: one CTA per (pair of query heads of one KV group, query tile of 64 rows, batch row),
 three warpgroups:
@@ -25,7 +27,7 @@ Per listed block j: s = Q K_j^T (wgmma into registers), x = s * scale * log2(e) 
 row bias, 0 where row r selected j and -inf where not: ``tiled_index.member_table``'s bits as a
 float row built in XLA), the causal mask key <= row only on the diagonal pair (j equal to the
 tile: with 64-row tiles and 64-key blocks every other listed block lies wholly before the tile's
-first query), then the online softmax (FlashAttention-2; a row that has seen no key keeps
+first query; with a window also key > row - w on the window's first pair), then the online softmax (FlashAttention-2; a row that has seen no key keeps
 m = -inf and gets p = 0) and acc += P V_j (wgmma, P from registers). The two compute warpgroups
 take turns on the tensor cores through a shared barrier (one runs its softmax while the other's
 wgmma runs), as jax's ``attention_mgpu`` does.
@@ -33,9 +35,6 @@ wgmma runs), as jax's ``attention_mgpu`` does.
 Output: o in the input dtype [B,T,Hq,Dv] (the op keeps the selection output in q's dtype for
 the backward anyway: ``nsa.py``) and the base-2 lse [B,T,Hq] (+inf for a row with no visible
 key), which the Triton dQ and dK/dV kernels consume unchanged.
-
-dQ (``sel_tiled_bwd_dq_mosaic``) runs the same schedule: per listed block s = Q K^T and dP =
-dO V^T, P from the saved lse, dS = P (dP gs - delta), dQ += dS K (dS from registers).
 
 Measured on an H100 (bench/NOTES.md, thirty-first session), against the Triton kernels: at the
 bench heads (64 / 4 / 128) forward -29 to -30%, dQ -19 to -20%; at the 125M heads (64 wide)
@@ -125,7 +124,7 @@ def row_bias(words, rows: int = ROWS):
     return jnp.where(bit != 0, 0.0, NEG_INF).astype(jnp.float32)
 
 
-def _program(nqt: int, h: int, bcount_ref):
+def program(nqt: int, h: int, bcount_ref):
     """(pair, query tile, batch row, warpgroup, KV group, listed blocks) of a CTA on grid
     (Hq / 2, nqt, B): tiles run last to first in launch order (the last tiles list the most
     blocks)."""
@@ -136,7 +135,7 @@ def _program(nqt: int, h: int, bcount_ref):
     return pair, qt, b, lax.axis_index("wg"), g, bcount_ref[b, g, qt]
 
 
-def _turns(turn):
+def turns(turn):
     """The two compute warpgroups' turns on the tensor cores: arrive and wait on one barrier of
     two arrivals."""
     plgpu = plgpu_module()
@@ -147,7 +146,7 @@ def _turns(turn):
     return take_turn
 
 
-def _produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count, ring, *, stages: int):
+def produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count, ring, *, stages: int):
     """The producer warpgroup: TMA copies of each listed block's K (with the pair's row bias;
     none when ``bias_ref`` is None) and V into ``stages`` ring slots, each refilled once both
     compute warpgroups freed it."""
@@ -182,7 +181,7 @@ def _produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count, ring, *, stage
     lax.fori_loop(stages, count, refill, None)
 
 
-def _logits(s, bias, c: float, masked: bool, j, qt, window: int | None = None):
+def logits(s, bias, c: float, masked: bool, j, qt, window: int | None = None):
     """Base-2 logits of one (tile, block) pair from the raw dot s = Q K_j^T [64, 64]: s * c plus
     the row bias (None: no bias), and on a masked pair the causal mask key <= row, with a
     ``window`` also key > row - window (the sliding window, ``semantics.window_visible``)."""
@@ -220,18 +219,18 @@ def edge_count(qt, window: int | None):
     return (qt >= window // KEYS).astype(jnp.int32)
 
 
-def _rows_vec(ref):
+def rows_vec(ref):
     """A [64] float32 row vector from shared memory in the wgmma rows' layout."""
     plgpu = plgpu_module()
     return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1))
 
 
-def _bias(b_bar, b_smem, slot, bias_ref):
+def slot_bias(b_bar, b_smem, slot, bias_ref):
     """The pair's row bias from its ring slot, once loaded (None: the kernel takes none)."""
     if bias_ref is None:
         return None
     plgpu_module().barrier_wait(b_bar.at[slot])
-    return _rows_vec(b_smem.at[slot])
+    return rows_vec(b_smem.at[slot])
 
 
 # ---- forward -----------------------------------------------------------------------------------
@@ -242,8 +241,8 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref
     (q_smem, k_smem, v_smem, b_smem, lse_smem), loaded, freed, turn = scoped
     q_bar, k_bar, v_bar, b_bar = loaded
     k_free, v_free = freed
-    pair, qt, b, wg, g, count = _program(nqt, h, bcount_ref)
-    take_turn = _turns(turn)
+    pair, qt, b, wg, g, count = program(nqt, h, bcount_ref)
+    take_turn = turns(turn)
 
     @pl.when(wg < 2)
     def _compute():
@@ -270,9 +269,9 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref
                 return acc_ref[...]
 
             s = pl.run_scoped(qk, plgpu.ACC((ROWS, KEYS), jnp.float32))
-            bias = _bias(b_bar, b_smem, slot, bias_ref)
+            bias = slot_bias(b_bar, b_smem, slot, bias_ref)
             plgpu.barrier_arrive(k_free.at[slot])     # K and the bias slot are read
-            x = _logits(s, bias, c, masked, blocks_ref[b, g, qt, u] if masked else None, qt,
+            x = logits(s, bias, c, masked, blocks_ref[b, g, qt, u] if masked else None, qt,
                         window)
             m_new = jnp.maximum(m, x.max(axis=1))
             m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
@@ -308,7 +307,7 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref
         plgpu.wait_smem_to_gmem(0)
 
     pl.when(wg == 2)(functools.partial(
-        _produce, blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count,
+        produce, blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count,
         ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)), stages=stages))
 
 
@@ -327,7 +326,7 @@ def row_vectors(lse, delta, gs):
     return jnp.stack([lse, delta, gs], axis=-1).astype(jnp.float32).transpose(0, 2, 3, 1)
 
 
-def _lists(idx, T: int, cfg: NSAConfig, seg, lists=None):
+def selection_lists(idx, T: int, cfg: NSAConfig, seg, lists=None):
     """The 64-row tiles' block lists, full-pair counts and row bias (``tiled_index``)."""
     (blocks, bcount, _, _), table = index_lists(idx, T, cfg, seg, lists)
     nfull = full_counts(blocks, bcount, ROWS, cfg, seg)
@@ -338,7 +337,7 @@ def smem_tiles(plgpu):
     return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
 
-def _ring(plgpu, stages: int, dtype, D: int, Dv: int):
+def ring_scratch(plgpu, stages: int, dtype, D: int, Dv: int):
     """Shared-memory K, V and row-bias ring slots, their load barriers and their free barriers
     (two arrivals: both compute warpgroups)."""
     smem = (plgpu.SMEM((stages, KEYS, D), dtype, transforms=smem_tiles(plgpu)),
@@ -348,7 +347,7 @@ def _ring(plgpu, stages: int, dtype, D: int, Dv: int):
         (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2
 
 
-def _launch(plgpu, body, out_type, Hq: int, nqt: int, B: int):
+def launch(plgpu, body, out_type, Hq: int, nqt: int, B: int):
     return plgpu.kernel(body, out_type=out_type, grid=(Hq // 2, nqt, B),
                         grid_names=("pair", "tile", "batch"), num_threads=3, thread_name="wg",
                         compiler_params=plgpu.CompilerParams(approx_math=True))
@@ -360,7 +359,7 @@ def no_interpret(interpret, name):
                          f"interpret mode)")
 
 
-def _stages(stages: int, cfg: NSAConfig, T: int) -> int:
+def ring_stages(stages: int, cfg: NSAConfig, T: int) -> int:
     return max(2, min(int(stages), cfg.num_sel_blocks(T)))
 
 
@@ -381,7 +380,7 @@ def forward_call(q, k, v, lists, scale: float, *, stages: int, name: str,
         (blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref), rest = refs[:6], refs[6:]
         bias_ref = None if bias is None else rest[0]
         o_ref, lse_ref = rest[-2:]
-        ring, loaded, freed = _ring(plgpu, stages, q.dtype, D, Dv)
+        ring, loaded, freed = ring_scratch(plgpu, stages, q.dtype, D, Dv)
         scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=smem_tiles(plgpu)),) + ring + \
             (plgpu.SMEM((2, ROWS), jnp.float32),)
         pl.run_scoped(
@@ -393,7 +392,7 @@ def forward_call(q, k, v, lists, scale: float, *, stages: int, name: str,
             plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 
     body.__name__ = name
-    o, lse_t = _launch(plgpu, body,
+    o, lse_t = launch(plgpu, body,
                        [jax.ShapeDtypeStruct((B, T, Hq, Dv), q.dtype),
                         jax.ShapeDtypeStruct((B, Hq, T), jnp.float32)], Hq, nqt, B)(*operands)
     return o, jnp.swapaxes(lse_t, 1, 2)
@@ -407,133 +406,5 @@ def sel_tiled_forward_mosaic(q, k, v, idx, cfg: NSAConfig, bs, scale: float, int
     for the shared signature (the tiles are fixed: 64 rows, 64 keys)."""
     del bs, choices
     no_interpret(interpret, "sel_tiled_forward_mosaic")
-    return forward_call(q, k, v, _lists(idx, q.shape[1], cfg, seg), scale,
-                        stages=_stages(stages, cfg, q.shape[1]), name="nsa_sel_tiled_fwd_mgpu")
-
-
-# ---- backward: dQ ------------------------------------------------------------------------------
-def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, do_ref, rv_ref,
-               dq_ref, scoped, *, h: int, stages: int, c: float, scale: float, nqt: int, dtype,
-               window: int | None = None):
-    """dQ of one tile for two heads: per listed block, s = Q K^T and dP = dO V^T (wgmma), P =
-    exp2(logits - lse), dS = P * (dP * gs - delta), dQ += dS K (wgmma, dS from registers)."""
-    plgpu = plgpu_module()
-    (q_smem, do_smem, k_smem, v_smem, b_smem, rv_smem, dq_smem), loaded, freed, turn = scoped
-    q_bar, do_bar, rv_bar, k_bar, v_bar, b_bar = loaded
-    k_free, v_free = freed
-    pair, qt, b, wg, g, count = _program(nqt, h, bcount_ref)
-    take_turn = _turns(turn)
-
-    @pl.when(wg < 2)
-    def _compute():
-        plgpu.set_max_registers(232, action="increase")
-        hd = pair * 2 + wg
-        qs, dos = q_smem.at[wg], do_smem.at[wg]
-        rows = pl.ds(qt * ROWS, ROWS)
-        plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hd], qs, q_bar.at[wg])
-        plgpu.copy_gmem_to_smem(do_ref.at[b, rows, hd], dos, do_bar.at[wg])
-        plgpu.copy_gmem_to_smem(rv_ref.at[b, hd, :, rows], rv_smem.at[wg], rv_bar.at[wg])
-        for bar in (q_bar, do_bar, rv_bar):
-            plgpu.barrier_wait(bar.at[wg])
-        lse = _rows_vec(rv_smem.at[wg, 0])
-        delta = _rows_vec(rv_smem.at[wg, 1])
-        gs = _rows_vec(rv_smem.at[wg, 2])
-        dq = plgpu.layout_cast(jnp.zeros((ROWS, q_ref.shape[-1]), jnp.float32),
-                               plgpu.Layout.WGMMA)
-        pl.when(wg == 1)(take_turn)
-
-        def step(u, dq, masked: bool):
-            slot = lax.rem(u, jnp.int32(stages))
-            plgpu.barrier_wait(k_bar.at[slot])
-            plgpu.barrier_wait(v_bar.at[slot])
-
-            def scores(s_ref, dp_ref):
-                plgpu.wgmma(s_ref, qs, k_smem.at[slot].T)
-                plgpu.wgmma(dp_ref, dos, v_smem.at[slot].T)
-                take_turn()
-                return s_ref[...], dp_ref[...]
-
-            s, dp = pl.run_scoped(scores, plgpu.ACC((ROWS, KEYS), jnp.float32),
-                                  plgpu.ACC((ROWS, KEYS), jnp.float32))
-            plgpu.barrier_arrive(v_free.at[slot])
-            bias = _bias(b_bar, b_smem, slot, bias_ref)
-            x = _logits(s, bias, c, masked, blocks_ref[b, g, qt, u] if masked else None, qt,
-                        window)
-            p = jnp.exp2(x - lax.broadcast_in_dim(lse, x.shape, [0]))
-            ds = p * (dp * lax.broadcast_in_dim(gs, dp.shape, [0])
-                      - lax.broadcast_in_dim(delta, dp.shape, [0]))
-            ds16 = ds.astype(dtype)
-            dq, ds16 = lax.optimization_barrier((dq, ds16))
-            plgpu.barrier_arrive(turn)
-            plgpu.barrier_wait(turn)
-
-            def dsk(acc_ref):
-                plgpu.wgmma(acc_ref, ds16, k_smem.at[slot])
-
-            dq = pl.run_state(dsk)(plgpu.ACC.init(dq))
-            plgpu.barrier_arrive(k_free.at[slot])      # K and the bias slot are read
-            return dq
-
-        dq = walk(step, dq, edge_count(qt, window), nfull_ref[b, g, qt], count)
-        pl.when(wg == 0)(take_turn)
-        dq_smem.at[wg][...] = dq * scale
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, rows, hd])
-        plgpu.wait_smem_to_gmem(0)
-
-    pl.when(wg == 2)(functools.partial(
-        _produce, blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count,
-        ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)), stages=stages))
-
-
-def dq_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
-            window: int | None = None):
-    """Launch the dQ kernel on 64-row tile ``lists`` (as :func:`forward_call`) with the rows'
-    [B,Hq,3,T] vectors ``rv`` (:func:`row_vectors`) -> dQ float32 [B,T,Hq,Dk]."""
-    plgpu = plgpu_module()
-    B, T, Hq, D = q.shape
-    G, Dv = k.shape[2], v.shape[-1]
-    nqt = cdiv(T, ROWS)
-    blocks, bcount, nfull, bias = lists
-    operands = (blocks, bcount, nfull, q, k, v) + (() if bias is None else (bias,)) + \
-        (do.astype(q.dtype), rv)
-
-    def body(*refs):
-        (blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref), rest = refs[:6], refs[6:]
-        bias_ref = None if bias is None else rest[0]
-        do_ref, rv_ref, dq_ref = rest[-3:]
-        ring, loaded, freed = _ring(plgpu, stages, q.dtype, D, Dv)
-        scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=smem_tiles(plgpu)),
-                   plgpu.SMEM((2, ROWS, Dv), q.dtype, transforms=smem_tiles(plgpu))) + ring + \
-            (plgpu.SMEM((2, 3, ROWS), jnp.float32),
-             plgpu.SMEM((2, ROWS, D), jnp.float32))
-        pl.run_scoped(
-            lambda *s: _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
-                                  bias_ref, do_ref, rv_ref, dq_ref, s, h=Hq // G, stages=stages,
-                                  c=float(scale * LOG2E), scale=float(scale), nqt=nqt,
-                                  dtype=q.dtype, window=window),
-            scratch, (plgpu.Barrier(num_barriers=2),) * 3 + loaded, freed,
-            plgpu.Barrier(num_arrivals=2), collective_axes="wg")
-
-    body.__name__ = name
-    return _launch(plgpu, body, jax.ShapeDtypeStruct((B, T, Hq, D), jnp.float32), Hq, nqt,
-                   B)(*operands)
-
-
-def dq_stages(stages: int, D: int, Dv: int) -> int:
-    """The dQ kernel's ring slots: at 128-wide heads q, dO, the float32 dQ staging and 3 K/V
-    slots would pass the 227 KB of shared memory by ~200 bytes, so 2 there."""
-    return min(stages, 2) if max(D, Dv) >= 128 else stages
-
-
-def sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, scale: float,
-                            interpret: bool, *, seg=None, lists=None, stages: int = STAGES):
-    """dQ float32 [B,T,Hq,Dk] of the selection branch (``selection_tiled.sel_tiled_bwd_dq``'s
-    values; 64-row lists from ``idx``, or ``lists`` as :func:`index_lists` takes them) for the
-    cotangent ``gs * do``, from the forward's base-2 ``lse`` and ``delta = gs * rowsum(o * do)``
-    (float32 [B,T,Hq] each)."""
-    no_interpret(interpret, "sel_tiled_bwd_dq_mosaic")
-    T = q.shape[1]
-    stages = _stages(dq_stages(stages, q.shape[-1], v.shape[-1]), cfg, T)
-    return dq_call(q, k, v, do, row_vectors(lse, delta, gs), _lists(idx, T, cfg, seg, lists),
-                   scale, stages=stages, name="nsa_sel_tiled_bwd_dq_mgpu")
+    return forward_call(q, k, v, selection_lists(idx, q.shape[1], cfg, seg), scale,
+                        stages=ring_stages(stages, cfg, q.shape[1]), name="nsa_sel_tiled_fwd_mgpu")

@@ -1,6 +1,6 @@
 """Sliding-window branch (NSA §3.3.3: query t attends keys t - w < s <= t) on Hopper, in Pallas
-Mosaic GPU: the tiled selection kernels (``mosaic_tiled``: forward and dQ; ``mosaic_tiled_dkv``:
-dK/dV) run on the window's fixed block lists instead of a selection's, with no row bias.
+Mosaic GPU: the tiled selection kernels (``mosaic_tiled``: forward; ``mosaic_tiled_dq``: dQ;
+``mosaic_tiled_dkv``: dK/dV) run on the window's fixed block lists instead of a selection's, with no row bias.
 
 With 64-row query tiles, 64-key blocks and w a multiple of 64, query tile i sees blocks
 i - w/64 .. i (fewer near the start): the first of them (when i >= w/64) only through the window's
@@ -30,9 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, STAGES, dq_call, dq_stages, forward_call,
-                                         operands_unsupported, row_vectors)
+from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, STAGES, forward_call, operands_unsupported,
+                                         row_vectors)
 from nsa_jax.pallas.mosaic_tiled_dkv import dkv_call
+from nsa_jax.pallas.mosaic_tiled_dq import dq_call, dq_stages
 
 
 def window_unsupported(q, k, v, window: int, interpret: bool) -> str | None:

@@ -41,7 +41,7 @@ from nsa_jax.pallas.scoring import cmp_block_scores
 from nsa_jax.pallas.selection import atomic_mode, sel_backward, sel_forward
 from nsa_jax.pallas.selection_block import sel_backward_block, sel_forward_block
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
-from nsa_jax.pallas import mosaic_tiled, mosaic_tiled_dkv
+from nsa_jax.pallas import mosaic_tiled, mosaic_tiled_dkv, mosaic_tiled_dq
 from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention, xla_precision
 
@@ -289,7 +289,7 @@ def _nsa_bwd(st: _Static, resid, dout):
         elif sel_bwd is sel_tiled_backward:
             mosaic = {key: tiled_backend(f"sel_tiled_{key}", st.choices, qp, ksp, vsp, cfg, seg,
                                          interpret) == "mosaic" for key in ("dq", "dkv")}
-            kw = {"dq_kernel": mosaic_tiled.sel_tiled_bwd_dq_mosaic if mosaic["dq"] else None,
+            kw = {"dq_kernel": mosaic_tiled_dq.sel_tiled_bwd_dq_mosaic if mosaic["dq"] else None,
                   "dkv_kernel": (mosaic_tiled_dkv.sel_tiled_bwd_dkv_mosaic if mosaic["dkv"]
                                  else None)}
         dq_s, dks, dvs = sel_bwd(qp, ksp, vsp, idx, o_s, lse_s, dop, g[..., 1], cfg, bs, scale,

@@ -457,7 +457,7 @@ def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     same contract as ``selection.sel_backward`` (``do`` in its own dtype, ``gs`` [B,T,Hq] float32
     per-row scale, None = 1; ``seg`` as ``sel_tiled_forward``); ``choices.f32_dot`` sets float32
     dot precision. ``dq_kernel`` / ``dkv_kernel``: other dQ / dK, dV kernels of
-    ``mosaic_tiled.sel_tiled_bwd_dq_mosaic``'s signature (None: ``sel_tiled_bwd_dq`` /
+    ``mosaic_tiled_dq.sel_tiled_bwd_dq_mosaic``'s signature (None: ``sel_tiled_bwd_dq`` /
     ``sel_tiled_bwd_dkv``); they get the lists built here with their tile height (``lists``),
     so that the two kernels of one backward build the index once when the heights agree."""
     B, T, Hq, _ = q.shape
