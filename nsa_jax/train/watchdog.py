@@ -6,9 +6,19 @@
   live run from a hung one by its age. The record is one ``pwrite`` of a fixed-width,
   space-padded JSON line at offset 0 of a file kept open (~15 us; opening and renaming a file
   every step cost ~1 ms here), so a reader never sees a mix of two records.
-* **Stacks on demand.** ``kill -USR1 <pid>`` appends every thread's Python stack to
-  ``<run.dir>/stacks.txt`` (``stacks.<i>.txt``). It is ``faulthandler.register``: it works even
-  while the main thread is stuck inside a device call or a collective.
+* **Stacks on demand.** ``kill -USR1 <pid>`` appends a ``stacks on SIGUSR1`` line and every
+  thread's Python stack to ``<run.dir>/stacks.txt`` (``stacks.<i>.txt``); the run goes on. The
+  signal only wakes a thread, ``nsa-stacks``, which writes the dump holding the GIL, so no other
+  thread can run, change its frames or exit meanwhile. It works even while the main thread is
+  stuck inside a device call or a collective: Python's C-level handler, run by whichever thread
+  the kernel picked, writes the signal number to a ``signal.set_wakeup_fd`` pipe that the thread
+  reads (a Python-level handler alone would wait for the main thread). The wakeup fd is one per
+  process: one set before is kept, bytes forwarded to it, and :meth:`Watchdog.close` puts it and
+  the previous SIGUSR1 handler back. Not used: ``faulthandler.register`` dumps from inside the
+  signal handler without the GIL and crashed the run with SIGSEGV when another thread was running
+  Python code at that moment; it is kept only where the pipe cannot be had (a ``Watchdog`` made
+  outside the main thread). Blocking SIGUSR1 and ``signal.sigwait`` in one thread does not work
+  either: threads started before (jax/XLA's) leave it unblocked, and the kernel hands it to them.
 * **Watchdog.** With ``run.watchdog_s > 0``, a thread checks the time since the last beat; after
   ``watchdog_s`` seconds without one it writes ``error: run.watchdog_s: no progress for ...`` and
   every thread's stack to stderr and to the stacks file, then ends the process with status 3.
@@ -34,6 +44,17 @@ def _name(stem: str, ext: str, process_index: int) -> str:
     return f"{stem}.{ext}" if process_index == 0 else f"{stem}.{process_index}.{ext}"
 
 
+def _dump(f, header: str) -> None:
+    """``header`` and every thread's stack to the file ``f``."""
+    try:
+        f.write(header + "\n")
+        f.flush()
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.flush()
+    except (OSError, ValueError):   # a full disk must not stop the abort
+        pass
+
+
 class Watchdog:
     def __init__(self, timeout_s: float, run_dir=None, process_index: int = 0,
                  armed: bool = True):
@@ -46,6 +67,9 @@ class Watchdog:
         self.heartbeat_path = self.stacks_path = None
         self._stacks = None
         self._hb_fd, self._hb_width = None, 160
+        self._stacks_lock = threading.Lock()      # one dump at a time into the stacks file
+        self._usr1 = None      # "faulthandler", or (thread, read fd, write fd, previous handler,
+        #                        previous wakeup fd) for the nsa-stacks thread
         if run_dir is not None:
             run_dir = Path(run_dir)
             self.heartbeat_path = run_dir / _name("heartbeat", "json", process_index)
@@ -60,7 +84,7 @@ class Watchdog:
                     self.close()
                     raise WriteFailed(f"run.dir: cannot write {path} ({os_reason(e)})") from e
             if hasattr(signal, "SIGUSR1"):
-                faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+                self._listen_usr1()
         self.beat("start")
         if armed:
             self.arm()
@@ -89,18 +113,90 @@ class Watchdog:
                 raise WriteFailed(f"run.dir: cannot write {self.heartbeat_path} "
                                   f"({os_reason(e)})") from e
 
-    def dump_stacks(self, header: str) -> None:
-        """``header`` and every thread's stack to stderr and (if any) the stacks file."""
-        for f in (sys.stderr, self._stacks):
-            if f is None:
-                continue
+    def dump_stacks(self, header: str, stderr: bool = True) -> None:
+        """``header`` and every thread's stack to stderr (unless ``stderr=False``) and (if any)
+        the stacks file. Called from Python, so the GIL is held: every other thread stands still
+        while its frames are read."""
+        if stderr:
+            _dump(sys.stderr, header)
+        with self._stacks_lock:
+            if self._stacks is not None:
+                _dump(self._stacks, header)
+
+    def _listen_usr1(self) -> None:
+        """SIGUSR1 -> a dump by the ``nsa-stacks`` thread (module docstring); where that cannot be
+        set up, ``faulthandler.register`` as before."""
+        if threading.current_thread() is threading.main_thread():   # signal.signal's rule
+            with contextlib.suppress(OSError):
+                r, w = os.pipe()
+                try:
+                    os.set_blocking(w, False)    # set_wakeup_fd's rule; the reader blocks
+                    prev_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+                    try:
+                        prev_handler = signal.signal(signal.SIGUSR1, self._on_usr1)
+                    except (OSError, ValueError):
+                        signal.set_wakeup_fd(prev_fd)
+                        raise
+                except (OSError, ValueError):
+                    os.close(r)
+                    os.close(w)
+                else:
+                    thread = threading.Thread(target=self._usr1_loop, args=(r, prev_fd),
+                                              name="nsa-stacks", daemon=True)
+                    thread.start()
+                    self._usr1 = (thread, r, w, prev_handler, prev_fd)
+                    return
+        faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+        self._usr1 = "faulthandler"
+
+    def _on_usr1(self, signum, frame) -> None:
+        """The Python-level SIGUSR1 handler: nothing (the dump is the ``nsa-stacks`` thread's;
+        see the module docstring). Installing it makes Python's C-level handler write to the
+        pipe."""
+
+    def _usr1_loop(self, r: int, forward: int) -> None:
+        """The ``nsa-stacks`` thread: one dump per read that holds a SIGUSR1 byte (a burst of
+        signals may give one dump); the other signals' bytes go on to the wakeup fd set before
+        ours, if any; a 0 byte (from :meth:`close`) ends it."""
+        while True:
             try:
-                f.write(header + "\n")
-                f.flush()
-                faulthandler.dump_traceback(file=f, all_threads=True)
-                f.flush()
-            except (OSError, ValueError):   # a full disk must not stop the abort
-                pass
+                data = os.read(r, 512)
+            except OSError:
+                return
+            stop = not data or 0 in data
+            data = data.replace(b"\0", b"")
+            if forward >= 0 and data:
+                with contextlib.suppress(OSError):
+                    os.write(forward, data)
+            if signal.SIGUSR1 in data:
+                self.dump_stacks(f"stacks on SIGUSR1 (pid {os.getpid()}, last: {self.where}, "
+                                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}):", stderr=False)
+            if stop:
+                return
+
+    def _unlisten_usr1(self) -> None:
+        """Undo :meth:`_listen_usr1` (from the thread that made the Watchdog). Two Watchdogs
+        at once in one process must be closed in the reverse order."""
+        if self._usr1 == "faulthandler":
+            faulthandler.unregister(signal.SIGUSR1)
+        elif self._usr1 is not None:
+            thread, r, w, prev_handler, prev_fd = self._usr1
+            try:
+                if signal.getsignal(signal.SIGUSR1) == self._on_usr1:   # else someone else's
+                    signal.signal(signal.SIGUSR1,
+                                  prev_handler if prev_handler is not None else signal.SIG_DFL)
+                current = signal.set_wakeup_fd(prev_fd)
+                if current != w:                 # someone else's since: leave theirs
+                    signal.set_wakeup_fd(current)
+            except ValueError:                   # not the main thread: leave it all in place
+                return
+            with contextlib.suppress(OSError):
+                os.write(w, b"\0")
+            thread.join(timeout=5)
+            if not thread.is_alive():            # else it may still read r: keep both open
+                os.close(r)
+                os.close(w)
+        self._usr1 = None
 
     def _run(self) -> None:
         period = min(1.0, self.timeout_s / 4)
@@ -118,11 +214,11 @@ class Watchdog:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        self._unlisten_usr1()
         if self._stacks is not None:
-            if hasattr(signal, "SIGUSR1"):
-                faulthandler.unregister(signal.SIGUSR1)
-            self._stacks.close()
-            self._stacks = None
+            with self._stacks_lock:
+                self._stacks.close()
+                self._stacks = None
             with contextlib.suppress(OSError):   # kept only when stacks were dumped into it
                 if self.stacks_path.stat().st_size == 0:
                     self.stacks_path.unlink()
