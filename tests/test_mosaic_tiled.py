@@ -8,6 +8,7 @@ naming the key where "mosaic" cannot run. jax's Mosaic GPU interpreter (``jax._s
 register-operand wgmma and transposed shared-memory operands these kernels use, so values are
 checked on the GPU only (``gpu``-marked tests below).
 """
+import functools
 import math
 import types
 
@@ -402,3 +403,41 @@ def test_gpu_full_nsa_with_mosaic_forward_bf16():
     print({k_: f"{e:.2e}" for k_, e in errs.items()})
     bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
     assert not bad, f"relative RMSE above 5e-3: {bad}"
+
+
+@pytest.mark.parametrize("per", [1, 2])
+def test_walk_masks_exactly_the_steps_that_need_it(per):
+    """``walk`` visits every step of ``per`` listed blocks once, unmasked exactly when all its
+    blocks lie in [nedge, nfull) (wholly visible), masked otherwise (the window's first block,
+    the diagonal, a last step's absent block); ``step_blocks`` gives the step's listed block ids
+    and FAR for an absent one."""
+    @functools.partial(jax.jit, static_argnames="window")
+    def runs(nedge, nfull, count, window):
+        steps = 8
+        def step(u, carry, masked):
+            return carry.at[u].add(jnp.where(masked, 1, 10))
+        return mt.walk(step, jnp.zeros(steps, jnp.int32), nedge if window else None, nfull,
+                       count, per)
+
+    blocks = jnp.arange(100, 108, dtype=jnp.int32)[None, None, None]
+    for window in (False, True):
+        for count in range(0, 8):
+            for nfull in range(0, count + 1):
+                for nedge in ((0, 1) if window and nfull >= 1 else (0,)):
+                    got = np.asarray(runs(nedge, nfull, count, window=window))
+                    steps = -(-count // per)
+                    for u in range(8):
+                        if u >= steps:
+                            assert got[u] == 0, (count, nfull, nedge, u)
+                            continue
+                        idx = range(u * per, u * per + per)
+                        whole = all(nedge <= i < nfull for i in idx) if window else \
+                            all(i < nfull for i in idx)
+                        assert got[u] == (10 if whole else 1), (count, nfull, nedge, u, got)
+                    if count:
+                        for u in range(steps):
+                            js = [int(j) for j in mt.step_blocks(blocks, 0, 0, 0, u, per,
+                                                                 jnp.int32(count))]
+                            want = [100 + i if i < count else mt.FAR
+                                    for i in range(u * per, u * per + per)]
+                            assert js == want, (count, u, js)

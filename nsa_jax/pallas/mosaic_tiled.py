@@ -63,9 +63,11 @@ from nsa_jax.pallas.tiled_index import WORD_BITS, full_counts, tile_lists, words
 ROWS = 64      # query rows per compute warpgroup (one wgmma M tile) = the tiled kernels' bq
 KEYS = 64      # keys per K/V tile = the selection block l'
 STAGES = 3     # K/V ring slots
+FAR = 1 << 20  # a block id past every query: a step's absent second block (masked as causal)
 # "auto" takes each kernel from this head dim (measured faster there on an H100, bench/NOTES.md,
 # thirty-first session): the forward and dQ only at 128-wide heads, dK/dV at both 64 and 128
 AUTO_MIN_HEAD_DIM = {"sel_tiled_fwd": 128, "sel_tiled_dq": 128, "sel_tiled_dkv": 64}
+WIDE_MAX_HEAD_DIM = 64   # the forward and dQ take two listed blocks per step up to this head dim
 
 
 def plgpu_module():
@@ -146,26 +148,46 @@ def turns(turn):
     return take_turn
 
 
-def produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count, ring, *, stages: int):
-    """The producer warpgroup: TMA copies of each listed block's K (with the pair's row bias;
-    none when ``bias_ref`` is None) and V into ``stages`` ring slots, each refilled once both
-    compute warpgroups freed it."""
+def n_steps(count, per: int):
+    """Steps of ``per`` listed blocks each over a list of ``count`` blocks."""
+    return count if per == 1 else lax.div(count + (per - 1), jnp.int32(per))
+
+
+def listed(u, i: int, per: int, count):
+    """The list position of block ``i`` of step ``u``, clamped into the list (a last step's
+    absent block reloads the list's last block; the kernels mask it: :func:`step_blocks`)."""
+    return u * per + i if per == 1 else jnp.minimum(u * per + i, count - 1)
+
+
+def produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count, ring, *, stages: int,
+            per: int = 1):
+    """The producer warpgroup: TMA copies of each step's ``per`` listed blocks' K (with the
+    pair's row bias; none when ``bias_ref`` is None) and V into ``stages`` ring slots (block i
+    of a step at keys [64 i, 64 i + 64) of its slot, each copy on its own barrier), each slot
+    refilled once both compute warpgroups freed it."""
     plgpu = plgpu_module()
     plgpu.set_max_registers(40, action="decrease")
     (k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free) = ring
+    steps = n_steps(count, per)
 
     def keys(u, slot):
-        blk = pl.ds(blocks_ref[b, g, qt, u] * KEYS, KEYS)
-        plgpu.copy_gmem_to_smem(k_ref.at[b, blk, g], k_smem.at[slot], k_bar.at[slot])
-        if bias_ref is not None:
-            plgpu.copy_gmem_to_smem(bias_ref.at[b, g, qt, u], b_smem.at[slot], b_bar.at[slot])
+        for i in range(per):
+            li = listed(u, i, per, count)
+            blk = pl.ds(blocks_ref[b, g, qt, li] * KEYS, KEYS)
+            plgpu.copy_gmem_to_smem(k_ref.at[b, blk, g], k_smem.at[slot, pl.ds(i * KEYS, KEYS)],
+                                    k_bar.at[slot * per + i])
+            if bias_ref is not None:
+                plgpu.copy_gmem_to_smem(bias_ref.at[b, g, qt, li], b_smem.at[slot, i],
+                                        b_bar.at[slot * per + i])
 
     def values(u, slot):
-        blk = pl.ds(blocks_ref[b, g, qt, u] * KEYS, KEYS)
-        plgpu.copy_gmem_to_smem(v_ref.at[b, blk, g], v_smem.at[slot], v_bar.at[slot])
+        for i in range(per):
+            blk = pl.ds(blocks_ref[b, g, qt, listed(u, i, per, count)] * KEYS, KEYS)
+            plgpu.copy_gmem_to_smem(v_ref.at[b, blk, g], v_smem.at[slot, pl.ds(i * KEYS, KEYS)],
+                                    v_bar.at[slot * per + i])
 
     for i in range(stages):
-        @pl.when(i < count)
+        @pl.when(i < steps)
         def _first():
             keys(i, i)
             values(i, i)
@@ -178,21 +200,49 @@ def produce(blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count, ring, *, stages
         values(u, slot)
         return carry
 
-    lax.fori_loop(stages, count, refill, None)
+    lax.fori_loop(stages, steps, refill, None)
 
 
-def logits(s, bias, c: float, masked: bool, j, qt, window: int | None = None):
-    """Base-2 logits of one (tile, block) pair from the raw dot s = Q K_j^T [64, 64]: s * c plus
-    the row bias (None: no bias), and on a masked pair the causal mask key <= row, with a
-    ``window`` also key > row - window (the sliding window, ``semantics.window_visible``)."""
+def wait_all(bar, slot, per: int):
+    """Wait for the ``per`` copies of one ring slot (one barrier each)."""
+    for i in range(per):
+        plgpu_module().barrier_wait(bar.at[slot * per + i])
+
+
+def step_blocks(blocks_ref, b, g, qt, u, per: int, count):
+    """The block ids of step ``u``'s ``per`` blocks for the masks; an absent block (past the
+    list's end) as :data:`FAR`, which the causal mask hides from every row."""
+    ids = []
+    for i in range(per):
+        j = blocks_ref[b, g, qt, listed(u, i, per, count)]
+        ids.append(j if i == 0 else jnp.where(u * per + i < count, j, jnp.int32(FAR)))
+    return tuple(ids)
+
+
+def logits(s, bias, c: float, masked: bool, js, qt, window: int | None = None):
+    """Base-2 logits of one step from the raw dot s = Q K^T [64, 64 per] over its ``per``
+    blocks (``js``: their ids, :func:`step_blocks`; needed when masked): s * c plus each block's
+    row bias (``bias``: a row vector per block, or None), and on a masked step the causal mask
+    key <= row, with a ``window`` also key > row - window (the sliding window,
+    ``semantics.window_visible``)."""
     plgpu = plgpu_module()
     x = s * c
+    per = s.shape[1] // KEYS
+    col = second = None
+    if per > 1 and (bias is not None or masked):
+        col = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
+        second = col >= KEYS
     if bias is not None:
-        x = x + lax.broadcast_in_dim(bias, s.shape, [0])
+        rows_b = [lax.broadcast_in_dim(v, s.shape, [0]) for v in bias]
+        x = x + (rows_b[0] if per == 1 else jnp.where(second, rows_b[1], rows_b[0]))
     if masked:
         r = plgpu.broadcasted_iota(jnp.int32, s.shape, 0, layout=plgpu.Layout.WGMMA)
-        col = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
-        key, row = col + j * KEYS, r + qt * ROWS
+        if per == 1:
+            col = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
+            key = col + js[0] * KEYS
+        else:
+            key = jnp.where(second, col + (js[1] - 1) * KEYS, col + js[0] * KEYS)
+        row = r + qt * ROWS
         vis = key <= row
         if window is not None:
             vis = vis & (key > row - window)
@@ -200,15 +250,19 @@ def logits(s, bias, c: float, masked: bool, j, qt, window: int | None = None):
     return x
 
 
-def walk(step, carry, nedge, nfull, count):
-    """A tile's listed blocks in three runs: [0, nedge) masked (the window's first block; nedge
-    None: no such run), [nedge, nfull) unmasked (blocks wholly visible to every row), [nfull,
-    count) masked (the diagonal)."""
+def walk(step, carry, nedge, nfull, count, per: int = 1):
+    """A tile's listed blocks, ``per`` to a step, in three runs: the steps holding one of the
+    first ``nedge`` blocks masked (the window's first block; nedge None: no such run), then the
+    steps whose blocks all lie in [nedge, nfull) unmasked (wholly visible to every row), then
+    the rest masked (the diagonal, and a last step's absent block)."""
+    steps = n_steps(count, per)
+    first = 0 if nedge is None else n_steps(nedge, per)
+    full = lax.div(nfull, jnp.int32(per)) if per > 1 else nfull
     if nedge is not None:
-        carry = lax.fori_loop(0, nedge, functools.partial(step, masked=True), carry)
-    carry = lax.fori_loop(0 if nedge is None else nedge, nfull,
-                          functools.partial(step, masked=False), carry)
-    return lax.fori_loop(nfull, count, functools.partial(step, masked=True), carry)
+        carry = lax.fori_loop(0, first, functools.partial(step, masked=True), carry)
+        full = jnp.maximum(full, first)
+    carry = lax.fori_loop(first, full, functools.partial(step, masked=False), carry)
+    return lax.fori_loop(full, steps, functools.partial(step, masked=True), carry)
 
 
 def edge_count(qt, window: int | None):
@@ -225,18 +279,19 @@ def rows_vec(ref):
     return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1))
 
 
-def slot_bias(b_bar, b_smem, slot, bias_ref):
-    """The pair's row bias from its ring slot, once loaded (None: the kernel takes none)."""
+def slot_bias(b_bar, b_smem, slot, bias_ref, per: int = 1):
+    """The step's row biases (one row vector per block) from its ring slot, once loaded (None:
+    the kernel takes none)."""
     if bias_ref is None:
         return None
-    plgpu_module().barrier_wait(b_bar.at[slot])
-    return rows_vec(b_smem.at[slot])
+    wait_all(b_bar, slot, per)
+    return tuple(rows_vec(b_smem.at[slot, i]) for i in range(per))
 
 
 # ---- forward -----------------------------------------------------------------------------------
 def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, o_ref, lse_ref,
                 scoped, *, h: int, dv: int, stages: int, c: float, nqt: int, dtype,
-                window: int | None = None):
+                window: int | None = None, per: int = 1):
     plgpu = plgpu_module()
     (q_smem, k_smem, v_smem, b_smem, lse_smem), loaded, freed, turn = scoped
     q_bar, k_bar, v_bar, b_bar = loaded
@@ -261,18 +316,18 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref
         def step(u, carry, masked: bool):
             acc, m, lsum = carry
             slot = lax.rem(u, jnp.int32(stages))
-            plgpu.barrier_wait(k_bar.at[slot])
+            wait_all(k_bar, slot, per)
 
             def qk(acc_ref):
                 plgpu.wgmma(acc_ref, qs, k_smem.at[slot].T)
                 take_turn()
                 return acc_ref[...]
 
-            s = pl.run_scoped(qk, plgpu.ACC((ROWS, KEYS), jnp.float32))
-            bias = slot_bias(b_bar, b_smem, slot, bias_ref)
+            s = pl.run_scoped(qk, plgpu.ACC((ROWS, per * KEYS), jnp.float32))
+            bias = slot_bias(b_bar, b_smem, slot, bias_ref, per)
             plgpu.barrier_arrive(k_free.at[slot])     # K and the bias slot are read
-            x = logits(s, bias, c, masked, blocks_ref[b, g, qt, u] if masked else None, qt,
-                        window)
+            js = step_blocks(blocks_ref, b, g, qt, u, per, count) if masked else None
+            x = logits(s, bias, c, masked, js, qt, window)
             m_new = jnp.maximum(m, x.max(axis=1))
             m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
             alpha = jnp.exp2(m - m_safe)
@@ -282,7 +337,7 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref
             p16 = p.astype(dtype)
             acc, lsum, m_new, p16 = lax.optimization_barrier((acc, lsum, m_new, p16))
             plgpu.barrier_arrive(turn)                # softmax done
-            plgpu.barrier_wait(v_bar.at[slot])
+            wait_all(v_bar, slot, per)
             plgpu.barrier_wait(turn)                  # the tensor cores are ours
 
             def pv(acc_ref):
@@ -293,7 +348,7 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref
             return acc, m_new, lsum
 
         acc, m, lsum = walk(step, (acc, m, lsum), edge_count(qt, window), nfull_ref[b, g, qt],
-                            count)
+                            count, per)
         pl.when(wg == 0)(take_turn)
 
         has = lsum > 0.0
@@ -308,7 +363,8 @@ def _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref
 
     pl.when(wg == 2)(functools.partial(
         produce, blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count,
-        ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)), stages=stages))
+        ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)), stages=stages,
+        per=per))
 
 
 def index_lists(idx, T: int, cfg: NSAConfig, seg, lists=None):
@@ -337,14 +393,22 @@ def smem_tiles(plgpu):
     return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
 
-def ring_scratch(plgpu, stages: int, dtype, D: int, Dv: int):
-    """Shared-memory K, V and row-bias ring slots, their load barriers and their free barriers
-    (two arrivals: both compute warpgroups)."""
-    smem = (plgpu.SMEM((stages, KEYS, D), dtype, transforms=smem_tiles(plgpu)),
-            plgpu.SMEM((stages, KEYS, Dv), dtype, transforms=smem_tiles(plgpu)),
-            plgpu.SMEM((stages, ROWS), jnp.float32))
-    return smem, (plgpu.Barrier(num_barriers=stages),) * 3, \
+def ring_scratch(plgpu, stages: int, dtype, D: int, Dv: int, per: int = 1):
+    """Shared-memory K, V and row-bias ring slots of ``per`` blocks each, their load barriers
+    (one per block copy) and their free barriers (two arrivals: both compute warpgroups)."""
+    smem = (plgpu.SMEM((stages, per * KEYS, D), dtype, transforms=smem_tiles(plgpu)),
+            plgpu.SMEM((stages, per * KEYS, Dv), dtype, transforms=smem_tiles(plgpu)),
+            plgpu.SMEM((stages, per, ROWS), jnp.float32))
+    return smem, (plgpu.Barrier(num_barriers=stages * per),) * 3, \
         (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2
+
+
+def blocks_per_step(D: int, Dv: int) -> int:
+    """Listed blocks per step of the forward and dQ kernels: 2 (128 keys, one 64 x 128 wgmma
+    instead of two 64 x 64 ones, half the barriers and scalar loads) at head dims up to
+    :data:`WIDE_MAX_HEAD_DIM`, where each 64-key step was too little work to hide them; 1 above
+    (128-wide heads fill a 64-key step, and 128-key slots would not fit shared memory)."""
+    return 2 if max(D, Dv) <= WIDE_MAX_HEAD_DIM else 1
 
 
 def launch(plgpu, body, out_type, Hq: int, nqt: int, B: int):
@@ -364,15 +428,16 @@ def ring_stages(stages: int, cfg: NSAConfig, T: int) -> int:
 
 
 def forward_call(q, k, v, lists, scale: float, *, stages: int, name: str,
-                 window: int | None = None):
+                 window: int | None = None, per: int | None = None):
     """Launch the forward kernel on 64-row tile ``lists`` = (blocks, bcount, nfull, bias or None;
     ``tiled_index``'s layout) -> o in q's dtype [B,T,Hq,Dv], base-2 lse float32 [B,T,Hq].
     ``window``: the pairs' masks also keep key > row - window (``walk``); ``name``: the
-    kernel's name in profiles."""
+    kernel's name in profiles; ``per``: listed blocks per step (None: :func:`blocks_per_step`)."""
     plgpu = plgpu_module()
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     nqt = cdiv(T, ROWS)
+    per = blocks_per_step(D, Dv) if per is None else per
     blocks, bcount, nfull, bias = lists
     operands = (blocks, bcount, nfull, q, k, v) + (() if bias is None else (bias,))
 
@@ -380,14 +445,14 @@ def forward_call(q, k, v, lists, scale: float, *, stages: int, name: str,
         (blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref), rest = refs[:6], refs[6:]
         bias_ref = None if bias is None else rest[0]
         o_ref, lse_ref = rest[-2:]
-        ring, loaded, freed = ring_scratch(plgpu, stages, q.dtype, D, Dv)
+        ring, loaded, freed = ring_scratch(plgpu, stages, q.dtype, D, Dv, per)
         scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=smem_tiles(plgpu)),) + ring + \
             (plgpu.SMEM((2, ROWS), jnp.float32),)
         pl.run_scoped(
             lambda *s: _fwd_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
                                    bias_ref, o_ref, lse_ref, s, h=Hq // G, dv=Dv, stages=stages,
                                    c=float(scale * LOG2E), nqt=nqt, dtype=q.dtype,
-                                   window=window),
+                                   window=window, per=per),
             scratch, (plgpu.Barrier(num_barriers=2),) + loaded, freed,
             plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 

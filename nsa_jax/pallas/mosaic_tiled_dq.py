@@ -25,15 +25,16 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import LOG2E, cdiv
-from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, STAGES, edge_count, launch, logits,
-                                         no_interpret, plgpu_module, produce, program,
-                                         ring_scratch, ring_stages, row_vectors, rows_vec,
-                                         selection_lists, slot_bias, smem_tiles, turns, walk)
+from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, STAGES, blocks_per_step, edge_count,
+                                         launch, logits, no_interpret, plgpu_module, produce,
+                                         program, ring_scratch, ring_stages, row_vectors,
+                                         rows_vec, selection_lists, slot_bias, smem_tiles,
+                                         step_blocks, turns, wait_all, walk)
 
 
 def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, do_ref, rv_ref,
                dq_ref, scoped, *, h: int, stages: int, c: float, scale: float, nqt: int, dtype,
-               window: int | None = None):
+               window: int | None = None, per: int = 1):
     """dQ of one tile for two heads: per listed block, s = Q K^T and dP = dO V^T (wgmma), P =
     exp2(logits - lse), dS = P * (dP * gs - delta), dQ += dS K (wgmma, dS from registers)."""
     plgpu = plgpu_module()
@@ -63,8 +64,8 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
 
         def step(u, dq, masked: bool):
             slot = lax.rem(u, jnp.int32(stages))
-            plgpu.barrier_wait(k_bar.at[slot])
-            plgpu.barrier_wait(v_bar.at[slot])
+            wait_all(k_bar, slot, per)
+            wait_all(v_bar, slot, per)
 
             def scores(s_ref, dp_ref):
                 plgpu.wgmma(s_ref, qs, k_smem.at[slot].T)
@@ -72,12 +73,12 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
                 take_turn()
                 return s_ref[...], dp_ref[...]
 
-            s, dp = pl.run_scoped(scores, plgpu.ACC((ROWS, KEYS), jnp.float32),
-                                  plgpu.ACC((ROWS, KEYS), jnp.float32))
+            s, dp = pl.run_scoped(scores, plgpu.ACC((ROWS, per * KEYS), jnp.float32),
+                                  plgpu.ACC((ROWS, per * KEYS), jnp.float32))
             plgpu.barrier_arrive(v_free.at[slot])
-            bias = slot_bias(b_bar, b_smem, slot, bias_ref)
-            x = logits(s, bias, c, masked, blocks_ref[b, g, qt, u] if masked else None, qt,
-                        window)
+            bias = slot_bias(b_bar, b_smem, slot, bias_ref, per)
+            js = step_blocks(blocks_ref, b, g, qt, u, per, count) if masked else None
+            x = logits(s, bias, c, masked, js, qt, window)
             p = jnp.exp2(x - lax.broadcast_in_dim(lse, x.shape, [0]))
             ds = p * (dp * lax.broadcast_in_dim(gs, dp.shape, [0])
                       - lax.broadcast_in_dim(delta, dp.shape, [0]))
@@ -93,7 +94,7 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
             plgpu.barrier_arrive(k_free.at[slot])      # K and the bias slot are read
             return dq
 
-        dq = walk(step, dq, edge_count(qt, window), nfull_ref[b, g, qt], count)
+        dq = walk(step, dq, edge_count(qt, window), nfull_ref[b, g, qt], count, per)
         pl.when(wg == 0)(take_turn)
         dq_smem.at[wg][...] = dq * scale
         plgpu.commit_smem()
@@ -102,17 +103,20 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
 
     pl.when(wg == 2)(functools.partial(
         produce, blocks_ref, k_ref, v_ref, bias_ref, b, g, qt, count,
-        ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)), stages=stages))
+        ((k_smem, v_smem, b_smem), (k_bar, v_bar, b_bar), (k_free, v_free)), stages=stages,
+        per=per))
 
 
 def dq_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
-            window: int | None = None):
-    """Launch the dQ kernel on 64-row tile ``lists`` (as :func:`forward_call`) with the rows'
-    [B,Hq,3,T] vectors ``rv`` (:func:`row_vectors`) -> dQ float32 [B,T,Hq,Dk]."""
+            window: int | None = None, per: int | None = None):
+    """Launch the dQ kernel on 64-row tile ``lists`` (as ``mosaic_tiled.forward_call``, with
+    ``per`` blocks per step; None: ``mosaic_tiled.blocks_per_step``) with the rows' [B,Hq,3,T]
+    vectors ``rv`` (``mosaic_tiled.row_vectors``) -> dQ float32 [B,T,Hq,Dk]."""
     plgpu = plgpu_module()
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     nqt = cdiv(T, ROWS)
+    per = blocks_per_step(D, Dv) if per is None else per
     blocks, bcount, nfull, bias = lists
     operands = (blocks, bcount, nfull, q, k, v) + (() if bias is None else (bias,)) + \
         (do.astype(q.dtype), rv)
@@ -121,7 +125,7 @@ def dq_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
         (blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref), rest = refs[:6], refs[6:]
         bias_ref = None if bias is None else rest[0]
         do_ref, rv_ref, dq_ref = rest[-3:]
-        ring, loaded, freed = ring_scratch(plgpu, stages, q.dtype, D, Dv)
+        ring, loaded, freed = ring_scratch(plgpu, stages, q.dtype, D, Dv, per)
         scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=smem_tiles(plgpu)),
                    plgpu.SMEM((2, ROWS, Dv), q.dtype, transforms=smem_tiles(plgpu))) + ring + \
             (plgpu.SMEM((2, 3, ROWS), jnp.float32),
@@ -130,7 +134,7 @@ def dq_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
             lambda *s: _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
                                   bias_ref, do_ref, rv_ref, dq_ref, s, h=Hq // G, stages=stages,
                                   c=float(scale * LOG2E), scale=float(scale), nqt=nqt,
-                                  dtype=q.dtype, window=window),
+                                  dtype=q.dtype, window=window, per=per),
             scratch, (plgpu.Barrier(num_barriers=2),) * 3 + loaded, freed,
             plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 
@@ -154,5 +158,6 @@ def sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, sc
     no_interpret(interpret, "sel_tiled_bwd_dq_mosaic")
     T = q.shape[1]
     stages = ring_stages(dq_stages(stages, q.shape[-1], v.shape[-1]), cfg, T)
-    return dq_call(q, k, v, do, row_vectors(lse, delta, gs), selection_lists(idx, T, cfg, seg, lists),
-                   scale, stages=stages, name="nsa_sel_tiled_bwd_dq_mgpu")
+    return dq_call(q, k, v, do, row_vectors(lse, delta, gs),
+                   selection_lists(idx, T, cfg, seg, lists), scale, stages=stages,
+                   name="nsa_sel_tiled_bwd_dq_mgpu")
