@@ -441,3 +441,16 @@ def test_walk_masks_exactly_the_steps_that_need_it(per):
                             want = [100 + i if i < count else mt.FAR
                                     for i in range(u * per, u * per + per)]
                             assert js == want, (count, u, js)
+
+
+def test_mosaic_dq_lowers_with_two_blocks_per_step():
+    """``dq_call(per=2)`` (measured on the GPU, not taken: ``mosaic_tiled.blocks_per_step``)
+    still lowers for CUDA within shared memory at 64-wide heads."""
+    B, T, G, h, D = 1, 512, 2, 6, 64
+    lists = mt.selection_lists(jnp.zeros((B, T, G, 16), jnp.int32), T, CFG, None)
+    f = jax.jit(lambda q, k, v, do, rv: mtq.dq_call(q, k, v, do, rv, lists, 0.125, stages=3,
+                                                    name="nsa_dq_two_blocks", per=2))
+    text = f.trace(S(B, T, G * h, D), S(B, T, G, D), S(B, T, G, D), S(B, T, G * h, D),
+                   S(B, G * h, 3, T, dtype=jnp.float32)).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "nsa_dq_two_blocks" in text

@@ -67,7 +67,7 @@ FAR = 1 << 20  # a block id past every query: a step's absent second block (mask
 # "auto" takes each kernel from this head dim (measured faster there on an H100, bench/NOTES.md,
 # thirty-first session): the forward and dQ only at 128-wide heads, dK/dV at both 64 and 128
 AUTO_MIN_HEAD_DIM = {"sel_tiled_fwd": 128, "sel_tiled_dq": 128, "sel_tiled_dkv": 64}
-WIDE_MAX_HEAD_DIM = 64   # the forward and dQ take two listed blocks per step up to this head dim
+WIDE_MAX_HEAD_DIM = 64   # the selection forward takes two listed blocks per step up to this head dim
 
 
 def plgpu_module():
@@ -404,10 +404,13 @@ def ring_scratch(plgpu, stages: int, dtype, D: int, Dv: int, per: int = 1):
 
 
 def blocks_per_step(D: int, Dv: int) -> int:
-    """Listed blocks per step of the forward and dQ kernels: 2 (128 keys, one 64 x 128 wgmma
-    instead of two 64 x 64 ones, half the barriers and scalar loads) at head dims up to
-    :data:`WIDE_MAX_HEAD_DIM`, where each 64-key step was too little work to hide them; 1 above
-    (128-wide heads fill a 64-key step, and 128-key slots would not fit shared memory)."""
+    """Listed blocks per step of the selection forward: 2 (128 keys, one 64 x 128 wgmma instead
+    of two 64 x 64 ones, half the barriers and scalar loads) at head dims up to
+    :data:`WIDE_MAX_HEAD_DIM`, 1 above (128-wide heads fill a 64-key step, and 128-key slots
+    would not fit shared memory). Measured on an H100 at the 125M heads, 2k / B=16 (bench/
+    NOTES.md, thirty-second session): the forward 0.404 -> 0.362 ms; not taken by the dQ (0.422
+    -> 0.417, within the spread, with twice the live logits) nor by the window kernels (slower:
+    their <= 9-block lists leave a half-empty last step and more masked work)."""
     return 2 if max(D, Dv) <= WIDE_MAX_HEAD_DIM else 1
 
 
@@ -428,16 +431,15 @@ def ring_stages(stages: int, cfg: NSAConfig, T: int) -> int:
 
 
 def forward_call(q, k, v, lists, scale: float, *, stages: int, name: str,
-                 window: int | None = None, per: int | None = None):
+                 window: int | None = None, per: int = 1):
     """Launch the forward kernel on 64-row tile ``lists`` = (blocks, bcount, nfull, bias or None;
     ``tiled_index``'s layout) -> o in q's dtype [B,T,Hq,Dv], base-2 lse float32 [B,T,Hq].
     ``window``: the pairs' masks also keep key > row - window (``walk``); ``name``: the
-    kernel's name in profiles; ``per``: listed blocks per step (None: :func:`blocks_per_step`)."""
+    kernel's name in profiles; ``per``: listed blocks per step (1 or 2, :func:`blocks_per_step`)."""
     plgpu = plgpu_module()
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     nqt = cdiv(T, ROWS)
-    per = blocks_per_step(D, Dv) if per is None else per
     blocks, bcount, nfull, bias = lists
     operands = (blocks, bcount, nfull, q, k, v) + (() if bias is None else (bias,))
 
@@ -472,4 +474,5 @@ def sel_tiled_forward_mosaic(q, k, v, idx, cfg: NSAConfig, bs, scale: float, int
     del bs, choices
     no_interpret(interpret, "sel_tiled_forward_mosaic")
     return forward_call(q, k, v, selection_lists(idx, q.shape[1], cfg, seg), scale,
-                        stages=ring_stages(stages, cfg, q.shape[1]), name="nsa_sel_tiled_fwd_mgpu")
+                        stages=ring_stages(stages, cfg, q.shape[1]), name="nsa_sel_tiled_fwd_mgpu",
+                        per=blocks_per_step(q.shape[-1], v.shape[-1]))

@@ -25,11 +25,11 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import LOG2E, cdiv
-from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, STAGES, blocks_per_step, edge_count,
-                                         launch, logits, no_interpret, plgpu_module, produce,
-                                         program, ring_scratch, ring_stages, row_vectors,
-                                         rows_vec, selection_lists, slot_bias, smem_tiles,
-                                         step_blocks, turns, wait_all, walk)
+from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, STAGES, edge_count, launch, logits,
+                                         no_interpret, plgpu_module, produce, program,
+                                         ring_scratch, ring_stages, row_vectors, rows_vec,
+                                         selection_lists, slot_bias, smem_tiles, step_blocks,
+                                         turns, wait_all, walk)
 
 
 def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, do_ref, rv_ref,
@@ -108,15 +108,15 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
 
 
 def dq_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
-            window: int | None = None, per: int | None = None):
+            window: int | None = None, per: int = 1):
     """Launch the dQ kernel on 64-row tile ``lists`` (as ``mosaic_tiled.forward_call``, with
-    ``per`` blocks per step; None: ``mosaic_tiled.blocks_per_step``) with the rows' [B,Hq,3,T]
-    vectors ``rv`` (``mosaic_tiled.row_vectors``) -> dQ float32 [B,T,Hq,Dk]."""
+    ``per`` listed blocks per step: 1 everywhere today, ``mosaic_tiled.blocks_per_step`` says
+    why) with the rows' [B,Hq,3,T] vectors ``rv`` (``mosaic_tiled.row_vectors``) -> dQ float32
+    [B,T,Hq,Dk]."""
     plgpu = plgpu_module()
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     nqt = cdiv(T, ROWS)
-    per = blocks_per_step(D, Dv) if per is None else per
     blocks, bcount, nfull, bias = lists
     operands = (blocks, bcount, nfull, q, k, v) + (() if bias is None else (bias,)) + \
         (do.astype(q.dtype), rv)
