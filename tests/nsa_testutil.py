@@ -88,3 +88,60 @@ def assert_launch_follows_num_warps(warps, wide):
     assert warps(jnp.bfloat16, 128, wide) == {4}
     for n in (2, 8):
         assert warps(jnp.bfloat16, 128, dataclasses.replace(wide, num_warps=n)) == {n}
+
+
+def rrmse(a, b) -> float:
+    """Relative RMSE ||a - b|| / ||b|| in float64 (the GPU parity measure); a must be finite."""
+    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+    assert np.isfinite(a).all(), "non-finite values in the kernel result"
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def fake_hopper(monkeypatch, cc="9.0"):
+    """Make ``mosaic_tiled.default_device`` a GPU of compute capability ``cc`` (CPU tests of the
+    Mosaic GPU dispatch and lowering)."""
+    import types
+    from nsa_jax.pallas import mosaic_tiled
+    dev = types.SimpleNamespace(platform="gpu", compute_capability=cc, device_kind="fake GPU")
+    monkeypatch.setattr(mosaic_tiled, "default_device", lambda: dev)
+
+
+def lowered_op(cfg, choices, B: int, T: int, Hq: int, G: int, D: int) -> str:
+    """The whole Pallas op's forward + backward (bf16) lowered for CUDA, as text: which kernels
+    a configuration runs, without a GPU (Triton kernels compiled to their IR by
+    ``bench/triton_ir.compiled``)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import triton_ir
+    import nsa_jax.pallas.nsa as pnsa
+    Tc = cfg.num_cmp_blocks(T)
+
+    def S(*shape):
+        return jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+
+    shapes = [S(B, T, Hq, D), S(B, Tc, G, D), S(B, Tc, G, D)] + [S(B, T, G, D)] * 4 + \
+        [S(B, T, Hq, 3)]
+
+    def f(*a):
+        o, vjp = jax.vjp(lambda *x: pnsa.nsa_attention_pallas(*x, cfg, choices=choices), *a)
+        return o, vjp(o)
+
+    with triton_ir.compiled():
+        return jax.jit(f).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+
+
+GRAD_NAMES = ("q", "k_cmp", "v_cmp", "k_slc", "v_slc", "k_win", "v_win", "gates")
+
+
+def assert_rrmse_within(errs: dict, bound: float, grads=None, grads_ref=None) -> None:
+    """Add the op's 8 input gradients' :func:`rrmse` to ``errs`` (when given), print them all
+    (the GPU logs keep the values) and assert each is <= ``bound``."""
+    if grads is not None:
+        for n, a, b in zip(GRAD_NAMES, grads, grads_ref, strict=True):
+            errs[n] = rrmse(a, b)
+    print({k: f"{e:.2e}" for k, e in errs.items()})
+    bad = {k: e for k, e in errs.items() if not e <= bound}
+    assert not bad, f"relative RMSE above {bound:g}: {bad}"
+

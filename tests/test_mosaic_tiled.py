@@ -10,7 +10,6 @@ checked on the GPU only (``gpu``-marked tests below).
 """
 import functools
 import math
-import types
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +24,7 @@ from nsa_jax.pallas import mosaic_tiled_dkv as mtd
 from nsa_jax.pallas import mosaic_tiled_dq as mtq
 from nsa_jax.pallas.nsa import tiled_backend
 from nsa_jax.pallas.tiled_index import member_table, tile_index, words_by_tile
-from nsa_testutil import random_inputs
+from nsa_testutil import assert_rrmse_within, fake_hopper, lowered_op, random_inputs, rrmse
 
 CFG = NSAConfig()  # l' = 64
 
@@ -96,18 +95,13 @@ def test_row_bias_is_each_rows_membership():
     assert checked > 20
 
 
-def _fake_hopper(monkeypatch, cc="9.0"):
-    dev = types.SimpleNamespace(platform="gpu", compute_capability=cc, device_kind="fake GPU")
-    monkeypatch.setattr(mt, "default_device", lambda: dev)
-
-
 def test_mosaic_unsupported_names_each_reason(monkeypatch):
     q, k = S(1, 128, 4, 64), S(1, 128, 2, 64)
     assert "GPU" in mt.mosaic_unsupported(q, k, k, CFG, None, True)
     assert "Hopper" in mt.mosaic_unsupported(q, k, k, CFG, None, False)  # the CPU here
-    _fake_hopper(monkeypatch, cc="8.0")
+    fake_hopper(monkeypatch, cc="8.0")
     assert "Hopper" in mt.mosaic_unsupported(q, k, k, CFG, None, False)
-    _fake_hopper(monkeypatch)
+    fake_hopper(monkeypatch)
     assert mt.mosaic_unsupported(q, k, k, CFG, None, False) is None
     cases = {
         "bf16/fp16": (S(1, 128, 4, 64, dtype=jnp.float32), k, k, CFG, None),
@@ -137,7 +131,7 @@ def test_tiled_backend_resolves_and_fails_by_key(monkeypatch, key):
     with pytest.raises(ValueError, match=rf"kernel\.{key}: 'mosaic' cannot run here: "
                                          r"it needs a GPU"):
         tiled_backend(key, ch("mosaic"), q, k, k, CFG, None, True)
-    _fake_hopper(monkeypatch)
+    fake_hopper(monkeypatch)
     assert tiled_backend(key, None, wq, wk, wk, CFG, None, False) == "mosaic"
     # 64 wide: dK/dV only (measured faster there; the forward and dQ were slower)
     assert tiled_backend(key, None, q, k, k, CFG, None, False) == \
@@ -160,24 +154,9 @@ def test_op_runs_the_mosaic_kernels_auto_picks(monkeypatch, Hq, D, want):
     Triton (64-wide heads: dK/dV only; 128-wide: all three). Compressed and window branches on
     their Pallas kernels (cuDNN does not lower without a GPU)."""
     import re
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    import triton_ir
-    import nsa_jax.pallas.nsa as pnsa
-    _fake_hopper(monkeypatch)
-    B, T, G = 1, 1024, 2
-    Tc = CFG.num_cmp_blocks(T)
-    shapes = [S(B, T, Hq, D), S(B, Tc, G, D), S(B, Tc, G, D)] + [S(B, T, G, D)] * 4 + \
-        [S(B, T, Hq, 3)]
-    ch = KernelChoices(sel_impl="tiled", cmp_attn="pallas", win_attn="pallas")
-
-    def f(*a):
-        o, vjp = jax.vjp(lambda *x: pnsa.nsa_attention_pallas(*x, CFG, choices=ch), *a)
-        return o, vjp(o)
-
-    with triton_ir.compiled():
-        text = jax.jit(f).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+    fake_hopper(monkeypatch)
+    text = lowered_op(CFG, KernelChoices(sel_impl="tiled", cmp_attn="pallas", win_attn="pallas"),
+                      1, 1024, Hq, 2, D)
     triton = {p.split('"')[0] for p in text.split('name = "')[1:]}
     mosaic = set(re.findall(r"nsa_sel_tiled_\w*?_mgpu", text))
     assert mosaic == want, mosaic
@@ -223,13 +202,6 @@ def test_kernel_choices_reject_unknown_tiled_backend(key):
 
 
 # ---- GPU (compiled on a Hopper GPU) -------------------------------------------------------------
-def _rrmse(a, b):
-    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
-    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
-    assert np.isfinite(a).all(), "non-finite values in the kernel result"
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
 def _require_hopper(T, Hq, G, D):
     if mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG, None,
                              False) is not None:
@@ -276,8 +248,8 @@ def test_gpu_mosaic_forward_matches_reference_and_triton(T, Hq, G, D):
         f32 = [x.astype(jnp.float32) for x in (q[:, :, hs], k[:, :, gg], v[:, :, gg])]
         o_r = jax.jit(lambda a, b_, c, i: ref.selection_attention(a, b_, c, i, CFG))(
             *f32, idx[:, :, gg])
-        errs[f"o{g}"] = _rrmse(o[:, :, hs], o_r)
-    errs["o_vs_triton"] = _rrmse(o, o_t)
+        errs[f"o{g}"] = rrmse(o[:, :, hs], o_r)
+    errs["o_vs_triton"] = rrmse(o, o_t)
     fin = np.isfinite(lse)
     errs["lse_vs_triton"] = float(np.abs(lse[fin] - np.asarray(lse_t)[fin]).max())
     print(T, Hq, G, D, {k_: f"{e:.2e}" for k_, e in errs.items()})
@@ -316,17 +288,16 @@ def test_gpu_mosaic_dq_matches_reference_and_triton(T, Hq, G, D):
     assert dq.dtype == jnp.float32 and dq.shape == q.shape
     assert np.all(np.asarray(dq)[1, 64:96] == 0) and np.all(np.asarray(dq)[0, 128:192] == 0)
     h = Hq // G
-    errs = {"dq_vs_triton": _rrmse(dq, dq_t)}
+    errs = {"dq_vs_triton": rrmse(dq, dq_t)}
     for g in range(G):
         hs, gg = slice(g * h, (g + 1) * h), slice(g, g + 1)
         f32 = [x.astype(jnp.float32) for x in (q[:, :, hs], k[:, :, gg], v[:, :, gg])]
         cot = do[:, :, hs].astype(jnp.float32) * gs[:, :, hs, None]
         _, vjp = jax.vjp(lambda a: ref.selection_attention(a, f32[1], f32[2], idx[:, :, gg],
                                                            CFG), f32[0])
-        errs[f"dq{g}"] = _rrmse(dq[:, :, hs], vjp(cot)[0])
-    print(T, Hq, G, D, {k_: f"{e:.2e}" for k_, e in errs.items()})
-    bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
-    assert not bad, f"relative RMSE above 5e-3: {bad}"
+        errs[f"dq{g}"] = rrmse(dq[:, :, hs], vjp(cot)[0])
+    print(T, Hq, G, D, end=" ")
+    assert_rrmse_within(errs, 5e-3)
 
 
 @pytest.mark.gpu
@@ -360,7 +331,7 @@ def test_gpu_mosaic_dkv_matches_reference_and_triton(T, Hq, G, D):
     dk, dv, dk_t, dv_t = run(q, k, v, idx, do, gs)
     assert dk.dtype == k.dtype and dv.shape == v.shape
     h = Hq // G
-    errs = {"dk_vs_triton": _rrmse(dk, dk_t), "dv_vs_triton": _rrmse(dv, dv_t)}
+    errs = {"dk_vs_triton": rrmse(dk, dk_t), "dv_vs_triton": rrmse(dv, dv_t)}
     for g in range(G):
         hs, gg = slice(g * h, (g + 1) * h), slice(g, g + 1)
         f32 = [x.astype(jnp.float32) for x in (q[:, :, hs], k[:, :, gg], v[:, :, gg])]
@@ -368,11 +339,10 @@ def test_gpu_mosaic_dkv_matches_reference_and_triton(T, Hq, G, D):
         _, vjp = jax.vjp(lambda kk, vv: ref.selection_attention(f32[0], kk, vv, idx[:, :, gg],
                                                                 CFG), f32[1], f32[2])
         dk_r, dv_r = vjp(cot)
-        errs[f"dk{g}"] = _rrmse(dk[:, :, gg], dk_r)
-        errs[f"dv{g}"] = _rrmse(dv[:, :, gg], dv_r)
-    print(T, Hq, G, D, {k_: f"{e:.2e}" for k_, e in errs.items()})
-    bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
-    assert not bad, f"relative RMSE above 5e-3: {bad}"
+        errs[f"dk{g}"] = rrmse(dk[:, :, gg], dk_r)
+        errs[f"dv{g}"] = rrmse(dv[:, :, gg], dv_r)
+    print(T, Hq, G, D, end=" ")
+    assert_rrmse_within(errs, 5e-3)
 
 
 @pytest.mark.gpu
@@ -397,12 +367,7 @@ def test_gpu_full_nsa_with_mosaic_forward_bf16():
     f32 = [a.astype(jnp.float32) for a in args]
     val_r, grads_r = run("reference", f32, cot.astype(jnp.float32), idx, None)
     errs = {"loss": abs(float(val) - float(val_r)) / abs(float(val_r))}
-    names = ("q", "k_cmp", "v_cmp", "k_slc", "v_slc", "k_win", "v_win", "gates")
-    for n, a, b_ in zip(names, grads, grads_r):
-        errs[n] = _rrmse(a, b_)
-    print({k_: f"{e:.2e}" for k_, e in errs.items()})
-    bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
-    assert not bad, f"relative RMSE above 5e-3: {bad}"
+    assert_rrmse_within(errs, 5e-3, grads, grads_r)
 
 
 @pytest.mark.parametrize("per", [1, 2])

@@ -9,7 +9,6 @@ no interpret mode here).
 """
 import math
 import re
-import types
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +19,7 @@ from nsa_jax.nsa import KernelChoices, NSAConfig, semantics
 from nsa_jax.pallas import mosaic_tiled as mt
 from nsa_jax.pallas import mosaic_window as mw
 from nsa_jax.pallas.window import window_attention
+from nsa_testutil import assert_rrmse_within, fake_hopper, lowered_op, random_inputs, rrmse
 
 ROWS, KEYS = mt.ROWS, mt.KEYS
 
@@ -106,16 +106,11 @@ def test_window_kernels_lower_for_cuda(h, D):
     assert "tt.func" not in text
 
 
-def _fake_hopper(monkeypatch):
-    dev = types.SimpleNamespace(platform="gpu", compute_capability="9.0", device_kind="fake GPU")
-    monkeypatch.setattr(mt, "default_device", lambda: dev)
-
-
 def test_window_unsupported_names_each_reason(monkeypatch):
     q, k = S(1, 128, 4, 64), S(1, 128, 2, 64)
     assert "GPU" in mw.window_unsupported(q, k, k, 512, True)
     assert "Hopper" in mw.window_unsupported(q, k, k, 512, False)   # the CPU here
-    _fake_hopper(monkeypatch)
+    fake_hopper(monkeypatch)
     assert mw.window_unsupported(q, k, k, 512, False) is None
     for w in (32, 100):
         assert "multiple of 64" in mw.window_unsupported(q, k, k, w, False)
@@ -135,38 +130,15 @@ def test_win_attn_mosaic_where_it_cannot_run_is_one_error():
 def test_op_runs_the_window_kernels_when_chosen(monkeypatch):
     """The whole op's fwd+bwd lowered for CUDA on a (faked) Hopper with win_attn="mosaic": the
     window branch is the three Mosaic GPU window kernels and no document-local kernel."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    import triton_ir
-    import nsa_jax.pallas.nsa as pnsa
-    _fake_hopper(monkeypatch)
-    cfg = NSAConfig()
-    B, T, G, Hq, D = 1, 1024, 2, 12, 64
-    Tc = cfg.num_cmp_blocks(T)
-    shapes = [S(B, T, Hq, D), S(B, Tc, G, D), S(B, Tc, G, D)] + [S(B, T, G, D)] * 4 + \
-        [S(B, T, Hq, 3)]
-    ch = KernelChoices(sel_impl="tiled", cmp_attn="pallas", win_attn="mosaic")
-
-    def f(*a):
-        o, vjp = jax.vjp(lambda *x: pnsa.nsa_attention_pallas(*x, cfg, choices=ch), *a)
-        return o, vjp(o)
-
-    with triton_ir.compiled():
-        text = jax.jit(f).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+    fake_hopper(monkeypatch)
+    text = lowered_op(NSAConfig(), KernelChoices(sel_impl="tiled", cmp_attn="pallas",
+                                                 win_attn="mosaic"), 1, 1024, 12, 2, 64)
     assert set(re.findall(r"nsa_win_\w*?_mgpu", text)) == {
         "nsa_win_fwd_mgpu", "nsa_win_bwd_dq_mgpu", "nsa_win_bwd_dkv_mgpu"}
     assert "nsa_local" not in text
 
 
 # ---- GPU (compiled on a Hopper GPU) -------------------------------------------------------------
-def _rrmse(a, b):
-    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
-    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
-    assert np.isfinite(a).all(), "non-finite values in the kernel result"
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
 def _window_reference(q, k, v, window):
     """float32 masked attention over ``semantics.window_visible`` (the oracle)."""
     B, T, Hq, D = q.shape
@@ -211,11 +183,10 @@ def test_gpu_window_matches_reference_and_cudnn(T, Hq, G, D, window):
     errs = {}
     for n, a, b_, c in zip(("o", "dq", "dk", "dv"), got, want, cudnn):
         assert a.shape == b_.shape
-        errs[n] = _rrmse(a, b_)
-        errs[n + "_vs_cudnn"] = _rrmse(a, c)
-    print(T, Hq, G, D, window, {k_: f"{e:.2e}" for k_, e in errs.items()})
-    bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
-    assert not bad, f"relative RMSE above 5e-3: {bad}"
+        errs[n] = rrmse(a, b_)
+        errs[n + "_vs_cudnn"] = rrmse(a, c)
+    print(T, Hq, G, D, window, end=" ")
+    assert_rrmse_within(errs, 5e-3)
 
 
 @pytest.mark.gpu
@@ -225,7 +196,6 @@ def test_gpu_full_nsa_with_mosaic_window_bf16():
     measure). The output is also held to the op with the window on cuDNN."""
     from nsa_jax.nsa import nsa_attention
     from nsa_jax.nsa import reference as ref
-    from nsa_testutil import random_inputs
     cfg = NSAConfig()
     Hq, G, D, T, B = 12, 2, 64, 1024, 2
     q0, k0 = S(1, T, Hq, D), S(1, T, G, D)
@@ -246,10 +216,5 @@ def test_gpu_full_nsa_with_mosaic_window_bf16():
     o_c = jax.jit(lambda *a: run("pallas", a, cot, KernelChoices(win_attn="cudnn"))[0])(*args)
     o_r, grads_r = jax.jit(lambda *a: run("reference", a, cot, None))(
         *[a.astype(jnp.float32) for a in args])
-    errs = {"o": _rrmse(o, o_r), "o_vs_cudnn": _rrmse(o, o_c)}
-    names = ("q", "k_cmp", "v_cmp", "k_slc", "v_slc", "k_win", "v_win", "gates")
-    for n, a, b_ in zip(names, grads, grads_r):
-        errs[n] = _rrmse(a, b_)
-    print({k_: f"{e:.2e}" for k_, e in errs.items()})
-    bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
-    assert not bad, f"relative RMSE above 5e-3: {bad}"
+    errs = {"o": rrmse(o, o_r), "o_vs_cudnn": rrmse(o, o_c)}
+    assert_rrmse_within(errs, 5e-3, grads, grads_r)

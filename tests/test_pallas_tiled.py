@@ -19,7 +19,7 @@ from nsa_jax.pallas.selection import sel_backward, sel_forward
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
 from nsa_jax.pallas.tiled_index import (diagonal_tiles, full_blocks, member_table, tile_index,
                                         words_by_block, words_by_tile)
-from nsa_testutil import assert_launch_follows_num_warps, kernel_warps, random_inputs
+from nsa_testutil import assert_launch_follows_num_warps, kernel_warps, random_inputs, rrmse
 
 TOL = 2e-5
 TINY = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16, n_init=1, n_local=1)
@@ -410,13 +410,6 @@ GPU_CFG = NSAConfig()  # l=32, d=16, l'=64, n=16, w=512
 SHAPE_125M = (12, 2, 64)  # Hq, G, D
 
 
-def _rrmse(a, b):
-    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
-    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
-    assert np.isfinite(a).all(), "non-finite values in the kernel result"
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
 def _gpu_inputs(seed, T, B=2):
     Hq, G, D = SHAPE_125M
     args = random_inputs(seed, B, T, Hq, G, D, D, GPU_CFG, dtype=jnp.bfloat16)
@@ -453,7 +446,7 @@ def test_gpu_tiled_selection_bf16(T):
                                  GPU_CFG)
         got = (o[:, :, hs], grads[0][:, :, hs], grads[1][:, :, gg], grads[2][:, :, gg])
         for n, a, b_ in zip(("o", "dq", "dk", "dv"), got, (o_r,) + tuple(g_r)):
-            errs[f"{n}{g}"] = _rrmse(a, b_)
+            errs[f"{n}{g}"] = rrmse(a, b_)
     print(T, {k_: f"{e:.2e}" for k_, e in errs.items()})
     bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
     assert not bad, f"relative RMSE above 5e-3: {bad}"
@@ -481,9 +474,9 @@ def test_gpu_full_nsa_tiled_bf16(T):
         outs.append(o_r)
         for lst, x in zip(ref_grads, g_r):
             lst.append(x)
-    errs["out"] = _rrmse(out, jnp.concatenate(outs, 2))
+    errs["out"] = rrmse(out, jnp.concatenate(outs, 2))
     for n, a, lst in zip(NAMES, grads, ref_grads):
-        errs[n] = _rrmse(a, jnp.concatenate(lst, 2))
+        errs[n] = rrmse(a, jnp.concatenate(lst, 2))
     print(T, {k_: f"{e:.2e}" for k_, e in errs.items()})
     bad = {k_: e for k_, e in errs.items() if not e <= 5e-3}
     assert not bad, f"relative RMSE above 5e-3: {bad}"

@@ -27,8 +27,9 @@ Per listed block j: s = Q K_j^T (wgmma into registers), x = s * scale * log2(e) 
 row bias, 0 where row r selected j and -inf where not: ``tiled_index.member_table``'s bits as a
 float row built in XLA), the causal mask key <= row only on the diagonal pair (j equal to the
 tile: with 64-row tiles and 64-key blocks every other listed block lies wholly before the tile's
-first query; with a window also key > row - w on the window's first pair), then the online softmax (FlashAttention-2; a row that has seen no key keeps
-m = -inf and gets p = 0) and acc += P V_j (wgmma, P from registers). The two compute warpgroups
+first query; with a window also key > row - w on the window's first pair), then the online
+softmax (FlashAttention-2; a row that has seen no key keeps m = -inf and gets p = 0) and
+acc += P V_j (wgmma, P from registers). The two compute warpgroups
 take turns on the tensor cores through a shared barrier (one runs its softmax while the other's
 wgmma runs), as jax's ``attention_mgpu`` does.
 
@@ -39,8 +40,9 @@ key), which the Triton dQ and dK/dV kernels consume unchanged.
 Measured on an H100 (bench/NOTES.md, thirty-first session), against the Triton kernels: at the
 bench heads (64 / 4 / 128) forward -29 to -30%, dQ -19 to -20%; at the 125M heads (64 wide)
 forward +13 to +16% and dQ +6%, where the Triton forward already runs at ~300 TFLOP/s and each
-step's two 64 x 64 x 64 wgmmas leave the per-step barriers and loads a large share. Hence
-``AUTO_MIN_HEAD_DIM``.
+step's two 64 x 64 x 64 wgmmas leave the per-step barriers and loads a large share. With two
+listed blocks per step there (:func:`blocks_per_step`, thirty-second session) the forward is
++2.5%. Hence ``AUTO_MIN_HEAD_DIM``.
 
 No interpret mode: Mosaic GPU kernels run only on a Hopper GPU, so their parity tests are
 ``@pytest.mark.gpu``; on the CPU the tests lower the kernels for CUDA (catching every tracing,
@@ -67,7 +69,7 @@ FAR = 1 << 20  # a block id past every query: a step's absent second block (mask
 # "auto" takes each kernel from this head dim (measured faster there on an H100, bench/NOTES.md,
 # thirty-first session): the forward and dQ only at 128-wide heads, dK/dV at both 64 and 128
 AUTO_MIN_HEAD_DIM = {"sel_tiled_fwd": 128, "sel_tiled_dq": 128, "sel_tiled_dkv": 64}
-WIDE_MAX_HEAD_DIM = 64   # the selection forward takes two listed blocks per step up to this head dim
+WIDE_MAX_HEAD_DIM = 64   # the selection forward takes two blocks per step up to this head dim
 
 
 def plgpu_module():

@@ -35,8 +35,8 @@ from nsa_jax.pallas.tiled_index import diagonal_counts, words_by_block
 
 
 def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, nlate_ref, q_ref, k_ref, v_ref, bias_ref,
-                do_ref, rv_ref, dk_ref, dv_ref, scoped, *, h: int, stages: int, c: float, scale: float,
-                dtype, window: int | None = None):
+                do_ref, rv_ref, dk_ref, dv_ref, scoped, *, h: int, stages: int, c: float,
+                scale: float, dtype, window: int | None = None):
     """dK, dV of one key block (64 keys of one group) over the (query tile, head) pairs of its
     tile list: warpgroup w takes the heads of parity w, both walk the tiles together (one ring
     slot holds a tile's q, dO and row vectors for the two heads of a step), and the two partial

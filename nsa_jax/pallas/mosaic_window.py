@@ -1,6 +1,7 @@
 """Sliding-window branch (NSA §3.3.3: query t attends keys t - w < s <= t) on Hopper, in Pallas
 Mosaic GPU: the tiled selection kernels (``mosaic_tiled``: forward; ``mosaic_tiled_dq``: dQ;
-``mosaic_tiled_dkv``: dK/dV) run on the window's fixed block lists instead of a selection's, with no row bias.
+``mosaic_tiled_dkv``: dK/dV) run on the window's fixed block lists instead of a selection's, with
+no row bias.
 
 With 64-row query tiles, 64-key blocks and w a multiple of 64, query tile i sees blocks
 i - w/64 .. i (fewer near the start): the first of them (when i >= w/64) only through the window's
