@@ -145,3 +145,15 @@ def assert_rrmse_within(errs: dict, bound: float, grads=None, grads_ref=None) ->
     bad = {k: e for k, e in errs.items() if not e <= bound}
     assert not bad, f"relative RMSE above {bound:g}: {bad}"
 
+
+def require_hopper(why_not) -> None:
+    """GPU tests of the Mosaic GPU kernels: skip unless jax's first device is a Hopper GPU
+    (compute capability 9.x); on one, the kernels' own applicability check (``why_not``, a
+    reason or None) must accept the test's shapes, so a regression there fails instead of
+    skipping."""
+    import pytest
+    dev = jax.devices()[0]
+    if dev.platform != "gpu" or not str(getattr(dev, "compute_capability", "")).startswith("9"):
+        pytest.skip("needs a Hopper GPU")
+    assert why_not is None, f"the Mosaic GPU kernels refuse this Hopper GPU's case: {why_not}"
+

@@ -418,8 +418,9 @@ def test_usr1_dump_never_kills_and_works_while_main_is_in_c_code(tmp_path, cache
 
 
 def test_watchdog_close_puts_usr1_back(tmp_path):
-    """The nsa-stacks thread ends and the previous handler and wakeup fd are back; a wakeup fd
-    set before gets the signal bytes meanwhile. Made outside the main thread: faulthandler."""
+    """The nsa-stacks thread ends and the previous handler and wakeup fd are back; a handler
+    and a wakeup fd set before get the signal (and its bytes) meanwhile. Made outside the main
+    thread: faulthandler."""
     from nsa_jax.train.watchdog import Watchdog
 
     if threading.current_thread() is not threading.main_thread():
@@ -428,8 +429,10 @@ def test_watchdog_close_puts_usr1_back(tmp_path):
     def threads():
         return [t for t in threading.enumerate() if t.name == "nsa-stacks"]
 
-    def previous(_signum, _frame):
-        pass
+    called = []
+
+    def previous(signum, _frame):
+        called.append(signum)
 
     r, w = os.pipe()
     os.set_blocking(r, False)
@@ -441,6 +444,7 @@ def test_watchdog_close_puts_usr1_back(tmp_path):
         assert len(threads()) == 1 and signal.getsignal(signal.SIGUSR1) not in (
             previous, signal.SIG_DFL, None)
         os.kill(os.getpid(), signal.SIGUSR1)
+        assert called == [signal.SIGUSR1]             # the handler set before still runs
         deadline = time.monotonic() + 10
         while "in test_watchdog_close_puts_usr1_back" not in (tmp_path / "stacks.txt").read_text():
             assert time.monotonic() < deadline, "no dump"
@@ -906,3 +910,24 @@ def test_failed_read_collects_orbax_leftovers_without_a_warning():
         warnings.simplefilter("always")
         assert "boom" in _reason(ValueError("boom"))
     assert not [w for w in seen if "never awaited" in str(w.message)], [str(w.message) for w in seen]
+
+
+def test_watchdog_that_fails_to_start_puts_usr1_back(tmp_path, monkeypatch):
+    """A first heartbeat that cannot be written (a full disk) is one WriteFailed naming the file,
+    and the SIGUSR1 handler, wakeup fd and nsa-stacks thread it had set up are gone with it."""
+    import errno
+    from nsa_jax.train import watchdog as wdm
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can only be set from the main thread")
+    before = signal.getsignal(signal.SIGUSR1)
+
+    def full(*_a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(wdm.os, "pwrite", full)
+    with pytest.raises(wdm.WriteFailed, match="run.dir: cannot write .*heartbeat.json"):
+        wdm.Watchdog(0, tmp_path)
+    assert signal.getsignal(signal.SIGUSR1) == before
+    assert not [t for t in threading.enumerate() if t.name == "nsa-stacks"]
+    assert signal.set_wakeup_fd(-1) == -1

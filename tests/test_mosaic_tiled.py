@@ -24,7 +24,8 @@ from nsa_jax.pallas import mosaic_tiled_dkv as mtd
 from nsa_jax.pallas import mosaic_tiled_dq as mtq
 from nsa_jax.pallas.nsa import tiled_backend
 from nsa_jax.pallas.tiled_index import member_table, tile_index, words_by_tile
-from nsa_testutil import assert_rrmse_within, fake_hopper, lowered_op, random_inputs, rrmse
+from nsa_testutil import (assert_rrmse_within, fake_hopper, lowered_op, random_inputs,
+                          require_hopper, rrmse)
 
 CFG = NSAConfig()  # l' = 64
 
@@ -203,9 +204,8 @@ def test_kernel_choices_reject_unknown_tiled_backend(key):
 
 # ---- GPU (compiled on a Hopper GPU) -------------------------------------------------------------
 def _require_hopper(T, Hq, G, D):
-    if mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG, None,
-                             False) is not None:
-        pytest.skip("needs a Hopper GPU")
+    require_hopper(mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG,
+                                         None, False))
 
 
 def _inputs(seed, B, T, Hq, G, D):
@@ -410,12 +410,19 @@ def test_walk_masks_exactly_the_steps_that_need_it(per):
 
 def test_mosaic_dq_lowers_with_two_blocks_per_step():
     """``dq_call(per=2)`` (measured on the GPU, not taken: ``mosaic_tiled.blocks_per_step``)
-    still lowers for CUDA within shared memory at 64-wide heads."""
+    still lowers for CUDA within shared memory at 64-wide heads, to another kernel than per=1;
+    other step widths are refused (the masks tell two column halves apart)."""
     B, T, G, h, D = 1, 512, 2, 6, 64
     lists = mt.selection_lists(jnp.zeros((B, T, G, 16), jnp.int32), T, CFG, None)
-    f = jax.jit(lambda q, k, v, do, rv: mtq.dq_call(q, k, v, do, rv, lists, 0.125, stages=3,
-                                                    name="nsa_dq_two_blocks", per=2))
-    text = f.trace(S(B, T, G * h, D), S(B, T, G, D), S(B, T, G, D), S(B, T, G * h, D),
-                   S(B, G * h, 3, T, dtype=jnp.float32)).lower(
-        lowering_platforms=("cuda",)).as_text()
-    assert "nsa_dq_two_blocks" in text
+    shapes = (S(B, T, G * h, D), S(B, T, G, D), S(B, T, G, D), S(B, T, G * h, D),
+              S(B, G * h, 3, T, dtype=jnp.float32))
+
+    def lowered(per):
+        f = jax.jit(lambda q, k, v, do, rv: mtq.dq_call(q, k, v, do, rv, lists, 0.125, stages=3,
+                                                        name="nsa_dq_steps", per=per))
+        return f.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+
+    one, two = lowered(1), lowered(2)
+    assert "nsa_dq_steps" in one and "nsa_dq_steps" in two and one != two
+    with pytest.raises(ValueError, match="blocks per step must be 1 or 2, got 3"):
+        lowered(3)

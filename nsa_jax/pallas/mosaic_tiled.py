@@ -416,6 +416,13 @@ def blocks_per_step(D: int, Dv: int) -> int:
     return 2 if max(D, Dv) <= WIDE_MAX_HEAD_DIM else 1
 
 
+def check_per(per: int) -> None:
+    """The kernels take 1 or 2 listed blocks per step (:func:`logits` tells a step's blocks apart
+    by column half)."""
+    if per not in (1, 2):
+        raise ValueError(f"blocks per step must be 1 or 2, got {per}")
+
+
 def launch(plgpu, body, out_type, Hq: int, nqt: int, B: int):
     return plgpu.kernel(body, out_type=out_type, grid=(Hq // 2, nqt, B),
                         grid_names=("pair", "tile", "batch"), num_threads=3, thread_name="wg",
@@ -438,6 +445,7 @@ def forward_call(q, k, v, lists, scale: float, *, stages: int, name: str,
     ``tiled_index``'s layout) -> o in q's dtype [B,T,Hq,Dv], base-2 lse float32 [B,T,Hq].
     ``window``: the pairs' masks also keep key > row - window (``walk``); ``name``: the
     kernel's name in profiles; ``per``: listed blocks per step (1 or 2, :func:`blocks_per_step`)."""
+    check_per(per)
     plgpu = plgpu_module()
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]

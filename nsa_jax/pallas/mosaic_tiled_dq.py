@@ -25,8 +25,8 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import LOG2E, cdiv
-from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, STAGES, edge_count, launch, logits,
-                                         no_interpret, plgpu_module, produce, program,
+from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, STAGES, check_per, edge_count, launch,
+                                         logits, no_interpret, plgpu_module, produce, program,
                                          ring_scratch, ring_stages, row_vectors, rows_vec,
                                          selection_lists, slot_bias, smem_tiles, step_blocks,
                                          turns, wait_all, walk)
@@ -113,6 +113,7 @@ def dq_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
     ``per`` listed blocks per step: 1 everywhere today, ``mosaic_tiled.blocks_per_step`` says
     why) with the rows' [B,Hq,3,T] vectors ``rv`` (``mosaic_tiled.row_vectors``) -> dQ float32
     [B,T,Hq,Dk]."""
+    check_per(per)
     plgpu = plgpu_module()
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]

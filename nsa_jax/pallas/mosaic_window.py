@@ -48,26 +48,26 @@ def window_unsupported(q, k, v, window: int, interpret: bool) -> str | None:
 
 
 def window_lists(B: int, G: int, T: int, window: int):
-    """The window's 64-row tile lists in ``tiled_index``'s layout, int32 numpy constants.
+    """The window's 64-row tile lists in ``tiled_index``'s layout, int32 constants.
 
-    -> (fwd, bwd). fwd = (blocks [B,G,nqt,nw+1], bcount [B,G,nqt], nfull [B,G,nqt], None): tile
+    -> (fwd, bwd), L = min(nw, nqt - 1) + 1. fwd = (blocks [B,G,nqt,L], bcount [B,G,nqt], nfull [B,G,nqt], None): tile
     i lists blocks i - c + 1 .. i, c = min(i, nw) + 1 (nw = w / 64), the first c - 1 of them
     before the tile's first query (nfull; the kernels mask the first one as well when i >= nw,
-    ``mosaic_tiled.edge_count``). bwd = (tiles [B,G,nqt,nw+1], tcount [B,G,nqt], ndiag, nlate,
+    ``mosaic_tiled.edge_count``). bwd = (tiles [B,G,nqt,L], tcount [B,G,nqt], ndiag, nlate,
     None): block j lists tiles j .. j + c - 1, c = min(nqt - 1 - j, nw) + 1; the first is its
     diagonal (ndiag = 1), and from nlate on (the last, when j + nw < nqt) the window's edge.
     Entries past a count are padding (nqt), never read."""
     nqt, nw = T // ROWS, window // KEYS
     i = np.arange(nqt, dtype=np.int32)
-    u = np.arange(nw + 1, dtype=np.int32)
+    u = np.arange(min(nw, nqt - 1) + 1, dtype=np.int32)     # no list is longer (w > T)
     count = np.minimum(i, nw) + 1
     blocks = np.where(u < count[:, None], (i - count + 1)[:, None] + u, nqt)
     tcount = np.minimum(nqt - 1 - i, nw) + 1
     tiles = np.where(u < tcount[:, None], i[:, None] + u, nqt)
     nlate = np.where(i + nw <= nqt - 1, tcount - 1, tcount)
 
-    def bc(x):
-        return jnp.asarray(np.broadcast_to(x, (B, G) + x.shape).astype(np.int32))
+    def bc(x):   # one small constant, broadcast over (B, G)
+        return jnp.broadcast_to(jnp.asarray(x.astype(np.int32)), (B, G) + x.shape)
 
     fwd = (bc(blocks), bc(count), bc(count - 1), None)
     bwd = (bc(tiles), bc(tcount), bc(np.ones_like(tcount)), bc(nlate), None)

@@ -10,9 +10,10 @@
   thread's Python stack to ``<run.dir>/stacks.txt`` (``stacks.<i>.txt``); the run goes on. The
   signal only wakes a thread, ``nsa-stacks``, which writes the dump holding the GIL, so no other
   thread can run, change its frames or exit meanwhile. It works even while the main thread is
-  stuck inside a device call or a collective: Python's C-level handler, run by whichever thread
-  the kernel picked, writes the signal number to a ``signal.set_wakeup_fd`` pipe that the thread
-  reads (a Python-level handler alone would wait for the main thread). The wakeup fd is one per
+  stuck inside a call that released the GIL (a device call, a collective, I/O; not a C extension
+  spinning with the GIL held, which no Python thread can outwait): Python's C-level handler, run
+  by whichever thread the kernel picked, writes the signal number to a ``signal.set_wakeup_fd``
+  pipe that the thread reads (a Python-level handler alone would wait for the main thread). The wakeup fd is one per
   process: one set before is kept, bytes forwarded to it, and :meth:`Watchdog.close` puts it and
   the previous SIGUSR1 handler back. Not used: ``faulthandler.register`` dumps from inside the
   signal handler without the GIL and crashed the run with SIGSEGV when another thread was running
@@ -85,7 +86,11 @@ class Watchdog:
                     raise WriteFailed(f"run.dir: cannot write {path} ({os_reason(e)})") from e
             if hasattr(signal, "SIGUSR1"):
                 self._listen_usr1()
-        self.beat("start")
+        try:
+            self.beat("start")
+        except WriteFailed:
+            self.close()        # the handler, wakeup fd, pipe and thread go back with the files
+            raise
         if armed:
             self.arm()
 
@@ -150,9 +155,12 @@ class Watchdog:
         self._usr1 = "faulthandler"
 
     def _on_usr1(self, signum, frame) -> None:
-        """The Python-level SIGUSR1 handler: nothing (the dump is the ``nsa-stacks`` thread's;
-        see the module docstring). Installing it makes Python's C-level handler write to the
-        pipe."""
+        """The Python-level SIGUSR1 handler: the dump is the ``nsa-stacks`` thread's (module
+        docstring); installing a handler makes Python's C-level one write to the pipe. A Python
+        handler installed before ours (a job scheduler's preemption notice, say) still runs."""
+        prev = self._usr1[3] if isinstance(self._usr1, tuple) else None
+        if callable(prev):
+            prev(signum, frame)
 
     def _usr1_loop(self, r: int, forward: int) -> None:
         """The ``nsa-stacks`` thread: one dump per read that holds a SIGUSR1 byte (a burst of
