@@ -416,6 +416,19 @@ def blocks_per_step(D: int, Dv: int) -> int:
     return 2 if max(D, Dv) <= WIDE_MAX_HEAD_DIM else 1
 
 
+def list_operands(lists, q, k, v) -> tuple:
+    """The forward / dQ kernels' leading operands: the lists' (blocks, bcount, nfull), q, k, v
+    and, when the lists carry one, the row bias (:func:`split_refs` takes their refs apart)."""
+    blocks, bcount, nfull, bias = lists
+    return (blocks, bcount, nfull, q, k, v) + (() if bias is None else (bias,))
+
+
+def split_refs(refs, has_bias: bool):
+    """-> (the six refs of (blocks, bcount, nfull, q, k, v), the bias ref or None, the rest)."""
+    head, rest = refs[:6], refs[6:]
+    return head, (rest[0] if has_bias else None), rest[1:] if has_bias else rest
+
+
 def check_per(per: int) -> None:
     """The kernels take 1 or 2 listed blocks per step (:func:`logits` tells a step's blocks apart
     by column half)."""
@@ -450,13 +463,11 @@ def forward_call(q, k, v, lists, scale: float, *, stages: int, name: str,
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     nqt = cdiv(T, ROWS)
-    blocks, bcount, nfull, bias = lists
-    operands = (blocks, bcount, nfull, q, k, v) + (() if bias is None else (bias,))
+    has_bias = lists[3] is not None
 
     def body(*refs):
-        (blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref), rest = refs[:6], refs[6:]
-        bias_ref = None if bias is None else rest[0]
-        o_ref, lse_ref = rest[-2:]
+        head, bias_ref, (o_ref, lse_ref) = split_refs(refs, has_bias)
+        blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref = head
         ring, loaded, freed = ring_scratch(plgpu, stages, q.dtype, D, Dv, per)
         scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=smem_tiles(plgpu)),) + ring + \
             (plgpu.SMEM((2, ROWS), jnp.float32),)
@@ -471,7 +482,8 @@ def forward_call(q, k, v, lists, scale: float, *, stages: int, name: str,
     body.__name__ = name
     o, lse_t = launch(plgpu, body,
                        [jax.ShapeDtypeStruct((B, T, Hq, Dv), q.dtype),
-                        jax.ShapeDtypeStruct((B, Hq, T), jnp.float32)], Hq, nqt, B)(*operands)
+                        jax.ShapeDtypeStruct((B, Hq, T), jnp.float32)], Hq, nqt, B)(
+        *list_operands(lists, q, k, v))
     return o, jnp.swapaxes(lse_t, 1, 2)
 
 

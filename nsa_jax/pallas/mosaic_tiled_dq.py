@@ -26,10 +26,11 @@ from jax.experimental import pallas as pl
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import LOG2E, cdiv
 from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, STAGES, check_per, edge_count, launch,
-                                         logits, no_interpret, plgpu_module, produce, program,
-                                         ring_scratch, ring_stages, row_vectors, rows_vec,
-                                         selection_lists, slot_bias, smem_tiles, step_blocks,
-                                         turns, wait_all, walk)
+                                         list_operands, logits, no_interpret, plgpu_module,
+                                         produce, program, ring_scratch, ring_stages,
+                                         row_vectors, rows_vec, selection_lists, slot_bias,
+                                         smem_tiles, split_refs, step_blocks, turns, wait_all,
+                                         walk)
 
 
 def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, do_ref, rv_ref,
@@ -118,14 +119,11 @@ def dq_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     nqt = cdiv(T, ROWS)
-    blocks, bcount, nfull, bias = lists
-    operands = (blocks, bcount, nfull, q, k, v) + (() if bias is None else (bias,)) + \
-        (do.astype(q.dtype), rv)
+    has_bias = lists[3] is not None
 
     def body(*refs):
-        (blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref), rest = refs[:6], refs[6:]
-        bias_ref = None if bias is None else rest[0]
-        do_ref, rv_ref, dq_ref = rest[-3:]
+        head, bias_ref, (do_ref, rv_ref, dq_ref) = split_refs(refs, has_bias)
+        blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref = head
         ring, loaded, freed = ring_scratch(plgpu, stages, q.dtype, D, Dv, per)
         scratch = (plgpu.SMEM((2, ROWS, D), q.dtype, transforms=smem_tiles(plgpu)),
                    plgpu.SMEM((2, ROWS, Dv), q.dtype, transforms=smem_tiles(plgpu))) + ring + \
@@ -141,7 +139,7 @@ def dq_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
 
     body.__name__ = name
     return launch(plgpu, body, jax.ShapeDtypeStruct((B, T, Hq, D), jnp.float32), Hq, nqt,
-                   B)(*operands)
+                  B)(*list_operands(lists, q, k, v), do.astype(q.dtype), rv)
 
 
 def dq_stages(stages: int, D: int, Dv: int) -> int:
