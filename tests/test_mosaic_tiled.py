@@ -215,6 +215,20 @@ def _inputs(seed, B, T, Hq, G, D):
     return args, idx
 
 
+def _backward_inputs(seed, do_seed, T, Hq, G, D, empty):
+    """Two batch rows of bf16 inputs for the backward tests: q, k, v (the selection branch's),
+    the gate gs, a cotangent dO, the selection (rows ``empty`` [(b, start, stop)] select
+    nothing), the scale and the Triton kernels' tiles."""
+    _require_hopper(T, Hq, G, D)
+    args, idx = _inputs(seed, 2, T, Hq, G, D)
+    for b, start, stop in empty:
+        idx = idx.at[b, start:stop].set(-1)
+    q = args[0]
+    do = jax.random.normal(jax.random.PRNGKey(do_seed), q.shape)
+    return (q, args[3], args[4], args[7][..., 1].astype(jnp.float32), do.astype(jnp.bfloat16),
+            idx, 1.0 / math.sqrt(D), BlockSizes.for_shape(Hq // G, D))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,Hq,G,D", [(2048, 12, 2, 64), (1024, 32, 2, 128), (256, 2, 1, 64)])
 def test_gpu_mosaic_forward_matches_reference_and_triton(T, Hq, G, D):
@@ -265,14 +279,8 @@ def test_gpu_mosaic_dq_matches_reference_and_triton(T, Hq, G, D):
     (relative RMSE <= 5e-3), with rows that selected nothing (dQ = 0 there)."""
     from nsa_jax.pallas.selection_tiled import sel_tiled_bwd_dq
     from nsa_jax.pallas.tiled_index import tile_lists
-    _require_hopper(T, Hq, G, D)
-    B = 2
-    args, idx = _inputs(T + 3 * Hq, B, T, Hq, G, D)
-    idx = idx.at[1, 64:96].set(-1).at[0, 128:192].set(-1)
-    q, k, v, gs = args[0], args[3], args[4], args[7][..., 1].astype(jnp.float32)
-    do = jax.random.normal(jax.random.PRNGKey(T), q.shape).astype(jnp.bfloat16)
-    scale = 1.0 / math.sqrt(D)
-    bs = BlockSizes.for_shape(Hq // G, D)
+    q, k, v, gs, do, idx, scale, bs = _backward_inputs(T + 3 * Hq, T, T, Hq, G, D,
+                                                       [(1, 64, 96), (0, 128, 192)])
 
     @jax.jit
     def run(q, k, v, idx, do, gs):
@@ -308,14 +316,8 @@ def test_gpu_mosaic_dkv_matches_reference_and_triton(T, Hq, G, D):
     row bias in every pair of their tile)."""
     from nsa_jax.pallas.selection_tiled import sel_tiled_bwd_dkv
     from nsa_jax.pallas.tiled_index import tile_lists
-    _require_hopper(T, Hq, G, D)
-    B = 2
-    args, idx = _inputs(T + 5 * Hq, B, T, Hq, G, D)
-    idx = idx.at[1, 64:96].set(-1)
-    q, k, v, gs = args[0], args[3], args[4], args[7][..., 1].astype(jnp.float32)
-    do = jax.random.normal(jax.random.PRNGKey(T + 1), q.shape).astype(jnp.bfloat16)
-    scale = 1.0 / math.sqrt(D)
-    bs = BlockSizes.for_shape(Hq // G, D)
+    q, k, v, gs, do, idx, scale, bs = _backward_inputs(T + 5 * Hq, T + 1, T, Hq, G, D,
+                                                       [(1, 64, 96)])
 
     @jax.jit
     def run(q, k, v, idx, do, gs):
