@@ -37,7 +37,8 @@ class KernelChoices:
                         (mosaic where it runs and heads are 128 wide, else triton). On an H100,
                         NSA op at the bench heads (64 / 4 / 128), 2k / B=8: the forward kernel
                         1.86 -> 1.31 ms; at the 125M heads (64 wide) it was 13-15% slower
-                        (bench/NOTES.md, thirty-first session).
+                        (bench/NOTES.md, thirty-first session), 2.5% with two listed blocks per
+                        step (0.362 vs 0.353 ms at 2k / B=16, thirty-second session).
     sel_tiled_dq:       backend of the tiled selection backward's dQ kernel, as sel_tiled_fwd
                         (same rule for "auto"; bench heads 2k / B=8: 2.06 -> 1.65 ms).
     sel_tiled_dkv:      backend of its dK/dV kernel (Mosaic GPU: one CTA per key block, the two
