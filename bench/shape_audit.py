@@ -3,7 +3,7 @@ tuned on: for each (heads, T x B) point, the op's forward + backward with the de
 ``KernelChoices`` against the alternatives "auto" decides between, in one process.
 
     PYTHONPATH=. python bench/shape_audit.py [--heads 16/16/64 16/8/64 16/4/64 32/8/128]
-        [--points 2048:16 8192:4] [--reps 10] [--out F] [--smoke]
+        [--points 2048:16 8192:4] [--variants NAME:k=v,k=v ...] [--reps 10] [--out F] [--smoke]
 
 ``--heads Hq/G/D`` (query heads, KV groups, head dim; the group size h = Hq / G). Variants per
 point: ``default``; at T <= ``sel_tiled_max_t`` the gather selection kernels (``sel_impl=gather``)
@@ -16,7 +16,9 @@ whose "auto" follows h <= ``SEL_FWD_BLOCK_MAX_H``). Each is timed as wall ms per
 (``harness.CFG``). A variant that cannot run at a shape (an explicit Mosaic GPU choice off
 Hopper or at odd h) is recorded with its error, not timed. The table ends with each point's
 fastest variant and the default's excess over it: a default more than 5% behind is a rule to
-revisit (bench/NOTES.md). ``--smoke``: tiny T on the CPU (interpret mode), not a measurement.
+revisit (bench/NOTES.md). ``--variants`` replaces the list by explicit ones (``NAME`` alone or
+``default``: the defaults; ``NAME:field=value,...``: ``KernelChoices`` overrides, typed as the
+fields' defaults). ``--smoke``: tiny T on the CPU (interpret mode), not a measurement.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
 
-from harness import CFG, make_inputs, timed  # noqa: E402
+from harness import CFG, fields, make_inputs, timed  # noqa: E402
 
 from nsa_jax.nsa import KernelChoices, nsa_attention  # noqa: E402
 from nsa_jax.nsa.options import SEL_FWD_BLOCK_MAX_H  # noqa: E402
@@ -62,11 +64,17 @@ def variants(h: int, D: int, T: int) -> list[tuple[str, dict]]:
     return out
 
 
-def run_point(Hq, G, D, T, B, reps):
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """``NAME`` or ``NAME:field=value,...`` -> (NAME, KernelChoices overrides)."""
+    name, _, over = spec.partition(":")
+    return name, fields(over.split(",") if over else [], KernelChoices)
+
+
+def run_point(Hq, G, D, T, B, reps, explicit=None):
     x = make_inputs(0, T, Hq, G, D, B=B)
     bs = BlockSizes.for_shape(Hq // G, D, 2)
     rows = []
-    for name, over in variants(Hq // G, D, T):
+    for name, over in explicit or variants(Hq // G, D, T):
         ch = KernelChoices(**over)
 
         @jax.jit
@@ -93,16 +101,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heads", nargs="+", default=["16/16/64", "16/8/64", "16/4/64", "32/8/128"])
     ap.add_argument("--points", nargs="+", default=["2048:16", "8192:4"])
+    ap.add_argument("--variants", nargs="+", help="NAME:field=value,... (default: the list above)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out")
     ap.add_argument("--smoke", action="store_true", help="T=256, B=1 on the CPU")
     a = ap.parse_args(argv)
     heads = [parse_heads(s) for s in a.heads]
+    explicit = [parse_variant(v) for v in a.variants] if a.variants else None
     points = [(256, 1)] if a.smoke else [tuple(int(v) for v in p.split(":")) for p in a.points]
     rows = []
     for Hq, G, D in heads:
         for T, B in points:
-            rows += run_point(Hq, G, D, T, B, 1 if a.smoke else a.reps)
+            rows += run_point(Hq, G, D, T, B, 1 if a.smoke else a.reps, explicit)
     print("\nheads        T x B   fastest variant            ms   default ms   default / fastest")
     summary = []
     for Hq, G, D in heads:
