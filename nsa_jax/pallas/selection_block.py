@@ -180,15 +180,11 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
 
 # ---- backward: dK/dV and dQ in one block-major kernel ----------------------------------------
 def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
-                      packed=False, dq_atomic: str | bool = False):
+                      packed=False):
     if packed:
         pt_ref, *refs = refs
-    if dq_atomic:   # dQ summed over the slots in place: float32 atomic adds into [B,T,Hq,Dk]
-        (q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in, _dv_in, _dq_in, dk_ref,
-         dv_ref, dq_ref) = refs
-    else:           # a partial per (query, slot) in pdq_ref [B,T*n,Hq,Dk], summed in XLA
-        (q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref, dv_ref,
-         pdq_ref) = refs
+    (q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref, dv_ref,
+     pdq_ref) = refs
     b, g, base, start, count, qi, head = work_item(meta_ref, h, rows)
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
@@ -212,18 +208,9 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
                                         q, do, v, gs, lse, delta, prec, cdt, c)
             dq = dq + dot(ds, k, precision=prec)
             out += [dk, dv]
-        if dq_atomic:   # masked rows add nothing (at an in-bounds index anyway)
-            t_ok, h_ok = jnp.where(row_ok, t, 0), jnp.where(row_ok, head, 0)
-            at = (b, t_ok[:, None], h_ok[:, None], dk_[None, :])
-            if dq_atomic == "masked":
-                plgpu.atomic_add(dq_ref, at, dq * scale,          # (the mask is not broadcast)
-                                 mask=jnp.broadcast_to(row_ok[:, None], dq.shape))
-            else:       # the interpreter has no masked atomics: zeros where masked
-                plgpu.atomic_add(dq_ref, at, jnp.where(row_ok[:, None], dq * scale, 0.0))
-        else:
-            ts_st = jnp.where(row_ok, ts, pdq_ref.shape[1])   # masked rows -> out of bounds
-            store(pdq_ref.at[b, ts_st[:, None], head[:, None], dk_[None, :]], dq * scale,
-                  row_ok[:, None])
+        ts_st = jnp.where(row_ok, ts, pdq_ref.shape[1])   # masked rows -> out of bounds
+        store(pdq_ref.at[b, ts_st[:, None], head[:, None], dk_[None, :]], dq * scale,
+              row_ok[:, None])
         return tuple(out)
 
     zeros = []
@@ -252,8 +239,6 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     replaces the query-major dQ kernel, which loads the n blocks of every query again.
     Slots run in the forward's passes (``slot_passes``): dK/dV accumulate through the passes
     (aliased), and each pass's dQ partials are summed before the next pass starts.
-    ``choices.sel_dq_sum = "atomic"``: no partials; the kernel adds each (query, slot)'s dQ
-    share into one float32 dQ buffer (atomic adds, aliased through the passes).
     ``index``: the block forward's indices, one per pass; None builds them here."""
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
@@ -274,42 +259,26 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     dk = jnp.zeros((B, T_acc, G, Dk), jnp.float32)
     dv = jnp.zeros((B, T_acc, G, Dv), jnp.float32)
     pdt = stored_dtype(q.dtype)
-    dq_atomic = choices_or_default(choices).sel_dq_sum == "atomic"
     kern_args = dict(h=h, rows=rows, l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale,
-                     prec=dot_precision(q.dtype, interpret, choices), packed=packed,
-                     dq_atomic=dq_atomic and ("zeros" if interpret else "masked"))
-    dq = jnp.zeros((B, T, Hq, Dk), jnp.float32) if dq_atomic else None
-    first = True
+                     prec=dot_precision(q.dtype, interpret, choices), packed=packed)
+    dq = None
     for (lo, hi), ix in zip(passes, index):
         idx_p = idx[..., lo:hi]
         meta, *extra = ix if ix is not None else _pass_index(idx_p, T, Ts, chunk, seg,
                                                              cfg.sel_block)
         N = hi - lo
-        if not first and not dq_atomic:   # the previous pass's dQ partials are summed first
+        if dq is not None:  # the previous pass's dQ partials are summed (and freed) first
             q, dq, dk, dv = lax.optimization_barrier((q, dq, dk, dv))
-        first = False
-        kern = functools.partial(_bwd_block_kernel, n_slots=N, **kern_args)
-        args = (meta, *extra, q, k, v, do, gs, lse, delta, dk, dv)
-        if dq_atomic:
-            dk, dv, dq = pl.pallas_call(
-                kern, grid=(meta.shape[0],),
-                out_shape=[jax.ShapeDtypeStruct(dk.shape, jnp.float32),
-                           jax.ShapeDtypeStruct(dv.shape, jnp.float32),
-                           jax.ShapeDtypeStruct(dq.shape, jnp.float32)],
-                input_output_aliases={len(extra) + 8: 0, len(extra) + 9: 1, len(extra) + 10: 2},
-                compiler_params=compiler_params(bs.num_warps, bs.num_stages),
-                interpret=interpret, name="nsa_sel_bwd_block",
-            )(*args, dq)
-            continue
         dk, dv, pdq = pl.pallas_call(
-            kern, grid=(meta.shape[0],),
+            functools.partial(_bwd_block_kernel, n_slots=N, **kern_args),
+            grid=(meta.shape[0],),
             out_shape=[jax.ShapeDtypeStruct(dk.shape, jnp.float32),
                        jax.ShapeDtypeStruct(dv.shape, jnp.float32),
                        jax.ShapeDtypeStruct((B, T * N, Hq, Dk), pdt)],
             input_output_aliases={len(extra) + 8: 0, len(extra) + 9: 1},
             compiler_params=compiler_params(bs.num_warps, bs.num_stages),
             interpret=interpret, name="nsa_sel_bwd_block",
-        )(*args)
+        )(meta, *extra, q, k, v, do, gs, lse, delta, dk, dv)
         # slots never listed in the index were not written: masked, not read
         used = slot_keys(idx_p, T, Ts, *doc) < num_ranges(Ts, packed)        # [B,T,G,N]
         used = used.transpose(0, 1, 3, 2)[..., None, None]                   # [B,T,N,G,1,1]
