@@ -1,0 +1,174 @@
+"""The training watchdog's SIGUSR1 stack dumps and their set-up and tear-down
+(``nsa_jax.train.watchdog``): a dump for every signal while threads come and go and the main
+thread is stuck in C code, the previous handler and wakeup fd put back by ``close`` and by a
+constructor that fails. The watchdog inside a training run (heartbeat, dump, abort) is
+``tests/test_faults.py::test_watchdog_heartbeat_usr1_and_abort``."""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from nsa_testutil import cli_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# A process like a stuck run: jax's threads started before the Watchdog (SIGUSR1 unblocked in
+# them), a thread stuck in a read, short-lived threads starting and exiting while running Python
+# code (orbax's checkpoint threads do this), and the main thread blocked inside C code, where it
+# never runs a Python-level signal handler (a relocked mutex, like a wait in a device call).
+USR1_CHILD = r'''
+import ctypes, sys, threading
+import jax
+jax.devices()
+from nsa_jax.train.watchdog import Watchdog
+w = Watchdog(0, sys.argv[1])
+
+def stuck_reader():
+    threading.Event().wait()
+
+def recurse(n):
+    return sum(range(20)) if n == 0 else recurse(n - 1) + 1
+
+def churn():
+    while True:
+        ts = [threading.Thread(target=recurse, args=(20,)) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+
+threading.Thread(target=stuck_reader, daemon=True).start()
+for _ in range(2):
+    threading.Thread(target=churn, daemon=True).start()
+mutex = ctypes.create_string_buffer(64)              # glibc: all zeros is an unlocked mutex
+lock = ctypes.CDLL(None).pthread_mutex_lock
+lock(mutex)
+print("stuck", flush=True)
+lock(mutex)                                          # never returns
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mutex, Linux signals")
+def test_usr1_dump_never_kills_and_works_while_main_is_in_c_code(tmp_path):
+    """SIGUSR1 100 times: every one gives a whole dump (the stuck reader and the main thread in
+    it) while threads come and go. faulthandler.register's dump from the signal handler crashed
+    such a process with SIGSEGV within ~50 signals; a Python-level handler alone never runs."""
+    stacks = tmp_path / "stacks.txt"
+    proc = subprocess.Popen([sys.executable, "-c", USR1_CHILD, str(tmp_path)], cwd=ROOT,
+                            env=cli_env(tmp_path / "jax_cache"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "stuck\n", proc.communicate(timeout=30)
+        for i in range(1, 101):
+            proc.send_signal(signal.SIGUSR1)
+            deadline = time.monotonic() + 10
+            while True:     # the i-th dump written whole (its header comes first)
+                text = stacks.read_text()
+                last = text.split("stacks on SIGUSR1 (pid ")[-1]
+                if text.count("stacks on SIGUSR1 (pid ") >= i and "in stuck_reader" in last \
+                        and "in <module>" in last:
+                    break
+                assert proc.poll() is None, (f"SIGUSR1 {i} ended the process "
+                                             f"({proc.returncode}): {proc.stderr.read()}")
+                assert time.monotonic() < deadline, f"no whole dump for SIGUSR1 {i}"
+                time.sleep(0.002)
+        dumps = stacks.read_text().split("stacks on SIGUSR1 (pid ")[1:]
+        assert len(dumps) == 100
+        for d in dumps:
+            assert "in stuck_reader" in d and "in <module>" in d, d
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_watchdog_close_puts_usr1_back(tmp_path):
+    """The nsa-stacks thread ends and the previous handler and wakeup fd are back; a handler
+    and a wakeup fd set before get the signal (and its bytes) meanwhile. Made outside the main
+    thread: faulthandler."""
+    from nsa_jax.train.watchdog import Watchdog
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can only be set from the main thread")
+
+    def threads():
+        return [t for t in threading.enumerate() if t.name == "nsa-stacks"]
+
+    called = []
+
+    def previous(signum, _frame):
+        called.append(signum)
+
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    old_handler = signal.signal(signal.SIGUSR1, previous)
+    old_fd = signal.set_wakeup_fd(w)
+    try:
+        wd = Watchdog(0, tmp_path)
+        assert len(threads()) == 1 and signal.getsignal(signal.SIGUSR1) not in (
+            previous, signal.SIG_DFL, None)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert called == [signal.SIGUSR1]             # the handler set before still runs
+        deadline = time.monotonic() + 10
+        while "in test_watchdog_close_puts_usr1_back" not in (tmp_path / "stacks.txt").read_text():
+            assert time.monotonic() < deadline, "no dump"
+            time.sleep(0.005)
+        deadline = time.monotonic() + 10
+        while True:                                   # forwarded to the wakeup fd set before
+            with contextlib.suppress(BlockingIOError):
+                assert os.read(r, 16) == bytes([signal.SIGUSR1])
+                break
+            assert time.monotonic() < deadline, "no byte forwarded"
+            time.sleep(0.005)
+        wd.close()
+        assert threads() == [] and signal.getsignal(signal.SIGUSR1) is previous
+        assert signal.set_wakeup_fd(w) == w
+        assert (tmp_path / "stacks.txt").exists()    # kept: a dump was written
+
+        box = []                                      # outside the main thread
+        t = threading.Thread(target=lambda: box.append(Watchdog(0, tmp_path / "x")))
+        (tmp_path / "x").mkdir()
+        t.start()
+        t.join()
+        assert threads() == [] and signal.set_wakeup_fd(w) == w
+        os.kill(os.getpid(), signal.SIGUSR1)          # the main thread takes it: holds the GIL
+        text = (tmp_path / "x" / "stacks.txt").read_text()
+        assert "in test_watchdog_close_puts_usr1_back" in text
+        box[0].close()
+        assert signal.getsignal(signal.SIGUSR1) is previous
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        signal.signal(signal.SIGUSR1, old_handler if old_handler is not None else signal.SIG_DFL)
+        os.close(r)
+        os.close(w)
+
+
+def test_watchdog_that_fails_to_start_puts_usr1_back(tmp_path, monkeypatch):
+    """A first heartbeat that cannot be written (a full disk) is one WriteFailed naming the file,
+    and the SIGUSR1 handler, wakeup fd and nsa-stacks thread it had set up are gone with it."""
+    from nsa_jax.train import watchdog as wdm
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can only be set from the main thread")
+    before = signal.getsignal(signal.SIGUSR1)
+
+    def full(*_a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(wdm.os, "pwrite", full)
+    with pytest.raises(wdm.WriteFailed, match="run.dir: cannot write .*heartbeat.json"):
+        wdm.Watchdog(0, tmp_path)
+    assert signal.getsignal(signal.SIGUSR1) == before
+    assert not [t for t in threading.enumerate() if t.name == "nsa-stacks"]
+    assert signal.set_wakeup_fd(-1) == -1
