@@ -6,9 +6,8 @@ tuned on: for each (heads, T x B) point, the op's forward + backward with the de
         [--points 2048:16 8192:4] [--variants NAME:k=v,k=v ...] [--reps 10] [--out F] [--smoke]
 
 ``--heads Hq/G/D`` (query heads, KV groups, head dim; the group size h = Hq / G). Variants per
-point: ``default``; at T <= ``sel_tiled_max_t`` the gather selection kernels (``sel_impl=gather``)
-and, where the tiled kernels have a Mosaic GPU twin, the tiled forward / dQ on the other backend
-and the dK/dV on Triton;
+point: ``default``; at T <= ``sel_tiled_max_t`` the gather selection kernels (``sel_impl=gather``),
+the tiled forward / dQ on the other backend (Triton / Mosaic GPU) and the tiled dK/dV on Triton;
 above it the tiled kernels (``sel_impl=tiled``) and the other gather forward (``sel_fwd``,
 whose "auto" follows h <= ``SEL_FWD_BLOCK_MAX_H``). Each is timed as wall ms per fwd+bwd call
 (median of ``--reps`` synced calls after 3 warm-up calls; ``harness.timed``), bf16 random inputs
