@@ -237,22 +237,17 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
     if "win" in br:
         o_win, win_vjp = jax.vjp(lambda a, b, c: window_attention(
             a, b, c, cfg, interpret, choices=st.choices, seg=seg, block_sizes=bs), q, k_win, v_win)
-        # kept in q's dtype if 16-bit: cuDNN's output is that dtype, so this is exact, and the
-        # float32 copy is never materialised (the combine and the gate sum convert as they read)
-        res["win"] = (o_win.astype(stored_dtype(q.dtype)), win_vjp)
+        res["win"] = (o_win, win_vjp)
     out = semantics.combine(o_cmp, o_slc, o_win, gates, cfg, q.dtype)
     return out, (q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, seg, res)
 
 
-def _gate_sums(outs, dout32):
-    """dL/dg_c = sum_d o_c * dO for each branch output o_c in ``outs`` (Eq. 5) -> [B,T,Hq,n]
-    float32, one row reduction over the stacked outputs: dO is read once for all branches (three
-    separate sums read it three times: 1.73 ms of a 2k / B=16 step on an H100, bench/NOTES.md,
-    thirty-third session). Kept out of the final ``jnp.stack`` by an optimization barrier: left
-    to XLA, such sums were fused into that concatenate, one thread per output walking its row
-    (0.21 ms per layer on an H200 at 2k / 8k; seventh and twenty-first sessions)."""
-    x = jnp.stack([o.astype(jnp.float32) for o in outs], axis=-2)          # [B,T,Hq,n,Dv]
-    return jax.lax.optimization_barrier(jnp.sum(x * dout32[..., None, :], axis=-1))
+def _gate_sum(o, dout32):
+    """dL/dg_c = sum_d o_c * dO for one branch (Eq. 5), [B,T,Hq] float32, kept out of the final
+    ``jnp.stack`` by an optimization barrier: left to XLA, the sums were fused into that
+    concatenate, one thread per output walking its row (0.21 ms per layer on an H200 at 2k / 8k
+    with the compressed sum alone; bench/NOTES.md, seventh and twenty-first sessions)."""
+    return jax.lax.optimization_barrier(jnp.sum(o * dout32, axis=-1))
 
 
 def _nsa_bwd(st: _Static, resid, dout):
@@ -268,24 +263,21 @@ def _nsa_bwd(st: _Static, resid, dout):
     dq = jnp.zeros(qp.shape, jnp.float32)
     zeros = [jnp.zeros_like(x) for x in (k_cmp, v_cmp, k_slc, v_slc, k_win, v_win)]
     dkc, dvc, dks, dvs, dkw, dvw = zeros
-    saved = {0: res.get("cmp_grouped", res.get("cmp")), 1: res.get("slc"), 2: res.get("win")}
-    outs = {i: r[1 if i == 1 else 0][..., :Dv] for i, r in saved.items() if r is not None}
-    if outs:   # the saved branch outputs: (o, ...) for cmp and win, (idx, o, ...) for slc
-        sums = _gate_sums(list(outs.values()), dout32)
-        for j, i in enumerate(outs):
-            dgates[i] = sums[..., j]
     if "cmp_grouped" in res:
-        _, cmp_vjp = res["cmp_grouped"]
+        o_c, cmp_vjp = res["cmp_grouped"]
+        dgates[0] = _gate_sum(o_c, dout32)
         dq_c, dkc, dvc = cmp_vjp(g[..., 0:1] * dout32)
         dq = dq + pad_dim(dq_c.astype(jnp.float32), Dkp)
     if "cmp" in res:
         o_c, lse_c = res["cmp"]
+        dgates[0] = _gate_sum(o_c[..., :Dv], dout32)
         dq_c, dkc, dvc = cmp_backward(qp, pad_dim(k_cmp, Dkp), pad_dim(v_cmp, Dvp), o_c, lse_c,
                                       dop, g[..., 0], None, cfg, bs, scale, interpret,
                                       choices=st.choices, seg=seg)
         dq = dq + dq_c
     if "slc" in res:
         idx, o_s, lse_s, index = res["slc"]
+        dgates[1] = _gate_sum(o_s[..., :Dv], dout32)
         sel_bwd = selection_kernels(st.choices, q.shape[1], q.shape[2] // k_slc.shape[2],
                                     q.dtype)[1]
         ksp, vsp = pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp)
@@ -305,7 +297,8 @@ def _nsa_bwd(st: _Static, resid, dout):
         dq = dq + dq_s
     dq = dq[..., :Dk]
     if "win" in res:
-        _, win_vjp = res["win"]
+        o_w, win_vjp = res["win"]
+        dgates[2] = _gate_sum(o_w, dout32)
         dq_w, dkw, dvw = win_vjp(g[..., 2:3] * dout32)
         dq = dq + dq_w.astype(jnp.float32)
     dg = jnp.stack(dgates, axis=-1).astype(gates.dtype)
