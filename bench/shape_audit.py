@@ -42,6 +42,9 @@ from nsa_jax.nsa.options import SEL_FWD_BLOCK_MAX_H  # noqa: E402
 from nsa_jax.pallas.common import BlockSizes  # noqa: E402
 
 
+DEFAULTS = ("default", "default (again)")   # the defaults' two runs at a point
+
+
 def parse_heads(spec: str) -> tuple[int, int, int]:
     try:
         Hq, G, D = (int(x) for x in spec.split("/"))
@@ -78,8 +81,8 @@ def run_point(Hq, G, D, T, B, reps, explicit=None):
     bs = BlockSizes.for_shape(Hq // G, D, 2)
     rows = []
     todo = list(explicit or variants(Hq // G, D, T))
-    if any(name == "default" for name, _ in todo):
-        todo.append(("default (again)", {}))   # last: a drift between the two is the noise
+    if any(name == DEFAULTS[0] for name, _ in todo):
+        todo.append((DEFAULTS[1], {}))   # last: a drift between the two is the noise
     for name, over in todo:
         ch = KernelChoices(**over)
 
@@ -127,7 +130,7 @@ def main(argv=None) -> int:
             if not pt:
                 continue
             best = min(pt, key=lambda r: r["ms"])
-            runs = [r["ms"] for r in pt if r["variant"].startswith("default")]
+            runs = [r["ms"] for r in pt if r["variant"] in DEFAULTS]
             dflt = min(runs) if runs else float("nan")
             ratio = dflt / best["ms"]
             drift = max(runs) / min(runs) - 1 if len(runs) > 1 else float("nan")
