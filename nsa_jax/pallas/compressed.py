@@ -185,9 +185,10 @@ def cmp_forward(q, kc, vc, cfg: NSAConfig, bs: BlockSizes, scale: float, interpr
 
 # ---- backward --------------------------------------------------------------------------------
 def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *refs, h, rows,
-                   bk, d, l, scale, prec, packed=False):
+                   bk, d, l, scale, prec, packed=False, with_init=False):
     seg_refs = refs[:2] if packed else None
     dq_ref = refs[-1]
+    init_ref = refs[-2] if with_init else None   # dQ of the branches before (dq_in)
     qt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     T, Tc = q_ref.shape[1], k_ref.shape[1]
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
@@ -214,7 +215,10 @@ def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *ref
         return dq + dot(ds.astype(cdt), k, precision=prec)
 
     dq = lax.fori_loop(kt0, idiv(n_vis + (bk - 1), bk), step, jnp.zeros((rows, Dk), jnp.float32))
-    _store_rows(dq_ref, dq * scale, b, t, head, ok)
+    dq = dq * scale
+    if with_init:
+        dq = dq + _load_rows(init_ref, b, t, head, ok, Dk).astype(jnp.float32)
+    _store_rows(dq_ref, dq, b, t, head, ok)
 
 
 def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *refs, h, rows,
@@ -301,15 +305,19 @@ def _packed_query_tiles(seg, Tc: int, bk: int, bq: int, cfg: NSAConfig):
 
 
 def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes, scale: float,
-                 interpret: bool, *, choices: KernelChoices | None = None, seg=None):
-    """-> dq (float32), dk, dv (input dtypes) for output cotangent ``gs[..., None] * do`` and lse
-    cotangent ``dlse`` (None = 0); ``gs`` [B,T,Hq] per-row float32 scale (None = 1), applied after
-    the dots so a bf16 ``do`` reaches them unrounded. dK/dV tiles split their query range
-    ``choices.cmp_bwd_split`` ways. ``seg``: packed rows (``cmp_forward``)."""
+                 interpret: bool, *, choices: KernelChoices | None = None, seg=None,
+                 dq_in=None, dq_dtype=jnp.float32):
+    """-> dq (``dq_dtype``), dk, dv (input dtypes) for output cotangent ``gs[..., None] * do`` and
+    lse cotangent ``dlse`` (None = 0); ``gs`` [B,T,Hq] per-row float32 scale (None = 1), applied
+    after the dots so a bf16 ``do`` reaches them unrounded. dK/dV tiles split their query range
+    ``choices.cmp_bwd_split`` ways. ``seg``: packed rows (``cmp_forward``). ``dq_in`` (q's shape,
+    any float dtype; None = 0): added to dQ in float32 inside the kernel before it is stored, so
+    that other branches' dQ need no [B,T,Hq,Dk] sum of their own (``nsa.py``)."""
     B, T, Hq, Dk = q.shape
     Tc, G, Dv = kc.shape[1], kc.shape[2], vc.shape[-1]
     if Tc == 0:
-        return jnp.zeros(q.shape, jnp.float32), jnp.zeros_like(kc), jnp.zeros_like(vc)
+        dq = jnp.zeros(q.shape, dq_dtype) if dq_in is None else dq_in.astype(dq_dtype)
+        return dq, jnp.zeros_like(kc), jnp.zeros_like(vc)
     h = Hq // G
     rows = _tile_rows(h, bs, backward=True)
     # d lse2 / d s = p * log2(e): folding it into delta gives dS = P * (dP - delta + dlse).
@@ -322,12 +330,13 @@ def cmp_backward(q, kc, vc, o, lse, do, gs, dlse, cfg: NSAConfig, bs: BlockSizes
                   prec=dot_precision(q.dtype, interpret, choices), packed=packed)
     segs = () if seg is None else (seg.cmp_lo, seg.rel)
     cp = compiler_params(bs.cmp_bwd_warps or bs.num_warps, bs.num_stages)
+    init = () if dq_in is None else (dq_in,)
     dq = pl.pallas_call(
-        functools.partial(_bwd_dq_kernel, bk=bs.cmp_bwd_keys, **common),
+        functools.partial(_bwd_dq_kernel, bk=bs.cmp_bwd_keys, with_init=bool(init), **common),
         grid=(cdiv(T, rows // h), G, B),
-        out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32), compiler_params=cp,
+        out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), dq_dtype), compiler_params=cp,
         interpret=interpret, name="nsa_cmp_bwd_dq",
-    )(q, kc, vc, do, gs, lse, delta, *segs)
+    )(q, kc, vc, do, gs, lse, delta, *segs, *init)
     bk, split = bs.cmp_bwd_keys, choices_or_default(choices).cmp_bwd_split
     n_kt = cdiv(Tc, bk)
     if packed:

@@ -250,7 +250,19 @@ def _gate_sum(o, dout32):
     return jax.lax.optimization_barrier(jnp.sum(o * dout32, axis=-1))
 
 
+def _add(dq, part, Dkp: int):
+    """dq + one branch's dQ (padded to Dkp), in float32 by XLA (None = nothing yet)."""
+    part = pad_dim(part.astype(jnp.float32), Dkp)
+    return part if dq is None else dq + part
+
+
 def _nsa_bwd(st: _Static, resid, dout):
+    """The three branches' backward. dQ is chained where a kernel takes the dQ so far as its
+    ``dq_in`` (the Pallas compressed dQ, the Triton tiled selection dQ): window (cuDNN or other)
+    -> compressed -> selection, each adding its own in float32 and the last storing q's dtype,
+    so no [B,T,Hq,Dk] float32 sum of the three is written and read (1.18 ms per 2k / B=16 step
+    on an H100; bench/NOTES.md, thirty-third and thirty-fourth sessions); the other kernels'
+    dQ are added by XLA in float32. Either way dQ is rounded once."""
     cfg, bs, interpret = st.cfg, st.bs, st.interpret
     q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, seg, res = resid
     Dk, Dv = q.shape[-1], v_slc.shape[-1]
@@ -260,21 +272,26 @@ def _nsa_bwd(st: _Static, resid, dout):
     g = gates.astype(jnp.float32)
     dout32 = dout.astype(jnp.float32)
     dgates = [jnp.zeros(q.shape[:3], jnp.float32) for _ in range(3)]
-    dq = jnp.zeros(qp.shape, jnp.float32)
+    dq = None   # float32 [B,T,Hq,Dkp] so far, or a window dQ not yet added (chain start)
     zeros = [jnp.zeros_like(x) for x in (k_cmp, v_cmp, k_slc, v_slc, k_win, v_win)]
     dkc, dvc, dks, dvs, dkw, dvw = zeros
+    if "win" in res:
+        o_w, win_vjp = res["win"]
+        dgates[2] = _gate_sum(o_w, dout32)
+        dq, dkw, dvw = win_vjp((g[..., 2:3] * dout32).astype(o_w.dtype))
+        dq = pad_dim(dq, Dkp)            # q's dtype or float32; the next kernel adds it
     if "cmp_grouped" in res:
         o_c, cmp_vjp = res["cmp_grouped"]
         dgates[0] = _gate_sum(o_c, dout32)
         dq_c, dkc, dvc = cmp_vjp(g[..., 0:1] * dout32)
-        dq = dq + pad_dim(dq_c.astype(jnp.float32), Dkp)
+        dq = _add(dq, dq_c, Dkp)
     if "cmp" in res:
         o_c, lse_c = res["cmp"]
         dgates[0] = _gate_sum(o_c[..., :Dv], dout32)
-        dq_c, dkc, dvc = cmp_backward(qp, pad_dim(k_cmp, Dkp), pad_dim(v_cmp, Dvp), o_c, lse_c,
-                                      dop, g[..., 0], None, cfg, bs, scale, interpret,
-                                      choices=st.choices, seg=seg)
-        dq = dq + dq_c
+        dq, dkc, dvc = cmp_backward(qp, pad_dim(k_cmp, Dkp), pad_dim(v_cmp, Dvp), o_c, lse_c,
+                                    dop, g[..., 0], None, cfg, bs, scale, interpret,
+                                    choices=st.choices, seg=seg, dq_in=dq,
+                                    dq_dtype=jnp.float32 if "slc" in res else q.dtype)
     if "slc" in res:
         idx, o_s, lse_s, index = res["slc"]
         dgates[1] = _gate_sum(o_s[..., :Dv], dout32)
@@ -292,18 +309,15 @@ def _nsa_bwd(st: _Static, resid, dout):
             kw = {"dq_kernel": mosaic_tiled_dq.sel_tiled_bwd_dq_mosaic if mosaic["dq"] else None,
                   "dkv_kernel": (mosaic_tiled_dkv.sel_tiled_bwd_dkv_mosaic if mosaic["dkv"]
                                  else None)}
+            if not mosaic["dq"]:               # the chain's last kernel: q's dtype out
+                kw.update(dq_in=dq, dq_dtype=q.dtype)
         dq_s, dks, dvs = sel_bwd(qp, ksp, vsp, idx, o_s, lse_s, dop, g[..., 1], cfg, bs, scale,
                                  interpret, choices=st.choices, seg=seg, **kw)
-        dq = dq + dq_s
-    dq = dq[..., :Dk]
-    if "win" in res:
-        o_w, win_vjp = res["win"]
-        dgates[2] = _gate_sum(o_w, dout32)
-        dq_w, dkw, dvw = win_vjp(g[..., 2:3] * dout32)
-        dq = dq + dq_w.astype(jnp.float32)
+        dq = dq_s if "dq_in" in kw else _add(dq, dq_s, Dkp)
+    dq = jnp.zeros(qp.shape, q.dtype) if dq is None else dq
     dg = jnp.stack(dgates, axis=-1).astype(gates.dtype)
-    return (dq.astype(q.dtype), dkc[..., :Dk], dvc[..., :Dv], dks[..., :Dk], dvs[..., :Dv],
-            dkw.astype(k_win.dtype), dvw.astype(v_win.dtype), dg, None, None)
+    return (dq[..., :Dk].astype(q.dtype), dkc[..., :Dk], dvc[..., :Dv], dks[..., :Dk],
+            dvs[..., :Dv], dkw.astype(k_win.dtype), dvw.astype(v_win.dtype), dg, None, None)
 
 
 _nsa.defvjp(_nsa_fwd, _nsa_bwd)

@@ -294,11 +294,10 @@ def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
 # ---- backward: dQ ------------------------------------------------------------------------------
 def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_ref, do_ref,
                    gs_ref, lse_ref, delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec,
-                   packed=False):
-    if packed:
-        st_ref, dq_ref = refs
-    else:
-        (dq_ref,) = refs
+                   packed=False, with_init=False):
+    st_ref = refs[0] if packed else None
+    init_ref = refs[-2] if with_init else None   # dQ of the branches before (dq_in)
+    dq_ref = refs[-1]
     T, Dk = q_ref.shape[1], q_ref.shape[-1]
     hd, b, qt = _tile_program(T, bq)
     g = idiv(hd, h)
@@ -330,7 +329,12 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_
     dq = lax.fori_loop(nfull, bcount_ref[b, g, qt], functools.partial(block, full=False), dq)
     t_st = jnp.where(ok, t, T)
     dk_ = jnp.arange(Dk)
-    store(dq_ref.at[b, t_st[:, None], hd, dk_[None, :]], dq * scale, ok[:, None])
+    dq = dq * scale
+    if with_init:
+        t_ld = jnp.where(ok, t, 0)
+        dq = dq + load(init_ref.at[b, t_ld[:, None], hd, dk_[None, :]], ok[:, None]).astype(
+            jnp.float32)
+    store(dq_ref.at[b, t_st[:, None], hd, dk_[None, :]], dq, ok[:, None])
 
 
 # ---- backward: dK/dV ---------------------------------------------------------------------------
@@ -412,22 +416,24 @@ def _bwd_common(q, k, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: b
 
 def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAConfig,
                      bs: BlockSizes, scale: float, interpret: bool, *, choices=None, seg=None,
-                     table=None):
-    """dQ float32 [B,T,Hq,Dk] (kernel ``nsa_sel_tiled_bwd_dq``) from ``tile_index``'s per-tile
-    lists, float32 ``gs`` and ``delta = gs * rowsum(o * do)`` (``seg``: packed rows' layout,
-    the one ``tile_index`` was given; ``table``: unpacked rows' ``member_table``, None = built
-    here)."""
+                     table=None, dq_in=None, dq_dtype=jnp.float32):
+    """dQ [B,T,Hq,Dk] in ``dq_dtype`` (kernel ``nsa_sel_tiled_bwd_dq``) from ``tile_index``'s
+    per-tile lists, float32 ``gs`` and ``delta = gs * rowsum(o * do)`` (``seg``: packed rows'
+    layout, the one ``tile_index`` was given; ``table``: unpacked rows' ``member_table``, None =
+    built here); ``dq_in`` (q's shape, None = 0) is added in float32 before the store, as in
+    ``compressed.cmp_backward``."""
     B, T, Hq, Dk = q.shape
+    init = () if dq_in is None else (dq_in,)
     return pl.pallas_call(
-        functools.partial(_bwd_dq_kernel, **_bwd_common(q, k, cfg, bs, scale, interpret,
-                                                        choices, seg)),
+        functools.partial(_bwd_dq_kernel, with_init=bool(init),
+                          **_bwd_common(q, k, cfg, bs, scale, interpret, choices, seg)),
         grid=(Hq, B, cdiv(T, bs.sel_tile_q)),
-        out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32),
+        out_shape=jax.ShapeDtypeStruct((B, T, Hq, Dk), dq_dtype),
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dq",
     )(blocks, bcount, full_counts(blocks, bcount, bs.sel_tile_q, cfg, seg), q, k, v,
       rows_operand(idx, T, cfg, bs.sel_tile_q, seg, table, blocks=blocks), do, gs, lse, delta,
-      *seg_args(seg))
+      *seg_args(seg), *init)
 
 
 def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAConfig,
@@ -452,14 +458,19 @@ def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAC
 
 def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,
                        scale: float, interpret: bool, *, choices=None, seg=None,
-                       dq_kernel=None, dkv_kernel=None):
-    """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
-    same contract as ``selection.sel_backward`` (``do`` in its own dtype, ``gs`` [B,T,Hq] float32
-    per-row scale, None = 1; ``seg`` as ``sel_tiled_forward``); ``choices.f32_dot`` sets float32
-    dot precision. ``dq_kernel`` / ``dkv_kernel``: other dQ / dK, dV kernels of
+                       dq_kernel=None, dkv_kernel=None, dq_in=None, dq_dtype=jnp.float32):
+    """-> dq (``dq_dtype``), dk, dv (input dtypes) for the output cotangent ``gs[..., None] *
+    do``; same contract as ``selection.sel_backward`` (``do`` in its own dtype, ``gs`` [B,T,Hq]
+    float32 per-row scale, None = 1; ``seg`` as ``sel_tiled_forward``); ``choices.f32_dot`` sets
+    float32 dot precision. ``dq_kernel`` / ``dkv_kernel``: other dQ / dK, dV kernels of
     ``mosaic_tiled_dq.sel_tiled_bwd_dq_mosaic``'s signature (None: ``sel_tiled_bwd_dq`` /
     ``sel_tiled_bwd_dkv``); they get the lists built here with their tile height (``lists``),
-    so that the two kernels of one backward build the index once when the heights agree."""
+    so that the two kernels of one backward build the index once when the heights agree.
+    ``dq_in`` / ``dq_dtype`` (``sel_tiled_bwd_dq``'s): only with ``dq_kernel`` None; dq is then
+    ``dq_in`` + this branch's dQ, in ``dq_dtype``."""
+    if dq_kernel is not None and (dq_in is not None or dq_dtype != jnp.float32):
+        raise ValueError("sel_tiled_backward: dq_in / dq_dtype need the Triton dQ kernel "
+                         "(dq_kernel=None)")
     B, T, Hq, _ = q.shape
     gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
     delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
@@ -469,7 +480,7 @@ def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     args = (do, gs, lse, delta, cfg, bs, scale, interpret)
     if dq_kernel is None:
         dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, *args, choices=choices, seg=seg,
-                              table=table)
+                              table=table, dq_in=dq_in, dq_dtype=dq_dtype)
     else:
         dq = dq_kernel(q, k, v, idx, do, gs, lse, delta, cfg, scale, interpret, **other)
     if dkv_kernel is None:
