@@ -214,11 +214,13 @@ def _bwd_dq_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *ref
         ds = dscores(p, do, v, gs, delta, prec)
         return dq + dot(ds.astype(cdt), k, precision=prec)
 
-    dq = lax.fori_loop(kt0, idiv(n_vis + (bk - 1), bk), step, jnp.zeros((rows, Dk), jnp.float32))
-    dq = dq * scale
+    # dq_in enters as the accumulator's start (in units of the unscaled sum): its load is issued
+    # before the key loop, not exposed after it (bench/NOTES.md, thirty-fourth session)
+    dq0 = jnp.zeros((rows, Dk), jnp.float32)
     if with_init:
-        dq = dq + _load_rows(init_ref, b, t, head, ok, Dk).astype(jnp.float32)
-    _store_rows(dq_ref, dq, b, t, head, ok)
+        dq0 = _load_rows(init_ref, b, t, head, ok, Dk).astype(jnp.float32) * (1.0 / scale)
+    dq = lax.fori_loop(kt0, idiv(n_vis + (bk - 1), bk), step, dq0)
+    _store_rows(dq_ref, dq * scale, b, t, head, ok)
 
 
 def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *refs, h, rows,

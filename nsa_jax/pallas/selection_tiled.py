@@ -322,6 +322,10 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_
         return dq
 
     dq = jnp.zeros((bq, Dk), jnp.float32)
+    if with_init:   # the accumulator's start, unscaled (as in compressed._bwd_dq_kernel)
+        t_ld = jnp.where(ok, t, 0)
+        dq = load(init_ref.at[b, t_ld[:, None], hd, jnp.arange(Dk)[None, :]],
+                  ok[:, None]).astype(jnp.float32) * (1.0 / scale)
     nfull = 0
     if not packed:
         nfull = nfull_ref[b, g, qt]
@@ -329,12 +333,7 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_
     dq = lax.fori_loop(nfull, bcount_ref[b, g, qt], functools.partial(block, full=False), dq)
     t_st = jnp.where(ok, t, T)
     dk_ = jnp.arange(Dk)
-    dq = dq * scale
-    if with_init:
-        t_ld = jnp.where(ok, t, 0)
-        dq = dq + load(init_ref.at[b, t_ld[:, None], hd, dk_[None, :]], ok[:, None]).astype(
-            jnp.float32)
-    store(dq_ref.at[b, t_st[:, None], hd, dk_[None, :]], dq, ok[:, None])
+    store(dq_ref.at[b, t_st[:, None], hd, dk_[None, :]], dq * scale, ok[:, None])
 
 
 # ---- backward: dK/dV ---------------------------------------------------------------------------
