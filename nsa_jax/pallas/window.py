@@ -59,12 +59,9 @@ def _masked_window(q, k, v, cfg: NSAConfig, precision):
 def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
                      choices: KernelChoices | None = None, seg=None,
                      block_sizes: BlockSizes | None = None):
-    """q [B,T,Hq,D], k/v [B,T,G,D] -> o [B,T,Hq,Dv]: in q's dtype from cuDNN and the Mosaic GPU
-    kernels (their output, unconverted: a float32 copy of it would be one more [B,T,Hq,Dv] pass
-    written and read per layer; bench/NOTES.md, thirty-fourth session), float32 from the
-    others. ``seg``: packed rows' layout; ``block_sizes``: tiles of the document-local kernel
-    (None = by shape). Unpacked rows go by ``choices.win_attn`` (an explicit "cudnn" that cannot
-    run is one error naming the key)."""
+    """q [B,T,Hq,D], k/v [B,T,G,D] -> o float32 [B,T,Hq,Dv]; ``seg``: packed rows' layout;
+    ``block_sizes``: tiles of the document-local kernel (None = by shape). Unpacked rows go by
+    ``choices.win_attn`` (an explicit "cudnn" that cannot run is one error naming the key)."""
     if seg is not None:
         return local_attention(q, k, v, seg.start, cfg.window, block_sizes,
                                interpret=interpret, choices=choices)
@@ -74,7 +71,8 @@ def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
         if why is not None:
             raise ValueError(f"kernel.win_attn: 'mosaic' cannot run here: {why}; use 'cudnn', "
                              f"'pallas' or 'auto'")
-        return window_attention_mosaic(q, k.astype(q.dtype), v.astype(q.dtype), cfg.window)
+        return window_attention_mosaic(q, k.astype(q.dtype), v.astype(q.dtype),
+                                       cfg.window).astype(jnp.float32)
     if impl == "cudnn":
         require_cudnn("win_attn", q, v, interpret, "'pallas' or 'auto'")
     ok = cudnn_applies(q, v, interpret)
@@ -93,5 +91,5 @@ def window_attention(q, k, v, cfg: NSAConfig, interpret: bool, *,
         o = jax.nn.dot_product_attention(
             q, k, v, is_causal=True, scale=1.0 / math.sqrt(q.shape[-1]),
             local_window_size=(cfg.window - 1, 0), implementation="cudnn")
-        return o[:, :T]
+        return o[:, :T].astype(jnp.float32)
     return _masked_window(q, k, v, cfg, xla_precision(choices))
