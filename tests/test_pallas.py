@@ -145,7 +145,9 @@ def test_block_scores_loop_default_tile_shorter_than_t():
     assert _rel(lb, rb) <= 1e-6
 
 
-@pytest.mark.parametrize("branches", [("slc",), ("cmp", "win")])
+# the dQ chain's ends (pallas/nsa.py _nsa_bwd): selection alone, window -> compressed as the
+# last kernel, compressed alone, window -> selection
+@pytest.mark.parametrize("branches", [("slc",), ("cmp", "win"), ("cmp",), ("slc", "win")])
 def test_parity_branch_subsets(branches):
     cfg = dataclasses.replace(TINY, branches=branches)
     args, cot = _inputs(3, 1, 50, 2, 1, cfg)

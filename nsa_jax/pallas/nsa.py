@@ -153,7 +153,8 @@ def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg
 
     One custom VJP spans the three branches and the gated sum (Eq. 5): the output cotangent
     reaches every kernel in its own dtype with the gate applied in float32 inside, and dQ is
-    summed over branches in float32 and rounded once. The branch outputs are summed in float32;
+    summed over branches in float32 and rounded once (inside the compressed and tiled selection
+    dQ kernels where they run, ``_nsa_bwd``). The branch outputs are summed in float32;
     the copies saved for the backward (rowsum(O * dO) and the gate gradients) are kept in q's
     dtype when it is 16-bit (``common.stored_dtype``: half the residual bytes, as cuDNN keeps
     its O), float32 otherwise. ``block_sizes``: tiles (None = by shape);
