@@ -25,13 +25,13 @@ Hq = G * h
 
 
 def _inputs(T, seed):
-    ks = jax.random.split(jax.random.PRNGKey(seed), 7)
+    ks = jax.random.split(jax.random.PRNGKey(seed), 8)
     n = lambda k, s: jax.random.normal(k, s, jnp.float32)
     Tc = CFG.num_cmp_blocks(T)
     return dict(q=n(ks[0], (B, T, Hq, D)), kc=n(ks[1], (B, Tc, G, D)), vc=n(ks[2], (B, Tc, G, D)),
                 k=n(ks[3], (B, T, G, D)), v=n(ks[4], (B, T, G, D)), do=n(ks[5], (B, T, Hq, D)),
                 dq_in=n(ks[6], (B, T, Hq, D)),
-                gs=jax.random.uniform(ks[6], (B, T, Hq), minval=0.2, maxval=1.0))
+                gs=jax.random.uniform(ks[7], (B, T, Hq), minval=0.2, maxval=1.0))
 
 
 def _seg(T, packed):
