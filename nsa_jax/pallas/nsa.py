@@ -279,8 +279,8 @@ def _nsa_bwd(st: _Static, resid, dout):
     if "win" in res:
         o_w, win_vjp = res["win"]
         dgates[2] = _gate_sum(o_w, dout32)
-        dq, dkw, dvw = win_vjp((g[..., 2:3] * dout32).astype(o_w.dtype))
-        dq = pad_dim(dq, Dkp)            # q's dtype or float32; the next kernel adds it
+        dq, dkw, dvw = win_vjp(g[..., 2:3] * dout32)
+        dq = pad_dim(dq, Dkp)            # in q's dtype; the next kernel adds it in float32
     if "cmp_grouped" in res:
         o_c, cmp_vjp = res["cmp_grouped"]
         dgates[0] = _gate_sum(o_c, dout32)
