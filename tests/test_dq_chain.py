@@ -110,3 +110,55 @@ def test_sel_tiled_backward_rejects_dq_in_with_another_dq_kernel():
         sel_tiled_backward(x["q"], x["k"], x["v"], idx, x["q"], jnp.zeros((B, 32, Hq)), x["do"],
                            None, CFG, BS, 0.1, True, dq_kernel=lambda *a, **k: None,
                            dq_in=x["dq_in"])
+
+
+@pytest.mark.parametrize("mode,in_dtype,out_dtype", [
+    ("query", jnp.float32, jnp.float32),
+    ("query", jnp.bfloat16, jnp.bfloat16),       # the bench shape's chain: cuDNN bf16 in, bf16 out
+    ("ds", jnp.float32, jnp.float32),
+    ("atomic", jnp.float32, jnp.float32),
+])
+def test_sel_backward_adds_dq_in_and_the_grouped_cmp_dq(mode, in_dtype, out_dtype):
+    """The per-query selection dQ kernels (``sel_dq``, ``sel_dq_from_ds``, the atomic variant)
+    with ``dq_in`` in q's layout and ``dq_grouped`` in the grouped compressed layout: dQ = their
+    own + dq_in + ungroup(dq_grouped); queries t < l - 1 have no grouped row."""
+    from nsa_jax.nsa import KernelChoices
+    from nsa_jax.pallas.cmp_grouped import ungroup
+    from nsa_jax.pallas.selection import sel_backward, sel_forward
+    T = 75
+    x = _inputs(T, T + 2)
+    scale = 1.0 / math.sqrt(D)
+    idx = ref.select_blocks(x["q"], x["kc"], CFG)
+    Tq = CFG.num_cmp_blocks(T)
+    dq_in = x["dq_in"].astype(in_dtype)
+    dq_grp = jax.random.normal(jax.random.PRNGKey(5), (B, Tq, Hq * CFG.stride_d, D)).astype(in_dtype)
+    ch = (KernelChoices(sel_impl="gather", sel_bwd="atomic") if mode == "atomic"
+          else KernelChoices(sel_impl="gather", sel_dq=mode))
+
+    @jax.jit
+    def run(x, idx, dq_in, dq_grp):
+        o, lse = sel_forward(x["q"], x["k"], x["v"], idx, CFG, BS, scale, True)
+        args = (x["q"], x["k"], x["v"], idx, o, lse, x["do"], x["gs"], CFG, BS, scale, True)
+        plain = sel_backward(*args, choices=ch)
+        chained = sel_backward(*args, choices=ch, dq_in=dq_in, dq_grouped=dq_grp,
+                               dq_dtype=out_dtype)
+        return plain, chained
+    plain, chained = run(x, idx, dq_in, dq_grp)
+    added = dq_in.astype(jnp.float32) + ungroup(dq_grp.astype(jnp.float32), T, CFG, G, 0.0)
+    assert float(jnp.abs(added[:, :CFG.block_l - 1] - dq_in[:, :CFG.block_l - 1]).max()) == 0
+    _check(chained[0], plain[0], added, out_dtype)
+    for a, b in zip(plain[1:], chained[1:]):     # dK, dV untouched
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_sel_dq_refuses_the_grouped_layout_for_packed_rows():
+    from nsa_jax.pallas.common import dot_precision
+    from nsa_jax.pallas.selection import sel_dq
+    T = 109
+    x = _inputs(T, 3)
+    seg, _ = _seg(T, True)
+    z = jnp.zeros((B, T, Hq), jnp.float32)
+    with pytest.raises(ValueError, match="dq_grouped is the unpacked grouped layout"):
+        sel_dq(x["q"], x["k"], x["v"], jnp.zeros((B, T, G, CFG.n_sel), jnp.int32), x["do"], z,
+               z, z, CFG, BS, dot_precision(jnp.float32, True, None), 0.25, True, seg=seg,
+               dq_grouped=jnp.zeros((B, 32, Hq * CFG.stride_d, D)))

@@ -319,12 +319,18 @@ def test_packed_bf16_matches_f32_reference(T, cmp_attn, sel_impl):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape,T", [("125m", 2048), ("bench", 1027)])
-def test_cmp_attn_cudnn_matches_f32_reference(shape, T):
+@pytest.mark.parametrize("shape,T,sel", [
+    ("125m", 2048, {}), ("bench", 1027, {}),
+    # the per-query selection dQ kernels reading cuDNN's grouped dQ (the chain at long T)
+    ("bench", 1027, {"sel_impl": "gather"}),
+    ("bench", 2048, {"sel_impl": "gather", "sel_dq": "ds"}),
+])
+def test_cmp_attn_cudnn_matches_f32_reference(shape, T, sel):
     """KernelChoices(cmp_attn="cudnn"): compressed attention as a grouped causal cuDNN attention
     (its backward too); bf16 output and all 8 gradients within 5e-3 (relative RMSE) of the float32
     reference on the same selection, and cuDNN's lse (converted to base 2) equals the Pallas
-    lse where a block is visible (the selection scores depend on it)."""
+    lse where a block is visible (the selection scores depend on it). ``sel``: selection
+    choices (gather: its dQ kernel adds the grouped compressed dQ, ``pallas/nsa.py``)."""
     from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped
     from nsa_jax.pallas.common import BlockSizes
     from nsa_jax.pallas.compressed import cmp_forward
@@ -339,11 +345,11 @@ def test_cmp_attn_cudnn_matches_f32_reference(shape, T):
     lse_err = float(np.max(np.abs(np.asarray(lse)[fin] - np.asarray(want)[fin])))
     idx = jax.jit(lambda q, kc: select_blocks_pallas(q, kc, CFG))(args[0], args[1])
     out, grads = _pallas_fwd_bwd(args, cot, block_idx=idx,
-                                 choices=KernelChoices(cmp_attn="cudnn"))
+                                 choices=KernelChoices(cmp_attn="cudnn", **sel))
     ro, rgrads = _reference_by_group(args, cot, idx, G)
     errs = {"out": _rel(out, ro)}
     errs.update({n: _rel(a, b) for n, a, b in zip(NAMES, grads, rgrads)})
-    print("cmp_attn=cudnn", shape, T, f"lse max abs diff {lse_err:.2e}",
+    print("cmp_attn=cudnn", shape, T, sel, f"lse max abs diff {lse_err:.2e}",
           {k: f"{v:.2e}" for k, v in errs.items()})
     assert lse_err <= 1e-3, lse_err   # same bf16 products, float32 sums: ~1e-6 expected
     bad = {k: v for k, v in errs.items() if not v <= 5e-3}
