@@ -321,7 +321,7 @@ def test_packed_bf16_matches_f32_reference(T, cmp_attn, sel_impl):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,T,sel", [
     ("125m", 2048, {}), ("bench", 1027, {}),
-    # the per-query selection dQ kernels reading cuDNN's grouped dQ (the chain at long T)
+    # the per-query selection dQ kernels after cuDNN's grouped compressed backward (long T)
     ("bench", 1027, {"sel_impl": "gather"}),
     ("bench", 2048, {"sel_impl": "gather", "sel_dq": "ds"}),
 ])
@@ -330,7 +330,7 @@ def test_cmp_attn_cudnn_matches_f32_reference(shape, T, sel):
     (its backward too); bf16 output and all 8 gradients within 5e-3 (relative RMSE) of the float32
     reference on the same selection, and cuDNN's lse (converted to base 2) equals the Pallas
     lse where a block is visible (the selection scores depend on it). ``sel``: selection
-    choices (gather: its dQ kernel adds the grouped compressed dQ, ``pallas/nsa.py``)."""
+    choices (gather: the per-query dQ kernels, which the long-T default runs with it)."""
     from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped
     from nsa_jax.pallas.common import BlockSizes
     from nsa_jax.pallas.compressed import cmp_forward

@@ -32,7 +32,6 @@ backward) are the inverse gathers: :func:`_permute`, no scatter.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -182,59 +181,6 @@ def cmp_attention_grouped(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision=
     else:
         og, lse = _xla_causal(qg, kp, vp, scale, precision)
     return ungroup(og, T, cfg, G, 0.0), ungroup(lse * LOG2E, T, cfg, G, POS_INF)
-
-
-def grouped_row(t, cfg: NSAConfig):
-    """Where query t's per-head values sit in the grouped layout (unpacked): -> (row c, offset r,
-    ok = t sees a compressed block), so head n of query t is grouped head n*d + r of row c
-    (heads ordered (g, i, r), :func:`group_queries`). Works on ints and int arrays."""
-    u = t - (cfg.block_l - 1)
-    ok = u >= 0
-    u = jnp.maximum(u, 0)
-    return u // cfg.stride_d, u % cfg.stride_d, ok
-
-
-def cmp_grouped_vjp(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision=None):
-    """:func:`cmp_attention_grouped` for unpacked rows with the backward left in the grouped
-    layout: -> (o_cmp float32 [B,T,Hq,Dv], lse2 [B,T,Hq], bwd, Tq). ``bwd(do_cmp)`` (the output
-    cotangent, [B,T,Hq,Dv]) -> (dq_g [B,Tq,Hq*d,Dk] in q's dtype: the queries' gradient *before*
-    the grouping's transpose, ``ungroup(dq_g, T, cfg, G, 0)`` being q's; dk_cmp, dv_cmp). A
-    kernel that reads query t's rows at :func:`grouped_row` adds dq_g with no [B,T,Hq,Dk] copy
-    of its own (the selection dQ kernels, ``pallas/nsa.py``). Tc = 0 gives bwd -> dq_g None."""
-    B, T, Hq, Dk = q.shape
-    Tc, G = k_cmp.shape[1], k_cmp.shape[2]
-    if Tc == 0:
-        o, lse = cmp_attention_grouped(q, k_cmp, v_cmp, cfg, impl, precision)
-        return o, lse, jax.tree_util.Partial(_no_blocks, k_cmp, v_cmp), 0
-    if impl not in ("cudnn", "xla"):
-        raise ValueError(f"impl must be 'cudnn' or 'xla', got {impl!r}")
-    Tq = _grouped_len(T, cfg, CUDNN_ALIGN if impl == "cudnn" else 1)
-    scale = 1.0 / math.sqrt(Dk)
-
-    def attn(qg, kp, vp):
-        if impl == "cudnn":
-            return _cudnn_causal(qg, kp, vp, scale)
-        return _xla_causal(qg, kp, vp, scale, precision)
-
-    og, vjp, lse = jax.vjp(attn, group_queries(q, cfg, G, Tq), _pad_keys(k_cmp, Tq),
-                           _pad_keys(v_cmp, Tq), has_aux=True)
-    # a pytree (jax.vjp's own function is one), so it can be a custom_vjp residual
-    bwd = jax.tree_util.Partial(functools.partial(
-        _grouped_bwd, cfg=cfg, G=G, Tq=Tq, Tc=Tc,
-        dtypes=(og.dtype, q.dtype, k_cmp.dtype, v_cmp.dtype)), vjp)
-    return ungroup(og, T, cfg, G, 0.0), ungroup(lse * LOG2E, T, cfg, G, POS_INF), bwd, Tq
-
-
-def _no_blocks(k_cmp, v_cmp, do_cmp):
-    return None, jnp.zeros_like(k_cmp), jnp.zeros_like(v_cmp)
-
-
-def _grouped_bwd(vjp, do_cmp, *, cfg: NSAConfig, G: int, Tq: int, Tc: int, dtypes):
-    """``cmp_grouped_vjp``'s backward: group_queries is ungroup's transpose (fill 0), so the
-    grouped output's cotangent is group_queries(do_cmp); the queries' dQ stays grouped."""
-    o_dt, q_dt, k_dt, v_dt = dtypes
-    dq_g, dkp, dvp = vjp(group_queries(do_cmp.astype(o_dt), cfg, G, Tq))
-    return dq_g.astype(q_dt), dkp[:, :Tc].astype(k_dt), dvp[:, :Tc].astype(v_dt)
 
 
 def _packed(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision, seg, Tq: int):

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import SEL_FWD_BLOCK_MAX_H, KernelChoices
-from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped, cmp_grouped_vjp, ungroup
+from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped
 from nsa_jax.pallas.common import (BlockSizes, choices_or_default, cudnn_applies, pad_dim,
                                    padded_dims, require_cudnn, stored_dtype,
                                    use_interpret)
@@ -162,7 +162,7 @@ def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg
     documents (or their ``semantics.SegmentLayout``); module docstring.
     """
     B, T, _, _ = q.shape
-    G = k_cmp.shape[2]
+    G = k_slc.shape[2]
     st = _Static(cfg, _block_sizes(q, G, block_sizes), choices_or_default(choices),
                  use_interpret(), block_idx is None)
     if block_idx is None:
@@ -206,14 +206,11 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
     res = {}
     cmp_attn = _cmp_attn(q, v_cmp, st, seg is not None) if "cmp" in br else "pallas"
     if cmp_attn != "pallas":   # compressed attention as grouped causal attention (cmp_grouped)
-        prec = xla_precision(st.choices)
-        if seg is None:    # the backward's dQ stays grouped (``_nsa_bwd``)
-            o_cmp, lse_c, cmp_vjp, _ = cmp_grouped_vjp(q, k_cmp, v_cmp, cfg, cmp_attn, prec)
-        else:
-            o_cmp, cmp_vjp, lse_c = jax.vjp(
-                lambda a, b, c: cmp_attention_grouped(a, b, c, cfg, cmp_attn, prec, seg),
-                q, k_cmp, v_cmp, has_aux=True)
-        res["cmp_grouped"] = (o_cmp, cmp_vjp, seg is None)
+        o_cmp, cmp_vjp, lse_c = jax.vjp(
+            lambda a, b, c: cmp_attention_grouped(a, b, c, cfg, cmp_attn,
+                                                  xla_precision(st.choices), seg),
+            q, k_cmp, v_cmp, has_aux=True)
+        res["cmp_grouped"] = (o_cmp, cmp_vjp)
     elif "cmp" in br or ("slc" in br and st.select):
         vcp = pad_dim(v_cmp, Dvp) if "cmp" in br else None
         o_c, lse_c = cmp_forward(qp, kcp, vcp, cfg, bs, scale, interpret, choices=st.choices,
@@ -260,24 +257,13 @@ def _add(dq, part, Dkp: int):
     return part if dq is None else dq + part
 
 
-def _flush(dq, dq_grp, T: int, cfg: NSAConfig, G: int, Dkp: int):
-    """dq + the compressed branch's grouped dQ (``cmp_grouped_vjp``) ungrouped, in float32 by
-    XLA, for a next kernel (or the end) that cannot read the grouped layout."""
-    if dq_grp is None:
-        return dq
-    return _add(dq, ungroup(dq_grp, T, cfg, G, 0.0), Dkp)
-
-
 def _nsa_bwd(st: _Static, resid, dout):
     """The three branches' backward. dQ is chained where a kernel takes the dQ so far as its
-    ``dq_in`` (the Pallas compressed dQ, the Triton tiled selection dQ, the per-query selection
-    dQ kernels): window (cuDNN or other) -> compressed -> selection, each adding its own in
-    float32 and the last storing q's dtype, so no [B,T,Hq,Dk] float32 sum of the three is
-    written and read (1.18 ms per 2k / B=16 step on an H100; bench/NOTES.md, thirty-third and
-    thirty-fourth sessions). The grouped cuDNN compressed branch (unpacked rows) leaves its dQ in
-    its grouped layout, which the per-query selection dQ kernels read as it is (no ungrouping
-    copy, thirty-fifth session); the other kernels' dQ are added by XLA in float32. Either way
-    dQ is rounded once."""
+    ``dq_in`` (the Pallas compressed dQ, the Triton tiled selection dQ): window (cuDNN or other)
+    -> compressed -> selection, each adding its own in float32 and the last storing q's dtype,
+    so no [B,T,Hq,Dk] float32 sum of the three is written and read (1.18 ms per 2k / B=16 step
+    on an H100; bench/NOTES.md, thirty-third and thirty-fourth sessions); the other kernels'
+    dQ are added by XLA in float32. Either way dQ is rounded once."""
     cfg, bs, interpret = st.cfg, st.bs, st.interpret
     q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, seg, res = resid
     Dk, Dv = q.shape[-1], v_slc.shape[-1]
@@ -288,8 +274,6 @@ def _nsa_bwd(st: _Static, resid, dout):
     dout32 = dout.astype(jnp.float32)
     dgates = [jnp.zeros(q.shape[:3], jnp.float32) for _ in range(3)]
     dq = None   # float32 [B,T,Hq,Dkp] so far, or a window dQ not yet added (chain start)
-    dq_grp = None   # the grouped compressed branch's dQ, not yet added (``_flush``)
-    G = k_cmp.shape[2]
     zeros = [jnp.zeros_like(x) for x in (k_cmp, v_cmp, k_slc, v_slc, k_win, v_win)]
     dkc, dvc, dks, dvs, dkw, dvw = zeros
     if "win" in res:
@@ -298,13 +282,10 @@ def _nsa_bwd(st: _Static, resid, dout):
         dq, dkw, dvw = win_vjp(g[..., 2:3] * dout32)
         dq = pad_dim(dq, Dkp)            # in q's dtype; the next kernel adds it in float32
     if "cmp_grouped" in res:
-        o_c, cmp_vjp, grouped = res["cmp_grouped"]
+        o_c, cmp_vjp = res["cmp_grouped"]
         dgates[0] = _gate_sum(o_c, dout32)
         dq_c, dkc, dvc = cmp_vjp(g[..., 0:1] * dout32)
-        if grouped:
-            dq_grp = None if dq_c is None else pad_dim(dq_c, Dkp)
-        else:
-            dq = _add(dq, dq_c, Dkp)
+        dq = _add(dq, dq_c, Dkp)
     if "cmp" in res:
         o_c, lse_c = res["cmp"]
         dgates[0] = _gate_sum(o_c[..., :Dv], dout32)
@@ -319,16 +300,10 @@ def _nsa_bwd(st: _Static, resid, dout):
                                     q.dtype)[1]
         ksp, vsp = pad_dim(k_slc, Dkp), pad_dim(v_slc, Dvp)
         kw = {}
-        if sel_bwd is sel_backward:            # the chain's last kernel, grouped dQ read as is
-            kw.update(dq_in=dq, dq_grouped=dq_grp, dq_dtype=q.dtype)
-            dq_grp = None
-        else:
-            dq = _flush(dq, dq_grp, q.shape[1], cfg, G, Dkp)
-            dq_grp = None
         if index and sel_bwd is sel_backward_block:
             kw = {"index": index[0]}           # the forward's indices, one per slot pass
         elif index and len(index[0]) == 1 and not atomic_mode(st.choices):
-            kw["index"] = index[0][0]          # query dQ + inverted dK/dV: one pass's index
+            kw = {"index": index[0][0]}        # query dQ + inverted dK/dV: one pass's index
         elif sel_bwd is sel_tiled_backward:
             mosaic = {key: tiled_backend(f"sel_tiled_{key}", st.choices, qp, ksp, vsp, cfg, seg,
                                          interpret) == "mosaic" for key in ("dq", "dkv")}
@@ -340,7 +315,6 @@ def _nsa_bwd(st: _Static, resid, dout):
         dq_s, dks, dvs = sel_bwd(qp, ksp, vsp, idx, o_s, lse_s, dop, g[..., 1], cfg, bs, scale,
                                  interpret, choices=st.choices, seg=seg, **kw)
         dq = dq_s if "dq_in" in kw else _add(dq, dq_s, Dkp)
-    dq = _flush(dq, dq_grp, q.shape[1], cfg, G, Dkp)
     dq = jnp.zeros(qp.shape, q.dtype) if dq is None else dq
     dg = jnp.stack(dgates, axis=-1).astype(gates.dtype)
     return (dq[..., :Dk].astype(q.dtype), dkc[..., :Dk], dvc[..., :Dv], dks[..., :Dk],

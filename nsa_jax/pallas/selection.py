@@ -314,16 +314,13 @@ def dkv_rows(T: int, Ts: int, l_sel: int, bk: int, n_sub: int, packed: bool) -> 
 
 def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, scale: float,
                  interpret: bool, *, choices: KernelChoices | None = None, seg=None,
-                 index=None, dq_in=None, dq_grouped=None, dq_dtype=jnp.float32):
-    """-> dq (``dq_dtype``), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
+                 index=None):
+    """-> dq (float32), dk, dv (input dtypes) for the output cotangent ``gs[..., None] * do``;
     dK/dV by ``choices.sel_bwd`` ("inverted" or "atomic"), dQ by ``choices.sel_dq``: the
     per-query kernel, or with "ds" from the dS the inverted dK/dV kernel stores (module
     docstring). ``index``: the block -> query index of a one-pass block-major forward
     (``selection_block.sel_forward_block(return_index=True)``: (meta, qt[, pt]) with slot
     payloads t*n + slot), reused by the inverted dK/dV (and "ds") instead of a second sort.
-
-    ``dq_in`` / ``dq_grouped``: the dQ of the branches before, added in the dQ kernel
-    (``selection_query.sel_dq``; q's layout / the compressed branch's grouped layout).
 
     ``do`` [B,T,Hq,Dv] is the cotangent as it arrives (bf16 stays bf16: it feeds the dots
     unrounded) and ``gs`` [B,T,Hq] float32 a per-row scale (the branch gate; None = 1) applied in
@@ -344,15 +341,13 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
                                     *sel_sub_tiles(cfg.sel_block, bs.sel_q_keys), packed))
     gs, delta = grad_scales(o, do, gs)
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
-    chain = dict(dq_in=dq_in, dq_grouped=dq_grouped, dq_dtype=dq_dtype)
     if atomic:
         dq, dk, dv = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret,
-                            seg=seg, acc=acc, **chain)
+                            seg=seg, acc=acc)
         return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
     use_ds = ds_mode(choices, packed)
     if not use_ds:
-        dq = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret, seg=seg,
-                    **chain)
+        dq = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret, seg=seg)
     rows, chunk = item_tiles(bs, h)
     if index is not None:           # the block-major forward's: slot payloads t*n + slot
         meta, *qt = index
@@ -377,7 +372,7 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     )(meta, *qt, q, k, v, do, gs, lse, delta, *acc)
     if use_ds:
         dq = sel_dq_from_ds(k, idx, ds[0], entry_positions(qt[0]), h, cfg, bs, prec, scale,
-                            interpret, **chain)
+                            interpret)
     return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
 
 

@@ -84,38 +84,6 @@ def _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk: int, l_sel: int, p
     return kmask, k, v, dot(q, k, trans_b=True, precision=prec)
 
 
-def _dq_start(init_refs, grouped, b, t, head, row_ok, dk_, scale: float):
-    """The dQ accumulator's start: the dQ of the branches before this one (``sel_dq``'s
-    ``dq_in``), in units of the unscaled sum (divided by ``scale``: the loop's sum is multiplied
-    by it at the end; one float32 rounding unless the scale is a power of two). ``init_refs``:
-    a dQ in q's layout [B,T,Hq,Dk] and / or the compressed branch's grouped dQ [B,Tq,Hq*d,Dk]
-    (``grouped`` = (l, d) when present: query t's head n at row c, head n*d + r,
-    ``cmp_grouped.grouped_row``; t < l - 1 has none). Loaded before the key loop, so the loads
-    overlap its first tiles (bench/NOTES.md, thirty-fourth session)."""
-    dq0 = jnp.zeros((row_ok.shape[0], dk_.shape[0]), jnp.float32)
-    refs = list(init_refs)
-    if grouped is not None:
-        l, d = grouped
-        grp_ref = refs.pop()
-        u = t - (l - 1)
-        ok = u >= 0
-        u = jnp.maximum(u, 0)
-        c, r = idiv(u, d), lax.rem(u, jnp.int32(d))
-        m = (row_ok & ok)[:, None]
-        dq0 += load(grp_ref.at[b, c, (head * d + r)[:, None], dk_[None, :]], m).astype(jnp.float32)
-    for ref in refs:
-        dq0 += load(ref.at[b, t, head[:, None], dk_[None, :]], row_ok[:, None]).astype(jnp.float32)
-    return dq0 * (1.0 / scale)
-
-
-def _dq_inputs(dq_in, dq_grouped, cfg: NSAConfig):
-    """``sel_dq``'s chained inputs -> (the arrays passed to the kernel, ``grouped`` static)."""
-    arrays = () if dq_in is None else (dq_in,)
-    if dq_grouped is None:
-        return arrays, None
-    return arrays + (dq_grouped,), (cfg.block_l, cfg.stride_d)
-
-
 # ---- forward ---------------------------------------------------------------------------------
 def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub, scale, prec,
                 packed=False):
@@ -168,10 +136,9 @@ def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, inte
 
 # ---- backward: dQ (and dK/dV in "atomic" mode) -------------------------------------------------
 def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_ref, *refs, h, n_sel,
-                  l_sel, bk, n_sub, scale, prec, atomic, packed=False, n_init=0, grouped=None):
+                  l_sel, bk, n_sub, scale, prec, atomic, packed=False):
     if packed:
         st_ref, *refs = refs
-    init_refs, refs = refs[:n_init], refs[n_init:]
     if atomic:
         _dk_in, _dv_in, dq_ref, dk_ref, dv_ref = refs
     else:
@@ -204,37 +171,27 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
             plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv_t)
         return dq
 
-    dq0 = _dq_start(init_refs, grouped, b, t, head, row_ok, dk_, scale)
-    dq = lax.fori_loop(0, n_sel * n_sub, step, dq0)
+    dq = lax.fori_loop(0, n_sel * n_sub, step, jnp.zeros((hp, Dk), jnp.float32))
     head_st = jnp.where(row_ok, head, dq_ref.shape[2])
     store(dq_ref.at[b, t, head_st[:, None], dk_[None, :]], dq * scale, row_ok[:, None])
 
 
 def sel_dq(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, bs: BlockSizes, prec, scale: float,
-           interpret: bool, *, seg=None, acc=None, dq_in=None, dq_grouped=None,
-           dq_dtype=jnp.float32):
-    """dQ [B,T,Hq,Dk] (``dq_dtype``) of the selection branch (``gs``, ``delta`` from
+           interpret: bool, *, seg=None, acc=None):
+    """dQ float32 [B,T,Hq,Dk] of the selection branch (``gs``, ``delta`` from
     ``selection.grad_scales``); with ``acc`` (float32 dK, dV accumulators) the "atomic" variant:
-    -> (dq, dk_acc, dv_acc) with every selected block's dK/dV tiles added. ``dq_in`` (q's
-    layout) and ``dq_grouped`` (the compressed branch's dQ in ``cmp_grouped``'s grouped layout,
-    unpacked rows only), any float dtype, None = 0: the dQ of the branches before, added in
-    float32 before the one store (``_dq_start``), so no [B,T,Hq,Dk] sum of the branches is
-    written and read outside (``pallas/nsa.py``)."""
+    -> (dq, dk_acc, dv_acc) with every selected block's dK/dV tiles added."""
     B, T, Hq, Dk = q.shape
     G = k.shape[2]
     bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_q_keys)
-    if dq_grouped is not None and seg is not None:
-        raise ValueError("sel_dq: dq_grouped is the unpacked grouped layout; packed rows "
-                         "(seg) pass their dQ as dq_in")
     segs = () if seg is None else (seg.start,)
-    init, grouped = _dq_inputs(dq_in, dq_grouped, cfg)
     kern = functools.partial(_bwd_q_kernel, h=Hq // G, n_sel=idx.shape[-1], l_sel=cfg.sel_block,
                              bk=bk, n_sub=n_sub, scale=scale, prec=prec, atomic=acc is not None,
-                             packed=seg is not None, n_init=len(init), grouped=grouped)
-    dq_shape = jax.ShapeDtypeStruct((B, T, Hq, Dk), dq_dtype)
+                             packed=seg is not None)
+    dq_shape = jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32)
     params = dict(grid=(T, G, B), interpret=interpret,
                   compiler_params=compiler_params(bs.sel_warps, bs.sel_stages))
-    args = (q, k, v, idx, do, gs, lse, delta, *segs, *init)
+    args = (q, k, v, idx, do, gs, lse, delta, *segs)
     if acc is None:
         return pl.pallas_call(kern, out_shape=dq_shape, name="nsa_sel_bwd_dq", **params)(*args)
     n_in = len(args)
@@ -246,14 +203,13 @@ def sel_dq(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, bs: BlockSizes, pre
 
 
 # ---- backward: dQ from the inverted dK/dV kernel's dS (KernelChoices.sel_dq = "ds") -----------
-def _dq_ds_kernel(k_ref, idx_ref, pos_ref, ds_ref, *refs, h, n_sel, l_sel, bk, n_sub, scale,
-                  prec, grouped=None):
+def _dq_ds_kernel(k_ref, idx_ref, pos_ref, ds_ref, dq_ref, *, h, n_sel, l_sel, bk, n_sub, scale,
+                  prec):
     """dQ of one (query t, group g, row b) = sum over its selected blocks of dS K (the gradient
     of Eq. 10's selected-block attention through the scores), dS [h, l'] per slot as the dK/dV
     kernel stored it (the input dtype: the rounding the per-query kernel's dot takes) at rows
     pos*h .. of the (b, g) buffer, pos = the entry's place in the index. Unused slots (never
     written) and blocks starting past t (written as zeros) are masked, not read."""
-    *init_refs, dq_ref = refs
     (t, g, b), row_ok, head, dk_, _ = _query_rows(dq_ref, h, load_q=False)
     G = dq_ref.shape[2] // h
     hp = row_ok.shape[0]
@@ -269,15 +225,14 @@ def _dq_ds_kernel(k_ref, idx_ref, pos_ref, ds_ref, *refs, h, n_sel, l_sel, bk, n
                   row_ok[:, None] & kmask[None, :])
         return dq + dot(ds, k, precision=prec)
 
-    dq0 = _dq_start(init_refs, grouped, b, t, head, row_ok, dk_, scale)
-    dq = lax.fori_loop(0, n_sel * n_sub, step, dq0)
+    dq = lax.fori_loop(0, n_sel * n_sub, step, jnp.zeros((hp, k_ref.shape[-1]), jnp.float32))
     head_st = jnp.where(row_ok, head, dq_ref.shape[2])
     store(dq_ref.at[b, t, head_st[:, None], dk_[None, :]], dq * scale, row_ok[:, None])
 
 
 def sel_dq_from_ds(k, idx, ds, pos, h: int, cfg: NSAConfig, bs: BlockSizes, prec, scale: float,
-                   interpret: bool, *, dq_in=None, dq_grouped=None, dq_dtype=jnp.float32):
-    """dQ [B,T,G*h,Dk] (``dq_dtype``; ``dq_in`` / ``dq_grouped`` added as in ``sel_dq``) from ``ds`` [B*G, T*n*h + pad, L] (``selection.sel_backward`` with
+                   interpret: bool):
+    """dQ float32 [B,T,G*h,Dk] from ``ds`` [B*G, T*n*h + pad, L] (``selection.sel_backward`` with
     ``KernelChoices.sel_dq = "ds"``: entry p of the (b, g) index row at rows p*h .. p*h + h - 1,
     columns in the dK/dV kernel's ``bs.sel_keys`` sub-tiles) and ``pos`` [B,G,T*n], each (query,
     slot) entry's place in the index. Loads each selected block's K once per (query, group): half
@@ -285,12 +240,11 @@ def sel_dq_from_ds(k, idx, ds, pos, h: int, cfg: NSAConfig, bs: BlockSizes, prec
     B, T, G, n = idx.shape
     Dk = k.shape[-1]
     bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_keys)
-    init, grouped = _dq_inputs(dq_in, dq_grouped, cfg)
     kern = functools.partial(_dq_ds_kernel, h=h, n_sel=n, l_sel=cfg.sel_block, bk=bk,
-                             n_sub=n_sub, scale=scale, prec=prec, grouped=grouped)
+                             n_sub=n_sub, scale=scale, prec=prec)
     return pl.pallas_call(
         kern, grid=(T, G, B),
-        out_shape=jax.ShapeDtypeStruct((B, T, G * h, Dk), dq_dtype),
+        out_shape=jax.ShapeDtypeStruct((B, T, G * h, Dk), jnp.float32),
         compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
         interpret=interpret, name="nsa_sel_bwd_dq_ds",
-    )(k, idx, pos, ds, *init)
+    )(k, idx, pos, ds)
