@@ -1,5 +1,5 @@
-"""Compare two ``bench/profile_step.py`` (or ``bench/gpu_hlo.sh``) profiles: device busy per step,
-the categories, and the ops that moved.
+"""Compare two ``bench/profile_step.py`` (or ``bench/gpu_hlo.sh``, or ``bench/profile_op.py``)
+profiles: device busy per step (per op call), the categories, and the ops that moved.
 
     python bench/step_diff.py BEFORE.json AFTER.json [--min-ms 0.05] [--json OUT]
 
@@ -32,8 +32,11 @@ def _xla_named(name: str) -> bool:
 
 
 def load_points(path) -> dict:
-    """{(model, seq_len, batch): point} of a profile JSON (points with an error skipped)."""
+    """{(model, seq_len, batch): point} of a profile JSON (points with an error skipped). A
+    ``bench/profile_op.py`` profile (one op, no points) is one point, keyed ("op SHAPE", T, B)."""
     data = json.loads(Path(path).read_text())
+    if "points" not in data and "device_busy_ms_per_step" in data and "shape" in data:
+        return {(f"op {data['shape']}", data["T"], data["B"]): data}
     return {(p["model"], p["seq_len"], p["batch"]): p for p in data.get("points", [])
             if "error" not in p}
 

@@ -82,6 +82,27 @@ def test_cli_prints_and_writes_json_and_rejects_profiles_without_a_common_point(
     assert "no point is in both" in capsys.readouterr().err
 
 
+def test_cli_takes_two_op_profiles(tmp_path, capsys):
+    """bench/profile_op.py writes one op's profile with no points (the thirty-fifth session's
+    call 4, reduced): it is one point, keyed by its shape, T and B."""
+    def op_profile(busy, ops, T=65536):
+        p = _point(busy, ops)
+        for k in ("model", "seq_len", "batch"):
+            del p[k]
+        return {"shape": "bench", "T": T, "B": 1, **p}
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    a.write_text(json.dumps(op_profile(102.06, [_op("nsa_sel_bwd_dq", 18.40, 1, K),
+                                                _op("loop_convert_fusion", 1.198, 1)])))
+    b.write_text(json.dumps(op_profile(103.21, [_op("nsa_sel_bwd_dq", 21.288, 1, K),
+                                                _op("nsa_topn", 0.049, 1, K)])))
+    c.write_text(json.dumps(op_profile(1.0, [], T=8192)))
+    assert step_diff.main([str(a), str(b)]) == 0
+    text = capsys.readouterr().out
+    assert "== op bench T=65536 B=1: device busy 102.06 -> 103.21" in text
+    assert "nsa_sel_bwd_dq" in text and "loop_convert_fusion" in text
+    assert step_diff.main([str(a), str(c)]) == 2
+
+
 @pytest.mark.parametrize("args,msg", [([], "usage: bash bench/ab_step.sh"),
                                       (["/nonexistent", "nsa_125m:2048:16"], "no nsa_jax/"),
                                       ([".", "nsa_125m:2048"], "point must be MODEL:T:B")])
