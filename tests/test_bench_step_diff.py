@@ -1,5 +1,5 @@
 """bench/step_diff.py (two step profiles compared) on synthetic profiles shaped like
-bench/profile_step.py's, and bench/ab_step.sh's argument checks (its runs need a GPU)."""
+bench/profile_step.py's, and the argument checks of bench/ab_step.sh and bench/ab_op.sh (their runs need a GPU)."""
 import json
 import subprocess
 import sys
@@ -108,5 +108,16 @@ def test_cli_takes_two_op_profiles(tmp_path, capsys):
                                       ([".", "nsa_125m:2048"], "point must be MODEL:T:B")])
 def test_ab_step_rejects_bad_arguments_before_any_run(args, msg):
     r = subprocess.run(["bash", "bench/ab_step.sh", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2 and msg in r.stderr, (r.returncode, r.stderr)
+
+
+@pytest.mark.parametrize("args,msg", [([], "usage: bash bench/ab_op.sh"),
+                                      (["/nonexistent", "bench:65536:1"], "no nsa_jax/"),
+                                      ([".", "bench:65536"], "point must be SHAPE:T:B"),
+                                      ([".", "bench:65536:1", "300", "0"], "ROUNDS must be"),
+                                      ([".", "bench:65536:1", "300", "x"], "ROUNDS must be")])
+def test_ab_op_rejects_bad_arguments_before_any_run(args, msg):
+    r = subprocess.run(["bash", "bench/ab_op.sh", *args], cwd=ROOT, capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 2 and msg in r.stderr, (r.returncode, r.stderr)
