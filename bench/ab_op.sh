@@ -8,9 +8,10 @@
 #   e.g. bash bench/ab_op.sh .old/s35 bench:65536:1 300 2 "test_cmp_attn_cudnn_matches_f32_reference"
 # Writes $OUT/op_after1.json, op_before1.json, ..., diff1.json, ... and run.log.
 set -u
+. "$(dirname "$0")/ab_lib.sh"
 [ $# -ge 2 ] || { echo "usage: bash bench/ab_op.sh BEFORE_TREE SHAPE:T:B [BUDGET_S] [ROUNDS] [PYTEST_K]" >&2; exit 2; }
 before=$1; IFS=: read -r shape T B <<< "$2"; budget=${3:-300}; rounds=${4:-2}; kexpr=${5:-}
-[ -d "$before/nsa_jax" ] || { echo "ab_op: $before is not a tree of this project (no nsa_jax/)" >&2; exit 2; }
+ab_check_tree ab_op "$before"
 [ -n "$shape" ] && [ -n "$T" ] && [ -n "$B" ] || { echo "ab_op: point must be SHAPE:T:B, got $2" >&2; exit 2; }
 case "$rounds" in ''|*[!0-9]*|0) echo "ab_op: ROUNDS must be a positive integer, got $rounds" >&2; exit 2;; esac
 OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; t0=$SECONDS; rc=0; log="$OUT/run.log"
@@ -20,18 +21,11 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | h
 for r in $(seq "$rounds"); do
   for tree in . "$before"; do
     tag=$([ "$tree" = . ] && echo after || echo before)$r
-    (cd "$tree" && PYTHONPATH=. timeout "$per" python3 -W ignore::DeprecationWarning bench/profile_op.py \
-      --shape "$shape" --T "$T" --B "$B" --reps 3 --top 60 --out "$OUT/op_$tag.json") 2>&1 \
-      | grep -E "busy|rror" | grep -v "^WARNING" | sed "s/^/$tag /" | tee -a "$log" || rc=1
-    echo "  ($tag done at $((SECONDS - t0)) s)" | tee -a "$log"
+    ab_profile "$tree" "$tag" "$per" bench/profile_op.py --shape "$shape" --T "$T" --B "$B" --reps 3 --top 60 \
+      --out "$OUT/op_$tag.json"
   done
   python3 bench/step_diff.py "$OUT/op_before$r.json" "$OUT/op_after$r.json" --json "$OUT/diff$r.json" 2>&1 \
     | head -24 | tee -a "$log" || rc=1
 done
-left=$((budget - (SECONDS - t0)))
-if [ -n "$kexpr" ] && [ "$left" -gt 30 ]; then
-  timeout "$left" python3 -m pytest -q -m gpu tests -p no:cacheprovider -W ignore::DeprecationWarning -k "$kexpr" 2>&1 \
-    | grep -E "passed|failed|rror|assert" | tail -8 | tee -a "$log"
-fi
-echo "done: $((SECONDS - t0)) s" | tee -a "$log"
+ab_gpu_tests "$kexpr"
 exit $rc
