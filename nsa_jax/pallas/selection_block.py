@@ -66,11 +66,25 @@ def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
     # the block's K/V, loaded once for all of its queries
     kv = [block_kv(k_ref, v_ref, b, g, base, sub, bk, l_sel) for sub in range(n_sub)]
 
-    def tile(it, carry):
-        row_ok, ent, ts = item_entries(ot_ref, b, g, start, count, it, qi, bq)  # t*n + slot
+    def entries(it):   # tile ``it``'s rows: (row_ok, index entry, t*n + slot)
+        return item_entries(ot_ref, b, g, start, count, it, qi, bq)
+
+    def rows_of(ix):   # the tile's gathered q rows (and packed rows' block starts)
+        row_ok, ent, ts = ix
         t = idiv(ts, n_slots)
         q = load(q_ref.at[b, t[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
-        p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
+        return q, load(pt_ref.at[b, g, ent], row_ok) if packed else None
+
+    # Loads one tile ahead, by hand: tile it + 1's q rows and tile it + 2's index entries are
+    # loaded while tile it computes (Triton's own pipelining of this loop waits for its copies
+    # at the top of each tile). Tiles past the item's count load nothing (row_ok is False).
+    # On an H200 this forward moved -0.5% at 8k / B=4 and -4% at 64k (bench/NOTES.md,
+    # thirty-sixth session).
+    def tile(it, carry):
+        (row_ok, _, ts), (q, p0), ix1 = carry
+        ix2 = entries(it + 2)
+        nxt = rows_of(ix1)
+        t = idiv(ts, n_slots)
         m, lsum, acc = softmax_init(rows, Dv)
         for k, v, kpos, kvalid in kv:
             mask = item_mask(row_ok, kvalid, kpos, t, p0, l_sel)
@@ -82,9 +96,10 @@ def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         store(po_ref.at[b, ts_st[:, None], head[:, None], dv_[None, :]],
               acc / l_safe[:, None], row_ok[:, None])
         store(plse_ref.at[b, ts_st, head], jnp.where(lse == POS_INF, NEG_INF, lse), row_ok)
-        return carry
+        return ix1, nxt, ix2
 
-    lax.fori_loop(0, idiv(count + (bq - 1), bq), tile, 0)
+    ix0 = entries(0)
+    lax.fori_loop(0, idiv(count + (bq - 1), bq), tile, (ix0, rows_of(ix0), entries(1)))
 
 
 def merge_partials(po, plse, prev=None):
@@ -193,11 +208,23 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
     c = scale * LOG2E
     kv = [block_kv(k_ref, v_ref, b, g, base, sub, bk, l_sel) for sub in range(n_sub)]
 
+    def entries(it):   # tile ``it``'s rows: (row_ok, index entry, t*n + slot)
+        return item_entries(qt_ref, b, g, start, count, it, qi, bq)
+
+    def rows_of(ix):   # the tile's per-row operands (item_rows: q, dO, gs, lse, delta)
+        row_ok, _, ts = ix
+        return item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, idiv(ts, n_slots), head,
+                         row_ok, cdt)
+
+    # loads one tile ahead, as in the forward: tile it + 1's rows and tile it + 2's entries
+    # (20 spill instructions in the sm_90 proxy at the 255-register cap, and still -3.5% at 8k
+    # on an H200 against the pipeliner's copies: bench/NOTES.md, thirty-sixth session)
     def tile(it, carry):
-        row_ok, ent, ts = item_entries(qt_ref, b, g, start, count, it, qi, bq)  # t*n + slot
+        (row_ok, ent, ts), (q, do, gs, lse, delta), ix1 = carry[:3]
+        carry = carry[3:]
+        ix2 = entries(it + 2)
+        nxt = rows_of(ix1)
         t = idiv(ts, n_slots)
-        q, do, gs, lse, delta = item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, t, head,
-                                          row_ok, cdt)
         p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
         dq = jnp.zeros((rows, Dk), jnp.float32)
         out = []
@@ -211,12 +238,14 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         ts_st = jnp.where(row_ok, ts, pdq_ref.shape[1])   # masked rows -> out of bounds
         store(pdq_ref.at[b, ts_st[:, None], head[:, None], dk_[None, :]], dq * scale,
               row_ok[:, None])
-        return tuple(out)
+        return (ix1, nxt, ix2, *out)
 
     zeros = []
     for _ in range(n_sub):
         zeros += [jnp.zeros((bk, Dk), jnp.float32), jnp.zeros((bk, Dv), jnp.float32)]
-    acc = lax.fori_loop(0, idiv(count + (bq - 1), bq), tile, tuple(zeros))
+    ix0 = entries(0)
+    acc = lax.fori_loop(0, idiv(count + (bq - 1), bq), tile,
+                        (ix0, rows_of(ix0), entries(1), *zeros))[3:]
 
     @pl.when(count > 0)
     def _add():
