@@ -495,42 +495,50 @@ def test_topn_tournament_rule():
     assert not _tournament(1024, 512 * 64, 8, cfg, False)        # fewer blocks than n_sel
 
 
-@pytest.mark.parametrize("kind,bs", [("one_value", None), ("two_values", None),
-                                     ("top_in_one_segment", None), ("few_finite", None),
-                                     ("segment_edges", None),
-                                     ("two_values", BlockSizes(topn_tour_rows=None)),
-                                     ("segment_edges", BlockSizes(topn_tour_rows=8))])
-def test_topn_tournament_equals_semantics(kind, bs, monkeypatch):
+TOUR_KINDS = ("one_value", "two_values", "top_in_one_segment", "few_finite", "segment_edges")
+
+
+def _tour_scores(kind, rng, shape):
+    """Scores [T, G, Ts] of one tournament case (``test_topn_tournament_equals_semantics``)."""
+    if kind == "one_value":
+        return np.ones(shape)
+    if kind == "two_values":
+        return rng.integers(0, 2, shape).astype(float)
+    if kind == "top_in_one_segment":
+        s = rng.random(shape) * 0.5
+        s[..., 64:96] += 1.0
+        return s
+    if kind == "few_finite":
+        return np.where(rng.random(shape) < 0.03, rng.random(shape), -np.inf)
+    s = rng.random(shape) * 0.5                                  # segment_edges
+    s[..., [31, 32, 63, 64, 200]] = 2.0
+    return s
+
+
+@pytest.mark.parametrize("bs", [None, BlockSizes(topn_tour_rows=None),
+                                BlockSizes(topn_tour_rows=8)], ids=["rows1", "rows_elems", "rows8"])
+def test_topn_tournament_equals_semantics(bs, monkeypatch):
     """The tournament kernel of the wide unpacked buckets (``topn._tour_kernel``; T = 4200 at
     l' = 16 with the kernel's threshold lowered to 256 columns: buckets of 256 and 512 columns,
     1 row per program (the default), 8, or ``topn_elems`` // width (None: 4 and 2)) ==
-    ``lax.top_k``'s rule on rows built against it: every candidate equal (picks by index
-    alone), two values, all high scores in one 32-column segment (one segment is reloaded every
-    round), fewer finite candidates than picks (-inf scores are never selected: slots -1), and
-    ties that straddle segment edges (columns 31/32, 63/64 equal to the row maximum)."""
+    ``lax.top_k``'s rule on rows built against it, one batch row per kind (one compile per
+    launch setting): every candidate equal (picks by index alone), two values, all high scores
+    in one 32-column segment (one segment is reloaded every round), fewer finite candidates
+    than picks (-inf scores are never selected: slots -1), and ties that straddle segment edges
+    (columns 31/32, 63/64 equal to the row maximum)."""
     from nsa_jax.nsa import semantics
     from nsa_jax.pallas import topn
     from nsa_jax.pallas.topn import topn_pallas
     monkeypatch.setattr(topn, "TOUR_MIN_WIDTH", 256)
-    B, T, G, cfg = 1, 4200, 2, WIDE
+    T, G, cfg = 4200, 2, WIDE
     Ts = cfg.num_sel_blocks(T)
     rng = np.random.default_rng(7)
-    if kind == "one_value":
-        s = np.ones((B, T, G, Ts))
-    elif kind == "two_values":
-        s = rng.integers(0, 2, (B, T, G, Ts)).astype(float)
-    elif kind == "top_in_one_segment":
-        s = rng.random((B, T, G, Ts)) * 0.5
-        s[..., 64:96] += 1.0
-    elif kind == "few_finite":
-        s = np.where(rng.random((B, T, G, Ts)) < 0.03, rng.random((B, T, G, Ts)), -np.inf)
-    else:
-        s = rng.random((B, T, G, Ts)) * 0.5
-        s[..., [31, 32, 63, 64, 200]] = 2.0
+    s = np.stack([_tour_scores(kind, rng, (T, G, Ts)) for kind in TOUR_KINDS])
     scores = jnp.asarray(s.astype(np.float32))
-    want = semantics.topn_from_scores(scores, jnp.arange(T)[None, :, None], cfg)
-    got = jax.jit(lambda x: topn_pallas(x, cfg, True, None, bs))(scores)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    want = np.asarray(semantics.topn_from_scores(scores, jnp.arange(T)[None, :, None], cfg))
+    got = np.asarray(jax.jit(lambda x: topn_pallas(x, cfg, True, None, bs))(scores))
+    bad = [kind for i, kind in enumerate(TOUR_KINDS) if not np.array_equal(got[i], want[i])]
+    assert not bad, f"tournament top-n differs from lax.top_k's rule for: {bad}"
 
 
 @pytest.mark.parametrize("T,cfg,packed,bs,distinct", [
