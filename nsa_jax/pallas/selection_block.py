@@ -76,8 +76,9 @@ def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         return q, load(pt_ref.at[b, g, ent], row_ok) if packed else None
 
     # Loads one tile ahead, by hand: tile it + 1's q rows and tile it + 2's index entries are
-    # loaded while tile it computes (Triton's own pipelining of this loop waits for its copies
-    # at the top of each tile). Tiles past the item's count load nothing (row_ok is False).
+    # loaded while tile it computes (in the sm_90 proxy, Triton's own pipelining of this loop
+    # waits for its copies at the top of each tile). Tiles past the item's count load nothing
+    # (row_ok is False).
     # On an H200 this forward moved -0.5% at 8k / B=4 and -4% at 64k (bench/NOTES.md,
     # thirty-sixth session).
     def tile(it, carry):
