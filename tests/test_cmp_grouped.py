@@ -2,6 +2,8 @@
 ``KernelChoices.cmp_attn``): the XLA twin against the reference and the Pallas lse, and the whole
 op with ``cmp_attn="xla"`` against the reference (values and all 8 gradients, float32, <= 2e-5).
 The cuDNN call itself runs only on a GPU (tests/test_pallas_gpu.py)."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,7 +70,6 @@ def test_op_with_grouped_cmp_matches_reference(sel):
 def test_op_with_grouped_cmp_branch_subsets(branches, T):
     """The grouped compressed branch without the selection, without the window, and at T < l
     (no compressed block)."""
-    import dataclasses
     cfg = dataclasses.replace(TINY, branches=branches)
     args, cot = _inputs(7, 1, T, 4, 2, cfg)
     _assert_parity(args, cot, cfg, choices=KernelChoices(cmp_attn="xla", sel_impl="gather"))
