@@ -113,6 +113,17 @@ def test_op_with_block_kernels_matches_reference(mib, sel_dq):
                                          sel_partial_mib=mib))
 
 
+@pytest.mark.parametrize("sel_dq", ["block", "query"])
+def test_op_with_block_kernels_where_a_key_tile_reaches_past_the_block(sel_dq):
+    """l' = 24 in 16-key sub-tiles: the second sub-tile holds 8 keys of the next block, which
+    only the kernels' column mask (``selection.block_kv``'s kcol) hides; through the block
+    forward and each backward that walks the items (fused, and the inverted dK/dV)."""
+    cfg = dataclasses.replace(TINY, sel_block=24)
+    args, cot = _inputs(33, 1, 75, 4, 2, cfg)
+    _assert_parity(args, cot, cfg, block_sizes=SMALL,
+                   choices=KernelChoices(sel_impl="gather", sel_fwd="block", sel_dq=sel_dq))
+
+
 def test_slot_passes_bound_the_partial_buffer():
     from nsa_jax.pallas.selection_block import slot_passes
     # 125M shape at 64k, bf16: 1.5 GiB of partials -> 2 passes of <= 1024 MiB (the default)

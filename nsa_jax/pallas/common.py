@@ -150,11 +150,42 @@ def softmax_step(m, lsum, s, c, row_bias=None):
     return m_new, alpha, p, lsum * alpha + jnp.sum(p, axis=1)
 
 
+def softmax_first(s, c):
+    """:func:`softmax_step` from the empty state (m = -inf, l = 0, acc = 0): -> (m, p, lsum), the
+    caller's accumulator being p V. The same values without the empty state's rescale, which a
+    kernel restarting its softmax on every tile (the block-major selection forward) would pay
+    as a multiply-add per accumulator entry: the compiler keeps 0 * alpha, it cannot know that
+    alpha is finite."""
+    m = jnp.max(s, axis=1) * c
+    m_safe = jnp.where(m == NEG_INF, 0.0, m)
+    p = jnp.exp2(s * c - m_safe[:, None])
+    return m, p, jnp.sum(p, axis=1)
+
+
 def softmax_finish(m, lsum):
     """-> (divisor for acc (1 where no key was seen), base-2 lse (+inf where none was))."""
     has = lsum > 0
     l_safe = jnp.where(has, lsum, 1.0)
     return l_safe, jnp.where(has, m + jnp.log2(l_safe), POS_INF)
+
+
+def softmax_scale_lse(m, lsum, approx: bool):
+    """:func:`softmax_finish` as (1 / divisor, base-2 lse) for a kernel that normalises every
+    tile (the block-major selection forward): with ``approx`` (compiled for a GPU, not the CPU
+    interpreter) the reciprocal and log2 come from the GPU's approximate units (PTX
+    ``rcp.approx.ftz.f32``, ``lg2.approx.f32``: about 1 ulp, and 2^-22 absolute for lsum in
+    [1, 2^24)), one instruction each where the IEEE forms expand to ~15 and ~25 (sm_90 proxy,
+    bench/kernel_sass.py). A row with keys has lsum >= 1 (its largest entry is 2^0)."""
+    if not approx:
+        l_safe, lse = softmax_finish(m, lsum)
+        return 1.0 / l_safe, lse
+    has = lsum > 0
+    l_safe = jnp.where(has, lsum, 1.0)
+    shape = [jax.ShapeDtypeStruct(l_safe.shape, jnp.float32)]
+    inv, lg = (plgpu.elementwise_inline_asm(asm, args=[l_safe], constraints="=r,r", pack=1,
+                                            result_shape_dtypes=shape)[0]
+               for asm in ("rcp.approx.ftz.f32 $0, $1;", "lg2.approx.f32 $0, $1;"))
+    return inv, jnp.where(has, m + lg, POS_INF)
 
 
 def probs(s, mask, lse, c, row_bias=None):

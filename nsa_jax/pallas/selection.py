@@ -119,18 +119,30 @@ def item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, t, head, row_ok, cdt
 
 
 def block_kv(k_ref, v_ref, b, g, base, sub: int, bk: int, l_sel: int):
-    """Sub-tile ``sub`` of the key block starting at ``base`` -> (k, v, key positions, valid)."""
+    """Sub-tile ``sub`` of the key block starting at ``base`` -> (k, v, key positions, kcol):
+    ``kcol`` [bk] bool, the sub-tile's keys inside the block (off < l'), or None where all are
+    (known when tracing: only a sub-tile reaching past l' needs it in its mask). Keys past K's
+    end load as 0; no mask needs them, since causality already hides them (``item_mask``)."""
     off = sub * bk + jnp.arange(bk)
     kpos = base + off
     kvalid = (off < l_sel) & (kpos < k_ref.shape[1])
+    kcol = None if (sub + 1) * bk <= l_sel else off < l_sel
     return (load(k_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None]),
-            load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None]), kpos, kvalid)
+            load(v_ref.at[b, pl.ds(base + sub * bk, bk), g, :], kvalid[:, None]), kpos, kcol)
 
 
-def item_mask(row_ok, kvalid, kpos, t, p0, l_sel: int):
-    """[rows, bk] keys a tile row sees: causal (s <= t) and, packed (``p0`` not None), its
-    block's keys [p0, p0 + l') (the item's key range may begin before p0: an aligned block)."""
-    mask = row_ok[:, None] & kvalid[None, :] & (kpos[None, :] <= t[:, None])
+def item_mask(kcol, kpos, t, p0, l_sel: int):
+    """[rows, bk] keys a tile row sees: causal (s <= t), inside the block (``kcol``, None: all
+    of the sub-tile) and, packed (``p0`` not None), its block's keys [p0, p0 + l') (the item's
+    key range may begin before p0: an aligned block).
+
+    Two conditions are left out because they hold without it, and each costs a select per logit
+    (the sm_90 proxy compiled them as three passes over the tile): keys past K's end (s <= t < T
+    hides them), and rows past the tile's count (``item_entries``' row_ok): the forward never
+    stores them, and the backward loads their lse as +inf (``item_rows``), so their p is 0."""
+    mask = kpos[None, :] <= t[:, None]
+    if kcol is not None:
+        mask = mask & kcol[None, :]
     if p0 is not None:
         mask = mask & (kpos[None, :] >= p0[:, None]) & (kpos[None, :] < p0[:, None] + l_sel)
     return mask
@@ -154,9 +166,9 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
     n_tiles = idiv(count + (bq - 1), bq)
 
     for sub in range(n_sub):
-        k, v, kpos, kvalid = block_kv(k_ref, v_ref, b, g, base, sub, bk, l_sel)
+        k, v, kpos, kcol = block_kv(k_ref, v_ref, b, g, base, sub, bk, l_sel)
 
-        def tile(it, carry, k=k, v=v, kpos=kpos, kvalid=kvalid, sub=sub):
+        def tile(it, carry, k=k, v=v, kpos=kpos, kcol=kcol, sub=sub):
             dk, dv = carry
             row_ok, ent, t = item_entries(qt_ref, b, g, start, count, it, qi, bq)
             if n_slots:   # an index built with slots (the block-major forward's): t*n + slot
@@ -166,7 +178,7 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
             # common.dkv_accumulate's steps, inline: the "ds" mode stores dS between its dots
             s = dot(q, k, trans_b=True, precision=prec)   # raw; scaled in the exponent
             p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
-            p = probs(s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel), lse, c)
+            p = probs(s, item_mask(kcol, kpos, t, p0, l_sel), lse, c)
             dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
             ds = dscores(p, do, v, gs, delta, prec).astype(cdt)
             if store_ds:   # the tile's entries are consecutive: one contiguous [rows, bk] block

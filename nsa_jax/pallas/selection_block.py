@@ -46,7 +46,7 @@ from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, choices_or_default,
                                    compiler_params, dkv_accumulate, dot, dot_precision, idiv,
-                                   load, sel_sub_tiles, softmax_finish, softmax_init,
+                                   load, sel_sub_tiles, softmax_first, softmax_scale_lse,
                                    softmax_step, store, stored_dtype)
 from nsa_jax.pallas.selection import (block_kv, dkv_rows, grad_scales, inverted_index,
                                       item_entries, item_mask, item_rows, item_tiles,
@@ -54,7 +54,7 @@ from nsa_jax.pallas.selection import (block_kv, dkv_rows, grad_scales, inverted_
 
 
 def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
-                      packed=False):
+                      approx, packed=False):
     if packed:
         pt_ref, *refs = refs
     q_ref, k_ref, v_ref, _lse_in, po_ref, plse_ref = refs
@@ -86,16 +86,21 @@ def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         ix2 = entries(it + 2)
         nxt = rows_of(ix1)
         t = idiv(ts, n_slots)
-        m, lsum, acc = softmax_init(rows, Dv)
-        for k, v, kpos, kvalid in kv:
-            mask = item_mask(row_ok, kvalid, kpos, t, p0, l_sel)
-            s = jnp.where(mask, dot(q, k, trans_b=True, precision=prec), NEG_INF)
-            m, alpha, p, lsum = softmax_step(m, lsum, s, c)
-            acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
-        l_safe, lse = softmax_finish(m, lsum)
+        # Every tile is a whole softmax over the block's keys: its first sub-tile starts it
+        # (no rescale of an empty state), and the result is scaled by one reciprocal per row.
+        for sub, (k, v, kpos, kcol) in enumerate(kv):
+            s = jnp.where(item_mask(kcol, kpos, t, p0, l_sel),
+                          dot(q, k, trans_b=True, precision=prec), NEG_INF)
+            if sub == 0:
+                m, p, lsum = softmax_first(s, c)
+                acc = dot(p.astype(v.dtype), v, precision=prec)
+            else:
+                m, alpha, p, lsum = softmax_step(m, lsum, s, c)
+                acc = acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
+        inv_l, lse = softmax_scale_lse(m, lsum, approx)
         ts_st = jnp.where(row_ok, ts, po_ref.shape[1])   # masked rows -> out of bounds
         store(po_ref.at[b, ts_st[:, None], head[:, None], dv_[None, :]],
-              acc / l_safe[:, None], row_ok[:, None])
+              acc * inv_l[:, None], row_ok[:, None])
         store(plse_ref.at[b, ts_st, head], jnp.where(lse == POS_INF, NEG_INF, lse), row_ok)
         return ix1, nxt, ix2
 
@@ -178,7 +183,8 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
             q, o, lse = lax.optimization_barrier((q, o, lse))
         kern = functools.partial(_fwd_block_kernel, h=h, rows=rows, n_slots=N,
                                  l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale,
-                                 prec=dot_precision(q.dtype, interpret, choices), packed=packed)
+                                 prec=dot_precision(q.dtype, interpret, choices),
+                                 approx=not interpret, packed=packed)
         lse0 = jnp.full((B, T * N, Hq), NEG_INF, jnp.float32)
         po, plse = pl.pallas_call(
             kern, grid=(meta.shape[0],),
@@ -227,18 +233,19 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         nxt = rows_of(ix1)
         t = idiv(ts, n_slots)
         p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
-        dq = jnp.zeros((rows, Dk), jnp.float32)
         out = []
-        for sub, (k, v, kpos, kvalid) in enumerate(kv):
+        for sub, (k, v, kpos, kcol) in enumerate(kv):
             dk, dv = carry[2 * sub], carry[2 * sub + 1]
             s = dot(q, k, trans_b=True, precision=prec)   # raw; scaled in the exponent
-            dk, dv, ds = dkv_accumulate(dk, dv, s, item_mask(row_ok, kvalid, kpos, t, p0, l_sel),
+            dk, dv, ds = dkv_accumulate(dk, dv, s, item_mask(kcol, kpos, t, p0, l_sel),
                                         q, do, v, gs, lse, delta, prec, cdt, c)
-            dq = dq + dot(ds, k, precision=prec)
+            # the first sub-tile's dot starts dQ (0 + x stays an add per entry when written
+            # so); the softmax scale is applied in the slot sum, not per tile
+            dq_s = dot(ds, k, precision=prec)
+            dq = dq_s if sub == 0 else dq + dq_s
             out += [dk, dv]
         ts_st = jnp.where(row_ok, ts, pdq_ref.shape[1])   # masked rows -> out of bounds
-        store(pdq_ref.at[b, ts_st[:, None], head[:, None], dk_[None, :]], dq * scale,
-              row_ok[:, None])
+        store(pdq_ref.at[b, ts_st[:, None], head[:, None], dk_[None, :]], dq, row_ok[:, None])
         return (ix1, nxt, ix2, *out)
 
     zeros = []
@@ -264,9 +271,10 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     the block-major dK/dV kernel (``KernelChoices.sel_dq = "block"``): each (query, slot) row of
     a work item already has dS = P (dP - delta) against the item's key block for dK; dQ's share
     of that block is dS K, one more tile dot, written as a partial per (query, slot) (q's dtype
-    if 16-bit, else float32) and summed over the slots in XLA (Eq. 10's gradient is a sum over
-    the selected blocks; no softmax merge is needed, the saved lse already normalises P). This
-    replaces the query-major dQ kernel, which loads the n blocks of every query again.
+    if 16-bit, else float32; without the softmax scale) and summed over the slots in XLA, which
+    applies the scale (Eq. 10's gradient is a sum over the selected blocks; no softmax merge is
+    needed, the saved lse already normalises P). This replaces the query-major dQ kernel, which
+    loads the n blocks of every query again.
     Slots run in the forward's passes (``slot_passes``): dK/dV accumulate through the passes
     (aliased), and each pass's dQ partials are summed before the next pass starts.
     ``index``: the block forward's indices, one per pass; None builds them here."""
@@ -313,6 +321,6 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
         used = slot_keys(idx_p, T, Ts, *doc) < num_ranges(Ts, packed)        # [B,T,G,N]
         used = used.transpose(0, 1, 3, 2)[..., None, None]                   # [B,T,N,G,1,1]
         pdq = pdq.reshape(B, T, N, G, h, Dk)
-        dq_p = jnp.sum(jnp.where(used, pdq.astype(jnp.float32), 0.0), axis=2)
+        dq_p = jnp.sum(jnp.where(used, pdq.astype(jnp.float32), 0.0), axis=2) * scale
         dq = dq_p if dq is None else dq + dq_p
     return dq.reshape(B, T, Hq, Dk), dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
