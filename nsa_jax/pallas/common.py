@@ -422,7 +422,11 @@ class BlockSizes:
         2.16 -> 1.91 ms at 64k (207 registers per thread at 128 rows held 2 CTAs per SM;
         bench/NOTES.md, twenty-third session). The same field sets the inverted dK/dV kernel's
         tiles (``sel_dq: query`` there; 64 rows measured even with 128 at 8k on an H200, second
-        session) and the index's work-item chunk."""
+        session) and the index's work-item chunk. Those groups also take work items of 512
+        queries (``sel_chunk``): on an H200 at the 125M shape the NSA op (fwd+bwd) went 4.54 ->
+        4.46 ms at 8k / B=4 and 13.16 -> 12.95 at 64k against 1024 (shorter items leave less of
+        a last wave idle; 256 had the faster forward and the slower backward, 2048 was 9%
+        slower; bench/NOTES.md, thirty-seventh session)."""
         if itemsize >= 4 and head_dim >= 128:   # never measured against the rule above
             return cls(num_warps=8, cmp_rows=64, cmp_keys=64, sel_rows=64, sel_tile_q=32,
                        cmp_bwd_keys=32, win_q=32, win_keys=32, sel_dq_rows=32, num_stages=1)
@@ -430,5 +434,5 @@ class BlockSizes:
             return cls(cmp_warps=8, sel_rows=64, sel_warps=1, sel_q_keys=32, sel_stages=3,
                        cmp_bwd_rows=64)
         if itemsize == 2 and h <= SEL_FWD_BLOCK_MAX_H:
-            return cls(sel_rows=64)
+            return cls(sel_rows=64, sel_chunk=512)
         return cls()
