@@ -136,10 +136,12 @@ def item_mask(kcol, kpos, t, p0, l_sel: int):
     of the sub-tile) and, packed (``p0`` not None), its block's keys [p0, p0 + l') (the item's
     key range may begin before p0: an aligned block).
 
-    Two conditions are left out because they hold without it, and each costs a select per logit
-    (the sm_90 proxy compiled them as three passes over the tile): keys past K's end (s <= t < T
-    hides them), and rows past the tile's count (``item_entries``' row_ok): the forward never
-    stores them, and the backward loads their lse as +inf (``item_rows``), so their p is 0."""
+    Two conditions are left out: nothing depends on them, and each cost a select per logit (the
+    sm_90 proxy compiled them as three passes over the tile; the block forward went -20% on an
+    H200 without them and two more changes, bench/NOTES.md, thirty-seventh session). Keys past
+    K's end: s <= t < T already hides them. Rows past the tile's count (``item_entries``'
+    row_ok): the forward never stores them, and the backward loads their lse as +inf
+    (``item_rows``), so their p is 0."""
     mask = kpos[None, :] <= t[:, None]
     if kcol is not None:
         mask = mask & kcol[None, :]
