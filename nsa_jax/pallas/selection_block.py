@@ -233,7 +233,7 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         nxt = rows_of(ix1)
         t = idiv(ts, n_slots)
         p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
-        out = []
+        out, dq = [], None
         for sub, (k, v, kpos, kcol) in enumerate(kv):
             dk, dv = carry[2 * sub], carry[2 * sub + 1]
             s = dot(q, k, trans_b=True, precision=prec)   # raw; scaled in the exponent
@@ -242,7 +242,7 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
             # the first sub-tile's dot starts dQ (0 + x stays an add per entry when written
             # so); the softmax scale is applied in the slot sum, not per tile
             dq_s = dot(ds, k, precision=prec)
-            dq = dq_s if sub == 0 else dq + dq_s
+            dq = dq_s if dq is None else dq + dq_s
             out += [dk, dv]
         ts_st = jnp.where(row_ok, ts, pdq_ref.shape[1])   # masked rows -> out of bounds
         store(pdq_ref.at[b, ts_st[:, None], head[:, None], dk_[None, :]], dq, row_ok[:, None])
