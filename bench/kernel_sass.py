@@ -1,12 +1,13 @@
 """Instruction counts of the NSA op's Pallas kernels for sm_90, without a GPU.
 
     python bench/kernel_sass.py OUT_DIR --triton-python /path/to/venv/bin/python \
-        [--tree DIR] [--route tiled|block|query|packed-tiled|packed-block] [--shape 125m|bench] \
-        [--T 2048] [--num-warps 4]
+        [--tree DIR] [--route tiled|block|query|packed-tiled|packed-block|decode] \
+        [--shape 125m|bench] [--T 2048] [--B 8] [--num-warps 4]
     python bench/kernel_sass.py --compare OLD_DIR NEW_DIR
 
 The first form lowers the op's forward + backward (bf16, the compressed branch through the Pallas
-kernels; cuDNN, which does not lower without a GPU, patched out of the window branch) with the
+kernels; cuDNN, which does not lower without a GPU, patched out of the window branch), or with
+``--route decode`` one decode step at context T and batch B (``triton_ir.decode_route``), with the
 Pallas -> Triton lowering of the jax in this environment (``triton_ir.lower_for_cuda``), writes
 each kernel's Triton IR to OUT_DIR, and compiles it to a cubin for sm_90 with the pip ``triton``
 package of ``--triton-python`` (a separate environment: ``python3 -m venv V && V/bin/pip install
@@ -18,7 +19,8 @@ tree before a change, e.g. ``.old/preXX``). ``--compare`` sets two such director
 
 A proxy, not the device's code: pip Triton 3.6 is not the Triton inside the device's jaxlib, and
 ``--num-warps`` is one value for every kernel (the IR does not carry each kernel's launch
-warps). Instruction-count *differences* between two trees compiled the same way are what it is
+warps). Triton's own TTIR passes (canonicalize, combine, CSE, LICM) run on the lowered IR, as
+the device's pipeline runs them (until the thirty-seventh session they were skipped). Instruction-count *differences* between two trees compiled the same way are what it is
 for (bench/NOTES.md, twenty-fourth session); timings come only from the device.
 """
 from __future__ import annotations
@@ -32,7 +34,7 @@ import re
 import subprocess
 import sys
 
-ROUTES = ("tiled", "block", "query", "packed-tiled", "packed-block")
+ROUTES = ("tiled", "block", "query", "packed-tiled", "packed-block", "decode")
 
 _COMPILE = r"""
 import glob, json, os, sys
@@ -66,8 +68,9 @@ print(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 """
 
 
-def lower(tree: str, out: str, route: str, shape: str, T: int):
-    """Write each Triton kernel of the op's fwd+bwd for ``route`` as OUT/NN_name.ttir."""
+def lower(tree: str, out: str, route: str, shape: str, T: int, B: int = 8):
+    """Write each Triton kernel of the op's fwd+bwd for ``route`` (or of one decode step) as
+    OUT/NN_name.ttir."""
     sys.path.insert(0, os.path.abspath(tree))
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import jax.numpy as jnp
@@ -81,9 +84,12 @@ def lower(tree: str, out: str, route: str, shape: str, T: int):
 
     pwin.cudnn_applies = pnsa.cudnn_applies = lambda *a: False
     sel = route.split("-")[-1]
-    f, shapes = triton_ir.op_route(jnp.bfloat16, route.startswith("packed"),
-                                   "tiled" if sel == "tiled" else "gather",
-                                   "block" if sel == "block" else "query", shape, T)
+    if route == "decode":   # one decode step at context T, batch B
+        f, shapes = triton_ir.decode_route(shape, T, B)
+    else:
+        f, shapes = triton_ir.op_route(jnp.bfloat16, route.startswith("packed"),
+                                       "tiled" if sel == "tiled" else "gather",
+                                       "block" if sel == "block" else "query", shape, T)
 
     modules = []
     triton_ir.lower_for_cuda(f, *shapes, on_module=lambda m: modules.append(
@@ -158,13 +164,14 @@ def main(argv=None):
     ap.add_argument("--route", choices=ROUTES, default="tiled")
     ap.add_argument("--shape", choices=("125m", "bench"), default="125m")
     ap.add_argument("--T", type=int, default=2048)
+    ap.add_argument("--B", type=int, default=8, help="batch of --route decode")
     ap.add_argument("--num-warps", type=int, default=4)
     a = ap.parse_args(argv)
     if a.compare:
         return compare(*a.compare)
     if not a.out or not a.triton_python:
         ap.error("OUT_DIR and --triton-python are required (or --compare OLD NEW)")
-    lower(a.tree, a.out, a.route, a.shape, a.T)
+    lower(a.tree, a.out, a.route, a.shape, a.T, a.B)
     done = subprocess.run([a.triton_python, "-c", _COMPILE, a.out, str(a.num_warps)],
                           capture_output=True, text=True)
     if done.returncode:

@@ -10,7 +10,8 @@ kernels, since cuDNN does not lower without a GPU) the op's forward and backward
 compile to the same kernels, so a code move or a shared helper (e.g. ``common.dkv_accumulate``,
 twenty-second session) can be shown to change no kernel without device time. ``--shape`` picks the
 head layout, and with it the tiles ``BlockSizes.for_shape`` gives (the 128-wide heads of the bench
-shape take their own); T = 1024, one row. Not covered: cuDNN and the decode kernels.
+shape take their own); T = 1024, one row. Not covered: cuDNN; the decode kernels are lowered by
+``decode_route`` (for ``bench/kernel_sass.py``), not by this script's routes.
 ``lower_for_cuda`` and ``route`` are also what ``tests/test_triton_lowering.py`` lowers with.
 """
 from __future__ import annotations
@@ -73,6 +74,25 @@ def op_route(dtype, packed: bool, sel_impl: str, sel_fwd: str, shape: str = "125
         o, vjp = jax.vjp(lambda *x: pnsa.nsa_attention_pallas(*x, CFG, choices=choices, **seg,
                                                               **kw), *args)
         return o, vjp(o)
+    return f, shapes
+
+
+def decode_route(shape: str = "125m", T: int = 65536, B: int = 8, dtype=jnp.bfloat16):
+    """-> (f, arg shapes): one decode step of the Pallas decode kernels
+    (``pallas.decode.nsa_decode_pallas``, all three branches) at context T (the caches' length)
+    and batch B for the head layout ``SHAPES[shape]``; also what ``bench/kernel_sass.py --route
+    decode`` lowers."""
+    S = jax.ShapeDtypeStruct
+    Hq, G, D = SHAPES[shape]
+    names = ("k_cmp", "v_cmp", "k_slc", "v_slc", "k_win", "v_win")
+    lens = (CFG.num_cmp_blocks(T),) * 2 + (CFG.num_sel_blocks(T) * CFG.sel_block,) * 2 \
+        + (CFG.window,) * 2
+    shapes = [S((B, Hq, D), dtype)] + [S((B, G, n, D), dtype) for n in lens]
+    shapes += [S((B,), jnp.int32), S((B, Hq, 3), jnp.float32)]
+
+    def f(q, *a):
+        *caches, t, gates = a
+        return pdecode.nsa_decode_pallas(q, dict(zip(names, caches)), t, gates, CFG)
     return f, shapes
 
 

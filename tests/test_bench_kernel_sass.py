@@ -55,6 +55,18 @@ def test_lower_writes_one_ir_file_per_kernel(tmp_path):
     assert all("tt.func" in (out / n).read_text() for n in names)
 
 
+def test_lower_decode_route_writes_the_decode_kernels(tmp_path):
+    """``--route decode``: one decode step's Pallas kernels (all three branches), in launch order."""
+    out = tmp_path / "ir"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import kernel_sass; "
+            "kernel_sass.lower('.', sys.argv[2], 'decode', '125m', 4096, 2)")
+    subprocess.run([sys.executable, "-c", code, str(BENCH), str(out)], check=True,
+                   cwd=BENCH.parent)
+    names = [p.name.split("_", 1)[1] for p in sorted(out.glob("*.ttir"))]
+    assert names == ["nsa_decode_cmp.ttir", "nsa_decode_score.ttir", "nsa_decode_topn.ttir",
+                     "nsa_decode_slc_win.ttir", "nsa_decode_finish.ttir"]
+
+
 def test_cli_needs_the_triton_python(capsys):
     with pytest.raises(SystemExit):
         kernel_sass.main(["/tmp/x"])
