@@ -40,14 +40,19 @@ def test_compare_prints_both_trees(tmp_path, capsys):
     assert "364 -> 336" in capsys.readouterr().out
 
 
-def test_lower_writes_one_ir_file_per_kernel(tmp_path):
-    # a subprocess: lower() patches cuDNN out of the window branch in the modules it imports
-    out = tmp_path / "ir"
+def _lower(out, *args) -> list[str]:
+    """kernel_sass.lower('.', out, *args) in a subprocess (lower() patches cuDNN out of the
+    window branch in the modules it imports) -> the IR files' names, in order."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import kernel_sass; "
-            "kernel_sass.lower('.', sys.argv[2], 'tiled', '125m', 256)")
+            f"kernel_sass.lower('.', sys.argv[2], *{args!r})")
     subprocess.run([sys.executable, "-c", code, str(BENCH), str(out)], check=True,
                    cwd=BENCH.parent)
-    names = sorted(p.name for p in out.glob("*.ttir"))
+    return sorted(p.name for p in out.glob("*.ttir"))
+
+
+def test_lower_writes_one_ir_file_per_kernel(tmp_path):
+    out = tmp_path / "ir"
+    names = _lower(out, "tiled", "125m", 256)
     assert [n for n in names if "sel_tiled" in n] == [
         n for n in names if n.endswith(("nsa_sel_tiled_fwd.ttir", "nsa_sel_tiled_bwd_dq.ttir",
                                         "nsa_sel_tiled_bwd_dkv.ttir"))]
@@ -57,12 +62,7 @@ def test_lower_writes_one_ir_file_per_kernel(tmp_path):
 
 def test_lower_decode_route_writes_the_decode_kernels(tmp_path):
     """``--route decode``: one decode step's Pallas kernels (all three branches), in launch order."""
-    out = tmp_path / "ir"
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import kernel_sass; "
-            "kernel_sass.lower('.', sys.argv[2], 'decode', '125m', 4096, 2)")
-    subprocess.run([sys.executable, "-c", code, str(BENCH), str(out)], check=True,
-                   cwd=BENCH.parent)
-    names = [p.name.split("_", 1)[1] for p in sorted(out.glob("*.ttir"))]
+    names = [n.split("_", 1)[1] for n in _lower(tmp_path / "ir", "decode", "125m", 4096, 2)]
     assert names == ["nsa_decode_cmp.ttir", "nsa_decode_score.ttir", "nsa_decode_topn.ttir",
                      "nsa_decode_slc_win.ttir", "nsa_decode_finish.ttir"]
 
