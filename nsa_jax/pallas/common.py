@@ -176,15 +176,15 @@ def softmax_scale_lse(m, lsum, approx: bool):
     ``rcp.approx.ftz.f32``, ``lg2.approx.f32``: about 1 ulp, and 2^-22 absolute for lsum in
     [1, 2^24)), one instruction each where the IEEE forms expand to ~15 and ~25 (sm_90 proxy,
     bench/kernel_sass.py). A row with keys has lsum >= 1 (its largest entry is 2^0)."""
-    if not approx:
-        l_safe, lse = softmax_finish(m, lsum)
-        return 1.0 / l_safe, lse
     has = lsum > 0
     l_safe = jnp.where(has, lsum, 1.0)
-    shape = [jax.ShapeDtypeStruct(l_safe.shape, jnp.float32)]
-    inv, lg = (plgpu.elementwise_inline_asm(asm, args=[l_safe], constraints="=r,r", pack=1,
-                                            result_shape_dtypes=shape)[0]
-               for asm in ("rcp.approx.ftz.f32 $0, $1;", "lg2.approx.f32 $0, $1;"))
+    if approx:
+        shape = [jax.ShapeDtypeStruct(l_safe.shape, jnp.float32)]
+        inv, lg = (plgpu.elementwise_inline_asm(asm, args=[l_safe], constraints="=r,r", pack=1,
+                                                result_shape_dtypes=shape)[0]
+                   for asm in ("rcp.approx.ftz.f32 $0, $1;", "lg2.approx.f32 $0, $1;"))
+    else:
+        inv, lg = 1.0 / l_safe, jnp.log2(l_safe)
     return inv, jnp.where(has, m + lg, POS_INF)
 
 
