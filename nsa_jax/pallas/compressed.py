@@ -47,18 +47,25 @@ def _tile_rows(h: int, bs: BlockSizes, backward: bool = False) -> int:
     return max(rows, next_pow2(h))
 
 
-def _rows(qt, g, h: int, rows: int, T: int, hs: int | None = None):
+def _rows(qt, g, h: int, rows: int, T: int, hs: int | None = None, head_major: bool = False):
     """Row r of query tile qt -> (query-in-tile, head, position t (0 where masked), valid).
 
-    Rows hold rows // hs queries with hs >= h row slots each (the last hs - h slots masked).
-    The scoring kernel's loop layout calls it with hs = 1: one row per query, head g*h (its
-    slot 0), and adds each of the group's heads to that itself.
+    Rows hold rows // hs queries with hs >= h row slots each (the last hs - h slots masked):
+    row r = qi * hs + head slot, or with ``head_major`` r = head slot * (rows // hs) + qi (the
+    scoring kernel's rows layout: a query's heads then sit in registers and warps of the MMA
+    layout rather than across lanes, so their sum needs no shuffles). The scoring kernel's loop
+    layout calls it with hs = 1: one row per query, head g*h (its slot 0), and adds each of the
+    group's heads to that itself.
     """
     hs = hs or h
     bq = rows // hs
     r = jnp.arange(rows)
-    qi = idiv(r, hs)
-    hd = r - qi * hs
+    if head_major:
+        hd = idiv(r, bq)
+        qi = r - hd * bq
+    else:
+        qi = idiv(r, hs)
+        hd = r - qi * hs
     t = qt * bq + qi
     ok = (qi < bq) & (t < T) & (hd < h)
     return qi, g * h + jnp.where(hd < h, hd, 0), jnp.where(ok, t, 0), ok

@@ -10,10 +10,11 @@ probability tensor ever reaches memory.
 
 Two tile layouts (``KernelChoices.score_heads``):
 
-* "rows": a tile's rows are (query, head) pairs, h padded to a power of two hs, so the group's
-  heads share one K load and one dot per step. When l'/d is a power of two (the fast path) p is
-  summed over the hs row slots and over each selection block's r = l'/d compressed blocks by
-  reshape + sum on the CUDA cores, and the part of a compressed block that spills into the next
+* "rows": a tile's rows are (head, query) pairs, head-major, h padded to a power of two hs, so
+  the group's heads share one K load and one dot per step. When l'/d is a power of two (the
+  fast path) p is summed over the hs row slots (registers and warps of the MMA layout: no lane
+  shuffles) and over each selection block's r = l'/d compressed blocks by reshape + sum on the
+  CUDA cores, and the part of a compressed block that spills into the next
   selection block is moved one column by a [bq, S, S] 0/1 contraction; otherwise (general path)
   two float32 dots, p @ W and a 0/1 head-sum matrix.
 * "loop": a tile's rows are ``BlockSizes.score_q`` queries of one head, and the h heads are a
@@ -82,7 +83,9 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
     Ts = sc_ref.shape[-1]
     bq = rows // hs
     nq = bq if fast or loop else max(MIN_DOT, next_pow2(bq))  # query rows of a score tile
-    qi, head, t, ok = _rows(qt, g, h, rows, T, hs)   # loop: hs = 1, one row per query
+    # loop: hs = 1, one row per query; rows: head-major, so that a query's head sum (Eq. 10)
+    # adds registers and warps of the MMA layout, not lanes
+    qi, head, t, ok = _rows(qt, g, h, rows, T, hs, head_major=not loop)
     if loop:   # h tiles of one head each (head = g*h here): the group's heads g*h + e
         heads = [(_load_rows(q_ref, b, t, head + e, ok, Dk),
                   load(lse_ref.at[b, t, head + e], ok, POS_INF)) for e in range(h)]
@@ -100,8 +103,18 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
     if not (fast or loop):
         # A[u, row] = 1 iff the row belongs to query u of the tile: the head sum (Eq. 10).
         A = ((u[:, None] == qi[None, :]) & ok[None, :]).astype(jnp.float32)
+    # The Eq. 9 weights of a step's compressed block kt*step + a in selection blocks kt*S + j
+    # do not depend on kt (step*d = S*l'), and on the fast path only on a mod r, the compressed
+    # block's place in the selection block it starts in: [r] vectors, formed once (per-column
+    # weights of the step held across the loop cost ~36 registers in the sm_90 proxy)
+    a = jnp.arange(bks)
     if fast:
         shift = (col[:, None] + 1 == col[None, :]).astype(jnp.float32)  # [S, S]: column c -> c+1
+        w_main = _overlap(jnp.arange(r), 0, d, l, l_sel)   # in the block it starts in
+        w_next = _overlap(jnp.arange(r), 1, d, l, l_sel)   # spilled into the next block
+    else:
+        W = _overlap(a[:, None], col[None, :], d, l, l_sel)  # [bks, S]
+        w_spill = _overlap(a, S, d, l, l_sel)  # into the next step's first block
 
     def scores(rmask, qmask, tv, lo, n_vis, n_full):
         """Every score column of the rows ``rmask`` (queries ``qmask``) at positions ``tv``,
@@ -134,19 +147,15 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
                 p = probs(dot(q, k, trans_b=True, precision=prec), vis, lse, c)  # Eq. 8
             first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
             if fast:
-                pg = p if loop else jnp.sum(p.reshape(bq, hs, bks), axis=1)  # [bq, step]
-                js = kt * S + idiv(jnp.arange(bks), r)  # block each compressed block starts in
-                w_main = _overlap(ii, js, d, l, l_sel)
-                w_next = _overlap(ii, js + 1, d, l, l_sel)
-                main = jnp.sum((pg * w_main[None, :]).reshape(bq, S, r), axis=2)
-                nxt = jnp.sum((pg * w_next[None, :]).reshape(bq, S, r), axis=2)  # owed to col + 1
+                pg = p if loop else jnp.sum(p.reshape(hs, bq, bks), axis=0)  # [bq, step]
+                pg = pg.reshape(bq, S, r)
+                main = jnp.sum(pg * w_main[None, None, :], axis=2)
+                nxt = jnp.sum(pg * w_next[None, None, :], axis=2)  # owed to col + 1
                 moved = jnp.sum(nxt[:, :, None] * shift[None, :, :], axis=1)
                 put(kt, main + moved + first)
                 return jnp.sum(jnp.where(col[None, :] == S - 1, nxt, 0.0), axis=1)
-            W = _overlap(ii[:, None], (kt * S + col)[None, :], d, l, l_sel)  # [bks, S], Eq. 9
-            pw = dot(p, W, precision=sprec) + first
+            pw = dot(p, W, precision=sprec) + first   # Eq. 9
             put(kt, pw if loop else dot(A, pw, precision=sprec))
-            w_spill = _overlap(ii, (kt + 1) * S, d, l, l_sel)  # into the next step's first block
             return jnp.sum(p * w_spill[None, :], axis=1)
 
         n_steps = idiv(n_vis + (step - 1), step)
