@@ -63,6 +63,7 @@ tcc.make_backend = make_backend
 for path in sorted(glob.glob(os.path.join(out, "*.ttir"))):
     k = tcompile(path, target=GPUTarget("cuda", 90, 32), options={"num_warps": nw, "num_stages": 2})
     open(path[:-5] + ".cubin", "wb").write(k.asm["cubin"])
+    open(path[:-5] + ".shared", "w").write(str(k.metadata.shared))   # dynamic shared memory, bytes
 import triton
 print(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"))
 """
@@ -126,8 +127,10 @@ def analyse(out: str, bin_dir: str) -> dict:
         usage = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "--dump-resource-usage",
                                 cubin], capture_output=True, text=True, check=True).stdout
         regs = re.search(r"REG:(\d+)", usage)
+        shared = cubin[:-6] + ".shared"
         res[os.path.basename(cubin)[:-6]] = {
             "registers": int(regs.group(1)) if regs else None,
+            "shared_bytes": int(open(shared).read()) if os.path.exists(shared) else None,
             "loops": [{"instructions": n, "ops": dict(c.most_common())} for n, c in loops(sass)],
             "instructions": len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+\S", sass))}
     with open(os.path.join(out, "sass.json"), "w") as fh:
@@ -137,7 +140,7 @@ def analyse(out: str, bin_dir: str) -> dict:
 
 def show(res: dict):
     for name, r in res.items():
-        print(f"{name:32s} regs {r['registers']}  total {r['instructions']}  loops "
+        print(f"{name:32s} regs {r['registers']}  smem {r.get('shared_bytes')}  total {r['instructions']}  loops "
               + " ".join(str(lp["instructions"]) for lp in r["loops"]))
 
 
