@@ -12,11 +12,12 @@ Two tile layouts (``KernelChoices.score_heads``):
 
 * "rows": a tile's rows are (head, query) pairs, head-major, h padded to a power of two hs, so
   the group's heads share one K load and one dot per step. When l'/d is a power of two (the
-  fast path) p is summed over the hs row slots (registers and warps of the MMA layout: no lane
-  shuffles) and over each selection block's r = l'/d compressed blocks by reshape + sum on the
-  CUDA cores, and the part of a compressed block that spills into the next
-  selection block is moved one column by a [bq, S, S] 0/1 contraction; otherwise (general path)
-  two float32 dots, p @ W and a 0/1 head-sum matrix.
+  fast path) the step's logits are formed transposed, s^T = K Q^T [keys, (head, query)]: a
+  query's hs heads are then registers of one thread in the MMA layout, summed without shuffles
+  or shared memory, and each selection block's r = l'/d compressed blocks are rows, summed by
+  reshape; the part of a compressed block that spills into the next selection block is moved
+  one row by a [S, S, bq] 0/1 contraction. Otherwise (general path) two float32 dots, p @ W and
+  a 0/1 head-sum matrix, on untransposed tiles.
 * "loop": a tile's rows are ``BlockSizes.score_q`` queries of one head, and the h heads are a
   loop inside each key step (one K load, h dots): p of every head lands in the same [queries,
   keys] layout and is summed there. No padded head slots (h = 6 runs 6 of 8 in "rows") and no
@@ -37,7 +38,7 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
-from nsa_jax.pallas.common import (LOG2E, MIN_DOT, POS_INF, BlockSizes, cdiv,
+from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, cdiv,
                                    choices_or_default, compiler_params, dot, dot_precision, idiv,
                                    load, next_pow2, probs, score_precision, store)
 from nsa_jax.pallas.compressed import _load_rows, _num_visible, _rows, _tile_rows
@@ -84,7 +85,7 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
     bq = rows // hs
     nq = bq if fast or loop else max(MIN_DOT, next_pow2(bq))  # query rows of a score tile
     # loop: hs = 1, one row per query; rows: head-major, so that a query's head sum (Eq. 10)
-    # adds registers and warps of the MMA layout, not lanes
+    # adds registers of one thread (fast path, transposed) or registers and warps, not lanes
     qi, head, t, ok = _rows(qt, g, h, rows, T, hs, head_major=not loop)
     if loop:   # h tiles of one head each (head = g*h here): the group's heads g*h + e
         heads = [(_load_rows(q_ref, b, t, head + e, ok, Dk),
@@ -130,6 +131,35 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
             store(sc_ref.at[b, tq_st[:, None], g, jnp.where(jj_ok, jj, Ts)[None, :]], sc,
                   qmask[:, None] & jj_ok[None, :])
 
+        def put_t(kt, sc_t):   # put for a [S, nq] (block, query) tile
+            jj = kt * S + col
+            jj_ok = jj < Ts
+            store(sc_ref.at[b, tq_st[None, :], g, jnp.where(jj_ok, jj, Ts)[:, None]], sc_t,
+                  jj_ok[:, None] & qmask[None, :])
+
+        def score_step_t(kt, carry, causal=True):
+            """The rows layout on the fast path, transposed: s^T = K Q^T is [keys, (head,
+            query)], so a query's head sum (Eq. 10) adds registers of one thread (the MMA
+            layout's columns), and a selection block's r compressed blocks (Eq. 9) are rows."""
+            ii = kt * step + jnp.arange(bks)
+            imask = (jnp.arange(bks) < step) & (ii < n_vis)
+            k = load(k_ref.at[b, pl.ds(kbase(kt), bks), g, :], imask[:, None])
+            x = dot(k, q, trans_b=True, precision=prec) * c - lse[None, :]   # Eq. 8, [bks, rows]
+            if causal:
+                x = jnp.where(imask[:, None] & rmask[None, :]
+                              & (ii[:, None] * d + (l - 1) <= tv[None, :]), x, NEG_INF)
+            elif packed:
+                x = jnp.where(imask[:, None] & rmask[None, :], x, NEG_INF)
+            elif bks != step:
+                x = jnp.where(imask[:, None], x, NEG_INF)
+            pg = jnp.sum(jnp.exp2(x).reshape(bks, hs, bq), axis=1).reshape(S, r, bq)
+            main = jnp.sum(pg * w_main[None, :, None], axis=1)   # [S, bq]
+            nxt = jnp.sum(pg * w_next[None, :, None], axis=1)    # owed to block row + 1
+            moved = jnp.sum(shift[:, :, None] * nxt[:, None, :], axis=0)
+            first = jnp.where(col[:, None] == 0, carry[None, :], 0.0)
+            put_t(kt, main + moved + first)
+            return jnp.sum(jnp.where(col[:, None] == S - 1, nxt, 0.0), axis=0)
+
         def score_step(kt, carry, causal=True):
             ii = kt * step + jnp.arange(bks)
             imask = (jnp.arange(bks) < step) & (ii < n_vis)
@@ -146,9 +176,8 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
             else:
                 p = probs(dot(q, k, trans_b=True, precision=prec), vis, lse, c)  # Eq. 8
             first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
-            if fast:
-                pg = p if loop else jnp.sum(p.reshape(hs, bq, bks), axis=0)  # [bq, step]
-                pg = pg.reshape(bq, S, r)
+            if fast:   # the loop layout (the rows layout takes score_step_t)
+                pg = p.reshape(bq, S, r)
                 main = jnp.sum(pg * w_main[None, None, :], axis=2)
                 nxt = jnp.sum(pg * w_next[None, None, :], axis=2)  # owed to col + 1
                 moved = jnp.sum(nxt[:, :, None] * shift[None, :, :], axis=1)
@@ -160,9 +189,10 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
 
         n_steps = idiv(n_vis + (step - 1), step)
         n_full = jnp.minimum(n_full, n_steps)
-        carry = lax.fori_loop(0, n_full, functools.partial(score_step, causal=False),
+        step_fn = score_step_t if fast and not loop else score_step
+        carry = lax.fori_loop(0, n_full, functools.partial(step_fn, causal=False),
                               jnp.zeros((nq if fast or loop else rows,), jnp.float32))
-        carry = lax.fori_loop(n_full, n_steps, score_step, carry)
+        carry = lax.fori_loop(n_full, n_steps, step_fn, carry)
         n_tiles = cdiv(Ts, S)
 
         @pl.when(n_steps < n_tiles)  # the block the last visible step spills into
