@@ -140,8 +140,8 @@ def analyse(out: str, bin_dir: str) -> dict:
 
 def show(res: dict):
     for name, r in res.items():
-        print(f"{name:32s} regs {r['registers']}  smem {r.get('shared_bytes')}  total {r['instructions']}  loops "
-              + " ".join(str(lp["instructions"]) for lp in r["loops"]))
+        print(f"{name:32s} regs {r['registers']}  smem {r.get('shared_bytes')}  "
+              f"total {r['instructions']}  loops " + " ".join(str(lp["instructions"]) for lp in r["loops"]))
 
 
 def compare(old: str, new: str):
