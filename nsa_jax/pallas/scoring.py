@@ -113,6 +113,7 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
     a = jnp.arange(bks)
     if fast:
         shift = (col[:, None] + 1 == col[None, :]).astype(jnp.float32)  # [S, S]: column c -> c+1
+        rotate = ((col[:, None] + 1) % S == col[None, :]).astype(jnp.float32)  # and S-1 -> 0
         w_main = _overlap(jnp.arange(r), 0, d, l, l_sel)   # in the block it starts in
         w_next = _overlap(jnp.arange(r), 1, d, l, l_sel)   # spilled into the next block
     else:
@@ -157,10 +158,12 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
             pg = jnp.sum(jnp.exp2(x).reshape(bks, hs, bq), axis=1).reshape(S, r, bq)
             main = jnp.sum(pg * w_main[None, :, None], axis=1)   # [S, bq]
             nxt = jnp.sum(pg * w_next[None, :, None], axis=1)    # owed to block row + 1
-            moved = jnp.sum(shift[:, :, None] * nxt[:, None, :], axis=0)
-            first = jnp.where(col[:, None] == 0, carry[None, :], 0.0)
-            put_t(kt, main + moved + first)
-            return jnp.sum(jnp.where(col[:, None] == S - 1, nxt, 0.0), axis=0)
+            # rotated one row: row c + 1 gets nxt[c], and row 0 gets the last row's spill, owed
+            # to the next step's first block. The carry is the previous step's rotation, whose
+            # row 0 sits where it is added: no reduction across rows (warps) for it
+            rot = jnp.sum(rotate[:, :, None] * nxt[:, None, :], axis=0)
+            put_t(kt, main + jnp.where(col[:, None] == 0, carry, rot))
+            return rot
 
         def score_step(kt, carry, causal=True):
             ii = kt * step + jnp.arange(bks)
@@ -191,14 +194,19 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
 
         n_steps = idiv(n_vis + (step - 1), step)
         n_full = jnp.minimum(n_full, n_steps)
-        step_fn = score_step_t if fast and not loop else score_step
+        transposed = fast and not loop
+        step_fn = score_step_t if transposed else score_step
         carry = lax.fori_loop(0, n_full, functools.partial(step_fn, causal=False),
-                              jnp.zeros((nq if fast or loop else rows,), jnp.float32))
+                              jnp.zeros((S, nq) if transposed else
+                                        (nq if fast or loop else rows,), jnp.float32))
         carry = lax.fori_loop(n_full, n_steps, step_fn, carry)
         n_tiles = cdiv(Ts, S)
 
         @pl.when(n_steps < n_tiles)  # the block the last visible step spills into
         def _():
+            if transposed:
+                put_t(n_steps, jnp.where(col[:, None] == 0, carry, 0.0))
+                return
             first = jnp.where(col[None, :] == 0, carry[:, None], 0.0)
             put(n_steps, first if fast or loop else dot(A, first, precision=sprec))
 
