@@ -15,10 +15,11 @@ Two tile layouts (``KernelChoices.score_heads``):
   fast path) the step's logits are formed transposed, s^T = K Q^T [keys, (head, query)]: a
   query's hs heads are then registers of one thread in the MMA layout, summed without shuffles
   or shared memory, and each selection block's r = l'/d compressed blocks are rows, summed by
-  reshape; the part of a compressed block that spills into the next selection block is moved
-  one row by a [S, S, bq] 0/1 contraction. On an H200 at the bench shape (64k) the kernel went
+  reshape; the part of a compressed block that spills into the next selection block is rotated
+  one row by a [S, S, bq] 0/1 contraction, and the rotated tile is the loop carry (its row 0 is
+  owed to the next step's first block). On an H200 at the bench shape (64k) the kernel went
   10.1 -> 7.8 ms with the head-major rows and the weights formed once, then -> 7.2 ms
-  transposed (bench/NOTES.md, thirty-eighth session). Otherwise (general path) two float32
+  transposed, 7.1 with the rotated carry (bench/NOTES.md, thirty-eighth session). Otherwise (general path) two float32
   dots, p @ W and a 0/1 head-sum matrix, on untransposed tiles.
 * "loop": a tile's rows are ``BlockSizes.score_q`` queries of one head, and the h heads are a
   loop inside each key step (one K load, h dots): p of every head lands in the same [queries,
