@@ -111,13 +111,15 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
     # do not depend on kt (step*d = S*l'), and on the fast path only on a mod r, the compressed
     # block's place in the selection block it starts in: [r] vectors, formed once (per-column
     # weights of the step held across the loop cost ~36 registers in the sm_90 proxy)
-    a = jnp.arange(bks)
+    transposed = fast and not loop   # the rows layout's fast path: score_step_t
     if fast:
-        shift = (col[:, None] + 1 == col[None, :]).astype(jnp.float32)  # [S, S]: column c -> c+1
-        rotate = ((col[:, None] + 1) % S == col[None, :]).astype(jnp.float32)  # and S-1 -> 0
         w_main = _overlap(jnp.arange(r), 0, d, l, l_sel)   # in the block it starts in
         w_next = _overlap(jnp.arange(r), 1, d, l, l_sel)   # spilled into the next block
+        # [S, S] 0/1: block c's spill to c + 1 (transposed: and S-1 -> 0, the carry's row)
+        to = (col[:, None] + 1) % S if transposed else col[:, None] + 1
+        shift = (to == col[None, :]).astype(jnp.float32)
     else:
+        a = jnp.arange(bks)
         W = _overlap(a[:, None], col[None, :], d, l, l_sel)  # [bks, S]
         w_spill = _overlap(a, S, d, l, l_sel)  # into the next step's first block
 
@@ -162,7 +164,7 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
             # rotated one row: row c + 1 gets nxt[c], and row 0 gets the last row's spill, owed
             # to the next step's first block. The carry is the previous step's rotation, whose
             # row 0 sits where it is added: no reduction across rows (warps) for it
-            rot = jnp.sum(rotate[:, :, None] * nxt[:, None, :], axis=0)
+            rot = jnp.sum(shift[:, :, None] * nxt[:, None, :], axis=0)
             put_t(kt, main + jnp.where(col[:, None] == 0, carry, rot))
             return rot
 
@@ -195,7 +197,6 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
 
         n_steps = idiv(n_vis + (step - 1), step)
         n_full = jnp.minimum(n_full, n_steps)
-        transposed = fast and not loop
         step_fn = score_step_t if transposed else score_step
         carry = lax.fori_loop(0, n_full, functools.partial(step_fn, causal=False),
                               jnp.zeros((S, nq) if transposed else
