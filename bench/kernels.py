@@ -44,9 +44,8 @@ try:  # an older tree (PYTHONPATH=.old/...) kept the scoring kernel in compresse
     from nsa_jax.pallas.scoring import cmp_block_scores
 except ImportError:
     from nsa_jax.pallas.compressed import cmp_block_scores
-from nsa_jax.pallas.common import dot_precision
-from nsa_jax.pallas.selection import (grad_scales, inverted_index, sel_backward, sel_dq,
-                                      sel_forward)
+from nsa_jax.pallas.common import dot_precision, fold_gate
+from nsa_jax.pallas.selection import inverted_index, sel_backward, sel_dq, sel_forward
 from nsa_jax.pallas.selection_tiled import (sel_tiled_backward, sel_tiled_bwd_dkv,
                                              sel_tiled_bwd_dq, sel_tiled_forward)
 from nsa_jax.pallas.tiled_index import tile_index
@@ -364,8 +363,8 @@ def sweep(shape, T, reps, log, groups=None):
                            for a, i, (o, lse) in zip(sets, idxs, fw)]
             elif group == "sel_dq":   # the per-query dQ kernel alone (part of "sel_bwd")
                 def dq_alone(q, k, v, i, o, lse, do, gs, bs=bs):
-                    gs_, delta = grad_scales(o, do, gs)
-                    return sel_dq(q, k, v, i, do, gs_, lse, delta, CFG, bs,
+                    lse_f, delta = fold_gate(lse, gs, o, do)
+                    return sel_dq(q, k, v, i, do, lse_f, delta, CFG, bs,
                                   dot_precision(q.dtype, INTERP, None), scale, INTERP)
                 fn = jax.jit(dq_alone)
                 argsets = [(a[0], a[3], a[4], i, o, lse, a[8], a[7][..., 1])

@@ -101,6 +101,27 @@ def test_fused_backward_equals_query_backward(h, G, cfg, bs, ch):
             assert _rel(a, b) <= 2e-5
 
 
+@pytest.mark.parametrize("block", [True, False])
+def test_gate_folded_into_lse_equals_gated_cotangent(block):
+    """The gate folded into the saved lse (``common.fold_gate``, P' = gs P) == the same backward
+    with the gate moved into the cotangent (gs * dO, no gate): dq, dk, dv to 2e-5, with gates of
+    exactly 0 on some rows (lse' = +inf there, P' = 0) and gates of 1; through the fused
+    block-major backward and the per-query dQ + inverted dK/dV kernels."""
+    q, k, v, idx, o, lse, do, gs = backward_case(3, 6, 1, TINY, SMALL)
+    rows = np.arange(gs.shape[1])
+    gs = jnp.where((rows % 7 == 1)[None, :, None], 1.0, gs)
+    gs = jnp.where((rows % 5 == 0)[None, :, None], 0.0, gs)
+    bwd = sel_backward_block if block else sel_backward
+    run = jax.jit(lambda *a: bwd(*a, TINY, SMALL, 0.3, True))
+    got = run(q, k, v, idx, o, lse, do, gs)
+    want = run(q, k, v, idx, o, lse, gs[..., None] * do, None)
+    assert float(jnp.abs(got[0]).max()) > 0
+    for a, b in zip(got, want):
+        assert bool(jnp.all(jnp.isfinite(a)))
+        assert _rel(a, b) <= 2e-5
+    assert float(jnp.abs(got[0][:, rows % 5 == 0]).max()) == 0.0   # a zero gate: no dQ
+
+
 # (slot passes with the fused backward: the packed op test below and the kernel tests above)
 @pytest.mark.parametrize("mib,sel_dq", [(1024.0, "block"), (15000 / 2**20, "query")])
 def test_op_with_block_kernels_matches_reference(mib, sel_dq):

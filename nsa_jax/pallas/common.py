@@ -202,9 +202,26 @@ def probs(s, mask, lse, c, row_bias=None):
 def dscores(p, do, v, gs, delta, prec):
     """dS = P * (dP - delta) with dP = (dO V^T) * gs: the softmax backward of one tile.
     ``gs`` [R] is the per-row output scale (branch gate) applied in float32 after the dot and
-    ``delta`` [R] = gs * rowsum(O * dO)."""
-    dp = dot(do, v, trans_b=True, precision=prec) * gs[:, None]
+    ``delta`` [R] = gs * rowsum(O * dO); ``gs`` None: the gate is already folded into P and
+    delta (``fold_gate``), dP = dO V^T."""
+    dp = dot(do, v, trans_b=True, precision=prec)
+    dp = dp if gs is None else dp * gs[:, None]
     return p * (dp - delta[:, None])
+
+
+def fold_gate(lse, gs, o, do):
+    """A branch's gate folded into its saved base-2 lse, for the backward kernels that take no
+    ``gs`` (the selection branch's gather kernels): -> (lse - log2 gs, rowsum(O * dO)), both
+    float32 [B,T,Hq]. With P' = exp2(s c - lse + log2 gs) = gs P, the gated backward (Eq. 5's
+    g * o differentiated) is dV += P'^T dO and dS = P' (dO V^T - rowsum(O dO)): the same values
+    as ``dscores`` / ``dkv_accumulate`` with ``gs``, without a multiply by gs per logit and a
+    gs load per row. Gates are sigmoid values (Eq. 5), so gs >= 0: gs = 0 gives lse' = +inf,
+    P' = 0, as the gated form's 0 * P; a negative gs has no log (NaN gradients, never silently
+    wrong ones). ``gs`` None: lse unchanged (scale 1)."""
+    delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
+    if gs is None:
+        return lse, delta
+    return lse - jnp.log2(gs.astype(jnp.float32)), delta
 
 
 def dkv_accumulate(dk, dv, s, mask, q, do, v, gs, lse, delta, prec, cdt, c):
@@ -212,10 +229,12 @@ def dkv_accumulate(dk, dv, s, mask, q, do, v, gs, lse, delta, prec, cdt, c):
     branch, Eq. 5 differentiated), from its raw logits ``s`` = Q K^T: P recomputed from the saved
     base-2 lse (:func:`probs` with ``c`` = scale * log2(e); ``mask`` None: no mask), dV +=
     (P * gs)^T dO, dS = P * (dP - delta) (``dscores``), dK += dS^T Q, unscaled (the caller
-    applies the softmax scale once, at the store). -> (dk, dv, dS in the compute dtype ``cdt``,
-    for a kernel that also forms dQ)."""
+    applies the softmax scale once, at the store); ``gs`` None: folded into lse and delta
+    (``fold_gate``). -> (dk, dv, dS in the compute dtype ``cdt``, for a kernel that also forms
+    dQ)."""
     p = probs(s, mask, lse, c)
-    dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
+    pg = p if gs is None else p * gs[:, None]
+    dv = dv + dot(pg.astype(cdt), do, trans_a=True, precision=prec)
     ds = dscores(p, do, v, gs, delta, prec).astype(cdt)
     dk = dk + dot(ds, q, trans_a=True, precision=prec)
     return dk, dv, ds

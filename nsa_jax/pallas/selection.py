@@ -57,18 +57,10 @@ from jax.experimental.pallas import triton as plgpu
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, POS_INF, BlockSizes, cdiv, choices_or_default,
-                                   compiler_params, dot, dot_precision, dscores, idiv, load,
-                                   next_pow2, probs, sel_sub_tiles, store)
+                                   compiler_params, dot, dot_precision, dscores, fold_gate, idiv,
+                                   load, next_pow2, probs, sel_sub_tiles, store)
 from nsa_jax.pallas.selection_query import (sel_dq, sel_dq_from_ds,  # noqa: F401 (re-exported)
                                             sel_forward)
-
-
-def grad_scales(o, do, gs):
-    """-> (gs float32 [B,T,Hq], 1 where None; delta = gs * rowsum(o * dO) float32)."""
-    if gs is None:
-        gs = jnp.ones(o.shape[:3], jnp.float32)
-    gs = gs.astype(jnp.float32)
-    return gs, gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)
 
 
 def atomic_mode(choices: KernelChoices | None) -> bool:
@@ -107,15 +99,16 @@ def item_entries(qt_ref, b, g, start, count, it, qi, bq: int):
     return row_ok, ent, jnp.where(row_ok, load(qt_ref.at[b, g, ent], row_ok), 0)
 
 
-def item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, t, head, row_ok, cdt):
+def item_rows(q_ref, do_ref, lse_ref, delta_ref, b, t, head, row_ok, cdt):
     """A backward tile's per-row operands for tile rows (query t, head): q, dO (cast to the
-    compute dtype ``cdt``), the output scale gs, the saved base-2 lse (+inf on masked rows, so
-    their recomputed p is 0) and delta; rows where ``row_ok`` is False load 0."""
+    compute dtype ``cdt``), the saved base-2 lse with the gate folded in (+inf on masked rows, so
+    their recomputed p is 0) and delta (``common.fold_gate``); rows where ``row_ok`` is False
+    load 0."""
     dk_, dv_ = jnp.arange(q_ref.shape[-1]), jnp.arange(do_ref.shape[-1])
     q = load(q_ref.at[b, t[:, None], head[:, None], dk_[None, :]], row_ok[:, None])
     do = load(do_ref.at[b, t[:, None], head[:, None], dv_[None, :]], row_ok[:, None]).astype(cdt)
-    return (q, do, load(gs_ref.at[b, t, head], row_ok),
-            load(lse_ref.at[b, t, head], row_ok, POS_INF), load(delta_ref.at[b, t, head], row_ok))
+    return (q, do, load(lse_ref.at[b, t, head], row_ok, POS_INF),
+            load(delta_ref.at[b, t, head], row_ok))
 
 
 def block_kv(k_ref, v_ref, b, g, base, sub: int, bk: int, l_sel: int):
@@ -157,8 +150,8 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
     L] buffer (entry-order layout: ``sel_backward``)."""
     if packed:
         pt_ref, *refs = refs
-    (q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref,
-     dv_ref, *ds_ref) = refs
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref, dv_ref,
+     *ds_ref) = refs
     b, g, base, start, count, qi, head = work_item(meta_ref, h, rows)
     G = q_ref.shape[2] // h
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
@@ -175,14 +168,14 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
             row_ok, ent, t = item_entries(qt_ref, b, g, start, count, it, qi, bq)
             if n_slots:   # an index built with slots (the block-major forward's): t*n + slot
                 t = idiv(t, n_slots)
-            q, do, gs, lse, delta = item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, t,
-                                              head, row_ok, cdt)
+            q, do, lse, delta = item_rows(q_ref, do_ref, lse_ref, delta_ref, b, t, head,
+                                          row_ok, cdt)
             # common.dkv_accumulate's steps, inline: the "ds" mode stores dS between its dots
             s = dot(q, k, trans_b=True, precision=prec)   # raw; scaled in the exponent
             p0 = load(pt_ref.at[b, g, ent], row_ok) if packed else None
             p = probs(s, item_mask(kcol, kpos, t, p0, l_sel), lse, c)
-            dv = dv + dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
-            ds = dscores(p, do, v, gs, delta, prec).astype(cdt)
+            dv = dv + dot(p.astype(cdt), do, trans_a=True, precision=prec)   # the gate is in p
+            ds = dscores(p, do, v, None, delta, prec).astype(cdt)
             if store_ds:   # the tile's entries are consecutive: one contiguous [rows, bk] block
                 r0 = (start + it * bq) * h
                 store(ds_ref[0].at[b * G + g, pl.ds(r0, rows), pl.ds(sub * bk, bk)], ds,
@@ -337,8 +330,9 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     payloads t*n + slot), reused by the inverted dK/dV (and "ds") instead of a second sort.
 
     ``do`` [B,T,Hq,Dv] is the cotangent as it arrives (bf16 stays bf16: it feeds the dots
-    unrounded) and ``gs`` [B,T,Hq] float32 a per-row scale (the branch gate; None = 1) applied in
-    float32 after the dots. ``seg``: packed rows' layout (document-relative idx).
+    unrounded) and ``gs`` [B,T,Hq] a per-row scale >= 0 (the branch gate; None = 1), folded into
+    the saved lse (``common.fold_gate``: P' = gs P, no gs in the kernels). ``seg``: packed
+    rows' layout (document-relative idx).
     """
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
@@ -353,15 +347,15 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
     if atomic:  # the per-query dQ kernel adds its tiles in its own steps (sel_q_keys)
         T_acc = max(T_acc, dkv_rows(T, Ts, cfg.sel_block,
                                     *sel_sub_tiles(cfg.sel_block, bs.sel_q_keys), packed))
-    gs, delta = grad_scales(o, do, gs)
+    lse, delta = fold_gate(lse, gs, o, do)
     acc = [jnp.zeros((B, T_acc, G, Dk), jnp.float32), jnp.zeros((B, T_acc, G, Dv), jnp.float32)]
     if atomic:
-        dq, dk, dv = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret,
+        dq, dk, dv = sel_dq(q, k, v, idx, do, lse, delta, cfg, bs, prec, scale, interpret,
                             seg=seg, acc=acc)
         return dq, dk[:, :T].astype(k.dtype), dv[:, :T].astype(v.dtype)
     use_ds = ds_mode(choices, packed)
     if not use_ds:
-        dq = sel_dq(q, k, v, idx, do, gs, lse, delta, cfg, bs, prec, scale, interpret, seg=seg)
+        dq = sel_dq(q, k, v, idx, do, lse, delta, cfg, bs, prec, scale, interpret, seg=seg)
     rows, chunk = item_tiles(bs, h)
     if index is not None:           # the block-major forward's: slot payloads t*n + slot
         meta, *qt = index
@@ -380,10 +374,10 @@ def sel_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes, s
         out_shape.append(jax.ShapeDtypeStruct((B * G, T * n * h + rows, n_sub * bk), q.dtype))
     dk, dv, *ds = pl.pallas_call(
         kern, grid=(meta.shape[0],), out_shape=out_shape,
-        input_output_aliases={8 + len(qt): 0, 9 + len(qt): 1},
+        input_output_aliases={7 + len(qt): 0, 8 + len(qt): 1},
         compiler_params=compiler_params(bs.sel_bwd_warps or bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_bwd_dkv",
-    )(meta, *qt, q, k, v, do, gs, lse, delta, *acc)
+    )(meta, *qt, q, k, v, do, lse, delta, *acc)
     if use_ds:
         dq = sel_dq_from_ds(k, idx, ds[0], entry_positions(qt[0]), h, cfg, bs, prec, scale,
                             interpret)

@@ -45,12 +45,12 @@ from jax.experimental.pallas import triton as plgpu
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, choices_or_default,
-                                   compiler_params, dkv_accumulate, dot, dot_precision, idiv,
-                                   load, sel_sub_tiles, softmax_first, softmax_scale_lse,
-                                   softmax_step, store, stored_dtype)
-from nsa_jax.pallas.selection import (block_kv, dkv_rows, grad_scales, inverted_index,
-                                      item_entries, item_mask, item_rows, item_tiles,
-                                      num_ranges, slot_keys, work_item)
+                                   compiler_params, dkv_accumulate, dot, dot_precision,
+                                   fold_gate, idiv, load, sel_sub_tiles, softmax_first,
+                                   softmax_scale_lse, softmax_step, store, stored_dtype)
+from nsa_jax.pallas.selection import (block_kv, dkv_rows, inverted_index, item_entries,
+                                      item_mask, item_rows, item_tiles, num_ranges, slot_keys,
+                                      work_item)
 
 
 def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
@@ -205,7 +205,7 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
                       packed=False):
     if packed:
         pt_ref, *refs = refs
-    (q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref, dv_ref,
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref, dv_ref,
      pdq_ref) = refs
     b, g, base, start, count, qi, head = work_item(meta_ref, h, rows)
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
@@ -218,16 +218,16 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
     def entries(it):   # tile ``it``'s rows: (row_ok, index entry, t*n + slot)
         return item_entries(qt_ref, b, g, start, count, it, qi, bq)
 
-    def rows_of(ix):   # the tile's per-row operands (item_rows: q, dO, gs, lse, delta)
+    def rows_of(ix):   # the tile's per-row operands (item_rows: q, dO, lse, delta)
         row_ok, _, ts = ix
-        return item_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, idiv(ts, n_slots), head,
-                         row_ok, cdt)
+        return item_rows(q_ref, do_ref, lse_ref, delta_ref, b, idiv(ts, n_slots), head, row_ok,
+                         cdt)
 
     # loads one tile ahead, as in the forward: tile it + 1's rows and tile it + 2's entries
     # (20 spill instructions in the sm_90 proxy at the 255-register cap, and still -3.5% at 8k
     # on an H200 against the pipeliner's copies: bench/NOTES.md, thirty-sixth session)
     def tile(it, carry):
-        (row_ok, ent, ts), (q, do, gs, lse, delta), ix1 = carry[:3]
+        (row_ok, ent, ts), (q, do, lse, delta), ix1 = carry[:3]
         carry = carry[3:]
         ix2 = entries(it + 2)
         nxt = rows_of(ix1)
@@ -238,7 +238,7 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
             dk, dv = carry[2 * sub], carry[2 * sub + 1]
             s = dot(q, k, trans_b=True, precision=prec)   # raw; scaled in the exponent
             dk, dv, ds = dkv_accumulate(dk, dv, s, item_mask(kcol, kpos, t, p0, l_sel),
-                                        q, do, v, gs, lse, delta, prec, cdt, c)
+                                        q, do, v, None, lse, delta, prec, cdt, c)
             # the first sub-tile's dot starts dQ (0 + x stays an add per entry when written
             # so); the softmax scale is applied in the slot sum, not per tile
             dq_s = dot(ds, k, precision=prec)
@@ -292,7 +292,7 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     if len(index) != len(passes):
         raise ValueError(f"sel_backward_block: {len(index)} indices for {len(passes)} slot "
                          "passes (the forward ran with other KernelChoices)")
-    gs, delta = grad_scales(o, do, gs)
+    lse, delta = fold_gate(lse, gs, o, do)   # no gs in the kernel: P' = gs P
     T_acc = dkv_rows(T, Ts, cfg.sel_block, bk, n_sub, packed)
     dk = jnp.zeros((B, T_acc, G, Dk), jnp.float32)
     dv = jnp.zeros((B, T_acc, G, Dv), jnp.float32)
@@ -313,10 +313,10 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
             out_shape=[jax.ShapeDtypeStruct(dk.shape, jnp.float32),
                        jax.ShapeDtypeStruct(dv.shape, jnp.float32),
                        jax.ShapeDtypeStruct((B, T * N, Hq, Dk), pdt)],
-            input_output_aliases={len(extra) + 8: 0, len(extra) + 9: 1},
+            input_output_aliases={len(extra) + 7: 0, len(extra) + 8: 1},
             compiler_params=compiler_params(bs.num_warps, bs.num_stages),
             interpret=interpret, name="nsa_sel_bwd_block",
-        )(meta, *extra, q, k, v, do, gs, lse, delta, dk, dv)
+        )(meta, *extra, q, k, v, do, lse, delta, dk, dv)
         # slots never listed in the index were not written: masked, not read
         used = slot_keys(idx_p, T, Ts, *doc) < num_ranges(Ts, packed)        # [B,T,G,N]
         used = used.transpose(0, 1, 3, 2)[..., None, None]                   # [B,T,N,G,1,1]

@@ -135,7 +135,7 @@ def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, inte
 
 
 # ---- backward: dQ (and dK/dV in "atomic" mode) -------------------------------------------------
-def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_ref, *refs, h, n_sel,
+def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, lse_ref, delta_ref, *refs, h, n_sel,
                   l_sel, bk, n_sub, scale, prec, atomic, packed=False):
     if packed:
         st_ref, *refs = refs
@@ -148,7 +148,6 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
     cdt = q_ref.dtype
     dv_ = jnp.arange(Dv)
     do = load(do_ref.at[b, t, head[:, None], dv_[None, :]], row_ok[:, None]).astype(cdt)
-    gs = load(gs_ref.at[b, t, head], row_ok)
     lse = load(lse_ref.at[b, t, head], row_ok, POS_INF)
     delta = load(delta_ref.at[b, t, head], row_ok)
     c = scale * LOG2E
@@ -162,10 +161,10 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
         base = jnp.where(valid, base, 0)
         kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk, l_sel, prec)
         p = probs(s, kmask[None, :], lse, c)
-        ds = dscores(p, do, v, gs, delta, prec)
+        ds = dscores(p, do, v, None, delta, prec)   # the gate is in p (common.fold_gate)
         dq = dq + dot(ds.astype(cdt), k, precision=prec)
         if atomic:
-            dv_t = dot((p * gs[:, None]).astype(cdt), do, trans_a=True, precision=prec)
+            dv_t = dot(p.astype(cdt), do, trans_a=True, precision=prec)
             dk_t = dot(ds.astype(cdt), q, trans_a=True, precision=prec) * scale
             plgpu.atomic_add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)), dk_t)
             plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv_t)
@@ -176,10 +175,10 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, gs_ref, lse_ref, delta_r
     store(dq_ref.at[b, t, head_st[:, None], dk_[None, :]], dq * scale, row_ok[:, None])
 
 
-def sel_dq(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, bs: BlockSizes, prec, scale: float,
+def sel_dq(q, k, v, idx, do, lse, delta, cfg: NSAConfig, bs: BlockSizes, prec, scale: float,
            interpret: bool, *, seg=None, acc=None):
-    """dQ float32 [B,T,Hq,Dk] of the selection branch (``gs``, ``delta`` from
-    ``selection.grad_scales``); with ``acc`` (float32 dK, dV accumulators) the "atomic" variant:
+    """dQ float32 [B,T,Hq,Dk] of the selection branch (``lse``, ``delta`` with the gate folded
+    in: ``common.fold_gate``); with ``acc`` (float32 dK, dV accumulators) the "atomic" variant:
     -> (dq, dk_acc, dv_acc) with every selected block's dK/dV tiles added."""
     B, T, Hq, Dk = q.shape
     G = k.shape[2]
@@ -191,7 +190,7 @@ def sel_dq(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, bs: BlockSizes, pre
     dq_shape = jax.ShapeDtypeStruct((B, T, Hq, Dk), jnp.float32)
     params = dict(grid=(T, G, B), interpret=interpret,
                   compiler_params=compiler_params(bs.sel_warps, bs.sel_stages))
-    args = (q, k, v, idx, do, gs, lse, delta, *segs)
+    args = (q, k, v, idx, do, lse, delta, *segs)
     if acc is None:
         return pl.pallas_call(kern, out_shape=dq_shape, name="nsa_sel_bwd_dq", **params)(*args)
     n_in = len(args)
