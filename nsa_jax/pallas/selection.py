@@ -99,6 +99,40 @@ def item_entries(qt_ref, b, g, start, count, it, qi, bq: int):
     return row_ok, ent, jnp.where(row_ok, load(qt_ref.at[b, g, ent], row_ok), 0)
 
 
+def diagonal_count(qt_ref, b, g, base, start, count, n_slots: int, l_sel: int):
+    """How many of a work item's entries have a query that sees only part of the item's key
+    block (t < base + l' - 1, i.e. the causal mask hides some key): a prefix of the item, since
+    its entries ascend by t. The index lists a block only for queries at or past its first key
+    (``slot_keys``) and each query once, so there are at most l' - 1 of them, all among the
+    item's first next_pow2(l') entries: one vector load. Unpacked rows only (a packed entry's
+    range starts at its own p). ``n_slots``: the index's slot payloads (t*n + slot), 0 if
+    plain t."""
+    e = jnp.arange(next_pow2(l_sel))
+    ok = e < count
+    ts = load(qt_ref.at[b, g, jnp.where(ok, start + e, 0)], ok)
+    t = idiv(ts, n_slots) if n_slots else ts
+    return jnp.sum((ok & (t < base + (l_sel - 1))).astype(jnp.int32))
+
+
+def item_part(qt_ref, b, g, base, start, count, n_slots: int, l_sel: int, part):
+    """A work item's entries for one launch of a causally split kernel -> (start, count):
+    ``part`` "diag" the prefix whose queries see part of the block (``diagonal_count``, run with
+    the causal mask), "rest" the entries after it (every key visible: no mask), None all."""
+    if part is None:
+        return start, count
+    nd = diagonal_count(qt_ref, b, g, base, start, count, n_slots, l_sel)
+    return (start, nd) if part == "diag" else (start + nd, count - nd)
+
+
+def causal_parts(l_sel: int, bk: int, packed: bool):
+    """The launches of a block-major kernel: ("diag", "rest") where the unmasked part can run
+    without any mask (unpacked rows, key sub-tiles inside the block), else (None,): one launch
+    with the mask on every tile. Two launches rather than two loops in one kernel: a kernel
+    holding both loops took 182 registers against 160 and ran slower (bench/NOTES.md,
+    thirty-sixth session)."""
+    return (None,) if packed or l_sel % bk else ("diag", "rest")
+
+
 def item_rows(q_ref, do_ref, lse_ref, delta_ref, b, t, head, row_ok, cdt):
     """A backward tile's per-row operands for tile rows (query t, head): q, dO (cast to the
     compute dtype ``cdt``), the saved base-2 lse with the gate folded in (+inf on masked rows, so
@@ -205,14 +239,20 @@ def num_ranges(Ts: int, packed: bool) -> int:
 
 def slot_keys(idx, T: int, Ts: int, doc_start=None, l_sel: int = 0):
     """The key range each (query, slot) entry of the inverted index is listed under: int32
-    [B,T,G,n], ``num_ranges`` where the slot is unused. Unpacked: the selected ids. Packed
-    (``doc_start`` [B,T], ``l_sel`` = l'; idx document-relative): with p = start + idx*l' the
-    block's first key and J = floor(p / l'), the aligned block J when the keys the query sees,
+    [B,T,G,n], ``num_ranges`` where the slot is unused or its block starts past the query (no
+    key of it is visible: the entry would add nothing, and leaving it out keeps every listed
+    query at or past its block's first key, which ``diagonal_count`` relies on). Unpacked: the
+    selected ids (``l_sel`` = l'; 0: blocks past the query kept, for tools that count them).
+    Packed (``doc_start`` [B,T], idx document-relative): with p = start + idx*l' the block's
+    first key and J = floor(p / l'), the aligned block J when the keys the query sees,
     [p, min(p + l', t + 1)), lie in it, else Ts + J (the range from p across (J + 1) l')."""
     nr = num_ranges(Ts, doc_start is not None)
-    if doc_start is None:
-        return jnp.where((idx >= 0) & (idx < Ts), idx, nr).astype(jnp.int32)
     tpos = jnp.arange(T, dtype=jnp.int32)[None, :, None, None]
+    if doc_start is None:
+        ok = (idx >= 0) & (idx < Ts)
+        if l_sel:
+            ok = ok & (idx * l_sel <= tpos)
+        return jnp.where(ok, idx, nr).astype(jnp.int32)
     p = doc_start[:, :, None, None] + jnp.maximum(idx, 0) * l_sel
     j0 = p // l_sel
     cross = (p % l_sel != 0) & ((j0 + 1) * l_sel <= tpos)

@@ -48,17 +48,37 @@ from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, choices_
                                    compiler_params, dkv_accumulate, dot, dot_precision,
                                    fold_gate, idiv, load, sel_sub_tiles, softmax_first,
                                    softmax_scale_lse, softmax_step, store, stored_dtype)
-from nsa_jax.pallas.selection import (block_kv, dkv_rows, inverted_index, item_entries,
-                                      item_mask, item_rows, item_tiles, num_ranges, slot_keys,
-                                      work_item)
+from nsa_jax.pallas.selection import (block_kv, causal_parts, dkv_rows, inverted_index,
+                                      item_entries, item_mask, item_part, item_rows, item_tiles,
+                                      num_ranges, slot_keys, work_item)
 
 
 def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
-                      approx, packed=False):
+                      approx, packed=False, part=None):
+    """``part``: the entries of each item this launch takes (``selection.item_part``): "diag"
+    with the causal mask, "rest" without any, None all with the mask. The refs after q, k, v
+    are the aliased outputs of the launch before (or the -inf lse start), then po, plse."""
     if packed:
         pt_ref, *refs = refs
-    q_ref, k_ref, v_ref, _lse_in, po_ref, plse_ref = refs
+    q_ref, k_ref, v_ref = refs[:3]
+    po_ref, plse_ref = refs[-2:]
     b, g, base, start, count, qi, head = work_item(meta_ref, h, rows)
+    start, count = item_part(ot_ref, b, g, base, start, count, n_slots, l_sel, part)
+    run = functools.partial(
+        _fwd_item, ot_ref, pt_ref if packed else None, q_ref, k_ref, v_ref, po_ref, plse_ref, b,
+        g, base, start, count, qi, head, h=h, rows=rows, n_slots=n_slots, l_sel=l_sel, bk=bk,
+        n_sub=n_sub, scale=scale, prec=prec, approx=approx, masked=part != "rest")
+    if part == "diag":   # most items have no diagonal entry: nothing loaded
+        pl.when(count > 0)(run)
+    else:
+        run()
+
+
+def _fwd_item(ot_ref, pt_ref, q_ref, k_ref, v_ref, po_ref, plse_ref, b, g, base, start, count,
+              qi, head, *, h, rows, n_slots, l_sel, bk, n_sub, scale, prec, approx, masked):
+    """One work item's entries [start, start + count) (module docstring); ``masked`` False:
+    no causal mask (every row sees the whole block)."""
+    packed = pt_ref is not None
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     bq = rows // h
     dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
@@ -89,8 +109,9 @@ def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         # Every tile is a whole softmax over the block's keys: its first sub-tile starts it
         # (no rescale of an empty state), and the result is scaled by one reciprocal per row.
         for sub, (k, v, kpos, kcol) in enumerate(kv):
-            s = jnp.where(item_mask(kcol, kpos, t, p0, l_sel),
-                          dot(q, k, trans_b=True, precision=prec), NEG_INF)
+            s = dot(q, k, trans_b=True, precision=prec)
+            if masked:   # else every key of the block is visible to every row
+                s = jnp.where(item_mask(kcol, kpos, t, p0, l_sel), s, NEG_INF)
             if sub == 0:
                 m, p, lsum = softmax_first(s, c)
                 acc = dot(p.astype(v.dtype), v, precision=prec)
@@ -181,19 +202,23 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
         N = hi - lo
         if o is not None:   # the previous pass's partials are merged (and freed) first
             q, o, lse = lax.optimization_barrier((q, o, lse))
-        kern = functools.partial(_fwd_block_kernel, h=h, rows=rows, n_slots=N,
-                                 l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale,
-                                 prec=dot_precision(q.dtype, interpret, choices),
-                                 approx=not interpret, packed=packed)
-        lse0 = jnp.full((B, T * N, Hq), NEG_INF, jnp.float32)
-        po, plse = pl.pallas_call(
-            kern, grid=(meta.shape[0],),
-            out_shape=[jax.ShapeDtypeStruct((B, T * N, Hq, Dv), pdt),
-                       jax.ShapeDtypeStruct((B, T * N, Hq), jnp.float32)],
-            input_output_aliases={len(extra) + 4: 1},
-            compiler_params=compiler_params(bs.num_warps, bs.num_stages),
-            interpret=interpret, name="nsa_sel_fwd_block",
-        )(meta, *extra, q, k, v, lse0)
+        out_shape = [jax.ShapeDtypeStruct((B, T * N, Hq, Dv), pdt),
+                     jax.ShapeDtypeStruct((B, T * N, Hq), jnp.float32)]
+        outs = (jnp.full((B, T * N, Hq), NEG_INF, jnp.float32),)   # plse starts at -inf
+        for part in causal_parts(cfg.sel_block, bk, packed):
+            kern = functools.partial(_fwd_block_kernel, h=h, rows=rows, n_slots=N,
+                                     l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale,
+                                     prec=dot_precision(q.dtype, interpret, choices),
+                                     approx=not interpret, packed=packed, part=part)
+            n_in = len(extra) + 4
+            aliases = {n_in: 1} if len(outs) == 1 else {n_in: 0, n_in + 1: 1}
+            outs = pl.pallas_call(
+                kern, grid=(meta.shape[0],), out_shape=out_shape,
+                input_output_aliases=aliases,
+                compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+                interpret=interpret, name="nsa_sel_fwd_block",
+            )(meta, *extra, q, k, v, *outs)
+        po, plse = outs
         o, lse = merge_partials(po.reshape(B, T, N, Hq, Dv), plse.reshape(B, T, N, Hq),
                                 None if o is None else (o, lse))
         indices.append(index)
@@ -202,12 +227,33 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
 
 # ---- backward: dK/dV and dQ in one block-major kernel ----------------------------------------
 def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
-                      packed=False):
+                      packed=False, part=None):
+    """``part`` as in the forward (``selection.item_part``). The refs after q, k, v, dO, lse,
+    delta are the aliased dK/dV accumulators (and the launch before's dQ partials), then dk,
+    dv, pdq."""
     if packed:
         pt_ref, *refs = refs
-    (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref, dv_ref,
-     pdq_ref) = refs
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = refs[:6]
+    dk_ref, dv_ref, pdq_ref = refs[-3:]
     b, g, base, start, count, qi, head = work_item(meta_ref, h, rows)
+    start, count = item_part(qt_ref, b, g, base, start, count, n_slots, l_sel, part)
+    run = functools.partial(
+        _bwd_item, qt_ref, pt_ref if packed else None, q_ref, k_ref, v_ref, do_ref, lse_ref,
+        delta_ref, dk_ref, dv_ref, pdq_ref, b, g, base, start, count, qi, head, h=h, rows=rows,
+        n_slots=n_slots, l_sel=l_sel, bk=bk, n_sub=n_sub, scale=scale, prec=prec,
+        masked=part != "rest")
+    if part == "diag":   # most items have no diagonal entry: nothing loaded
+        pl.when(count > 0)(run)
+    else:
+        run()
+
+
+def _bwd_item(qt_ref, pt_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
+              pdq_ref, b, g, base, start, count, qi, head, *, h, rows, n_slots, l_sel, bk, n_sub,
+              scale, prec, masked):
+    """One work item's entries [start, start + count): dK/dV added to the block's rows, dQ
+    partials stored per entry; ``masked`` False: no causal mask."""
+    packed = pt_ref is not None
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
     bq = rows // h
@@ -237,8 +283,9 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
         for sub, (k, v, kpos, kcol) in enumerate(kv):
             dk, dv = carry[2 * sub], carry[2 * sub + 1]
             s = dot(q, k, trans_b=True, precision=prec)   # raw; scaled in the exponent
-            dk, dv, ds = dkv_accumulate(dk, dv, s, item_mask(kcol, kpos, t, p0, l_sel),
-                                        q, do, v, None, lse, delta, prec, cdt, c)
+            mask = item_mask(kcol, kpos, t, p0, l_sel) if masked else None
+            dk, dv, ds = dkv_accumulate(dk, dv, s, mask, q, do, v, None, lse, delta, prec, cdt,
+                                        c)
             # the first sub-tile's dot starts dQ (0 + x stays an add per entry when written
             # so); the softmax scale is applied in the slot sum, not per tile
             dq_s = dot(ds, k, precision=prec)
@@ -285,7 +332,7 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     Ts = cfg.num_sel_blocks(T)
     rows, chunk = item_tiles(bs, h, bs.sel_dq_rows)
     packed = seg is not None
-    doc = (seg.start, cfg.sel_block) if packed else ()
+    doc = (seg.start if packed else None, cfg.sel_block)
     passes = slot_passes(idx.shape, Hq, max(Dk, Dv), q.dtype, choices)
     if index is None:
         index = [None] * len(passes)
@@ -307,16 +354,20 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
         N = hi - lo
         if dq is not None:  # the previous pass's dQ partials are summed (and freed) first
             q, dq, dk, dv = lax.optimization_barrier((q, dq, dk, dv))
-        dk, dv, pdq = pl.pallas_call(
-            functools.partial(_bwd_block_kernel, n_slots=N, **kern_args),
-            grid=(meta.shape[0],),
-            out_shape=[jax.ShapeDtypeStruct(dk.shape, jnp.float32),
-                       jax.ShapeDtypeStruct(dv.shape, jnp.float32),
-                       jax.ShapeDtypeStruct((B, T * N, Hq, Dk), pdt)],
-            input_output_aliases={len(extra) + 7: 0, len(extra) + 8: 1},
-            compiler_params=compiler_params(bs.num_warps, bs.num_stages),
-            interpret=interpret, name="nsa_sel_bwd_block",
-        )(meta, *extra, q, k, v, do, lse, delta, dk, dv)
+        outs = (dk, dv)
+        for part in causal_parts(cfg.sel_block, bk, packed):   # dK/dV (and dQ) passed along
+            n_in = len(extra) + 7
+            outs = pl.pallas_call(
+                functools.partial(_bwd_block_kernel, n_slots=N, part=part, **kern_args),
+                grid=(meta.shape[0],),
+                out_shape=[jax.ShapeDtypeStruct(dk.shape, jnp.float32),
+                           jax.ShapeDtypeStruct(dv.shape, jnp.float32),
+                           jax.ShapeDtypeStruct((B, T * N, Hq, Dk), pdt)],
+                input_output_aliases={n_in + i: i for i in range(len(outs))},
+                compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+                interpret=interpret, name="nsa_sel_bwd_block",
+            )(meta, *extra, q, k, v, do, lse, delta, *outs)
+        dk, dv, pdq = outs
         # slots never listed in the index were not written: masked, not read
         used = slot_keys(idx_p, T, Ts, *doc) < num_ranges(Ts, packed)        # [B,T,G,N]
         used = used.transpose(0, 1, 3, 2)[..., None, None]                   # [B,T,N,G,1,1]
