@@ -125,11 +125,14 @@ def item_part(qt_ref, b, g, base, start, count, n_slots: int, l_sel: int, part):
 
 
 def causal_parts(l_sel: int, bk: int, packed: bool):
-    """The launches of a block-major kernel: ("diag", "rest") where the unmasked part can run
+    """The launches of the block-major forward: ("diag", "rest") where the unmasked part can run
     without any mask (unpacked rows, key sub-tiles inside the block), else (None,): one launch
     with the mask on every tile. Two launches rather than two loops in one kernel: a kernel
-    holding both loops took 182 registers against 160 and ran slower (bench/NOTES.md,
-    thirty-sixth session)."""
+    holding both loops took 182 registers against 160 and ran slower (thirty-sixth session).
+    On an H200 at the 125M shape the two launches took the forward 0.618 -> 0.537 ms at 8k / B=4
+    and 1.301 -> 1.162 at 64k; the fused backward split the same way got slower (1.401 ->
+    1.525 and 3.046 -> 3.541 ms: its unmasked launch alone was no faster than the masked one),
+    so it keeps one masked launch (bench/NOTES.md, thirty-ninth session)."""
     return (None,) if packed or l_sel % bk else ("diag", "rest")
 
 

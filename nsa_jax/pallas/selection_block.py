@@ -227,33 +227,12 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
 
 # ---- backward: dK/dV and dQ in one block-major kernel ----------------------------------------
 def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
-                      packed=False, part=None):
-    """``part`` as in the forward (``selection.item_part``). The refs after q, k, v, dO, lse,
-    delta are the aliased dK/dV accumulators (and the launch before's dQ partials), then dk,
-    dv, pdq."""
+                      packed=False):
     if packed:
         pt_ref, *refs = refs
-    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = refs[:6]
-    dk_ref, dv_ref, pdq_ref = refs[-3:]
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref, dv_ref,
+     pdq_ref) = refs
     b, g, base, start, count, qi, head = work_item(meta_ref, h, rows)
-    start, count = item_part(qt_ref, b, g, base, start, count, n_slots, l_sel, part)
-    run = functools.partial(
-        _bwd_item, qt_ref, pt_ref if packed else None, q_ref, k_ref, v_ref, do_ref, lse_ref,
-        delta_ref, dk_ref, dv_ref, pdq_ref, b, g, base, start, count, qi, head, h=h, rows=rows,
-        n_slots=n_slots, l_sel=l_sel, bk=bk, n_sub=n_sub, scale=scale, prec=prec,
-        masked=part != "rest")
-    if part == "diag":   # most items have no diagonal entry: nothing loaded
-        pl.when(count > 0)(run)
-    else:
-        run()
-
-
-def _bwd_item(qt_ref, pt_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
-              pdq_ref, b, g, base, start, count, qi, head, *, h, rows, n_slots, l_sel, bk, n_sub,
-              scale, prec, masked):
-    """One work item's entries [start, start + count): dK/dV added to the block's rows, dQ
-    partials stored per entry; ``masked`` False: no causal mask."""
-    packed = pt_ref is not None
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
     bq = rows // h
@@ -283,9 +262,8 @@ def _bwd_item(qt_ref, pt_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, d
         for sub, (k, v, kpos, kcol) in enumerate(kv):
             dk, dv = carry[2 * sub], carry[2 * sub + 1]
             s = dot(q, k, trans_b=True, precision=prec)   # raw; scaled in the exponent
-            mask = item_mask(kcol, kpos, t, p0, l_sel) if masked else None
-            dk, dv, ds = dkv_accumulate(dk, dv, s, mask, q, do, v, None, lse, delta, prec, cdt,
-                                        c)
+            dk, dv, ds = dkv_accumulate(dk, dv, s, item_mask(kcol, kpos, t, p0, l_sel),
+                                        q, do, v, None, lse, delta, prec, cdt, c)
             # the first sub-tile's dot starts dQ (0 + x stays an add per entry when written
             # so); the softmax scale is applied in the slot sum, not per tile
             dq_s = dot(ds, k, precision=prec)
@@ -354,20 +332,16 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
         N = hi - lo
         if dq is not None:  # the previous pass's dQ partials are summed (and freed) first
             q, dq, dk, dv = lax.optimization_barrier((q, dq, dk, dv))
-        outs = (dk, dv)
-        for part in causal_parts(cfg.sel_block, bk, packed):   # dK/dV (and dQ) passed along
-            n_in = len(extra) + 7
-            outs = pl.pallas_call(
-                functools.partial(_bwd_block_kernel, n_slots=N, part=part, **kern_args),
-                grid=(meta.shape[0],),
-                out_shape=[jax.ShapeDtypeStruct(dk.shape, jnp.float32),
-                           jax.ShapeDtypeStruct(dv.shape, jnp.float32),
-                           jax.ShapeDtypeStruct((B, T * N, Hq, Dk), pdt)],
-                input_output_aliases={n_in + i: i for i in range(len(outs))},
-                compiler_params=compiler_params(bs.num_warps, bs.num_stages),
-                interpret=interpret, name="nsa_sel_bwd_block",
-            )(meta, *extra, q, k, v, do, lse, delta, *outs)
-        dk, dv, pdq = outs
+        dk, dv, pdq = pl.pallas_call(
+            functools.partial(_bwd_block_kernel, n_slots=N, **kern_args),
+            grid=(meta.shape[0],),
+            out_shape=[jax.ShapeDtypeStruct(dk.shape, jnp.float32),
+                       jax.ShapeDtypeStruct(dv.shape, jnp.float32),
+                       jax.ShapeDtypeStruct((B, T * N, Hq, Dk), pdt)],
+            input_output_aliases={len(extra) + 7: 0, len(extra) + 8: 1},
+            compiler_params=compiler_params(bs.num_warps, bs.num_stages),
+            interpret=interpret, name="nsa_sel_bwd_block",
+        )(meta, *extra, q, k, v, do, lse, delta, dk, dv)
         # slots never listed in the index were not written: masked, not read
         used = slot_keys(idx_p, T, Ts, *doc) < num_ranges(Ts, packed)        # [B,T,G,N]
         used = used.transpose(0, 1, 3, 2)[..., None, None]                   # [B,T,N,G,1,1]
