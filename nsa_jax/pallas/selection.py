@@ -22,6 +22,11 @@ from the queries that selected it. Two ways are implemented (``KernelChoices.sel
   and ``selection_query.sel_dq_from_ds`` sums dS K over each query's slots, finding a (query,
   slot)'s rows through the inverse of the index's sort (``entry_positions``).
 
+The gate: every backward here takes the branch gate folded into the saved lse
+(``common.fold_gate``: gs P = exp2(s c - lse + log2 gs)), so no kernel multiplies by gs or loads
+it (on an H200 the block-major backward went -5.4% at 125M 8k / B=4 and the per-query dQ -7.3%
+at the bench shape; bench/NOTES.md, thirty-ninth session).
+
 Why inverted is the default, by measurement (bench/kernels.py, one H200, bf16, B=1, T=65536,
 Hq=64, G=4, D=128, l'=64, n=16): the whole selection backward takes 35.3 ms inverted against
 399.5 ms atomic (11x; 8.9x at T=8192). The atomic variant issues n * l' * (Dk + Dv) * T * G ≈

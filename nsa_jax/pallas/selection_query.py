@@ -208,7 +208,8 @@ def _dq_ds_kernel(k_ref, idx_ref, pos_ref, ds_ref, dq_ref, *, h, n_sel, l_sel, b
     of Eq. 10's selected-block attention through the scores), dS [h, l'] per slot as the dK/dV
     kernel stored it (the input dtype: the rounding the per-query kernel's dot takes) at rows
     pos*h .. of the (b, g) buffer, pos = the entry's place in the index. Unused slots (never
-    written) and blocks starting past t (written as zeros) are masked, not read."""
+    written) and blocks starting past t (left out of the index, so never written) are masked,
+    not read."""
     (t, g, b), row_ok, head, dk_, _ = _query_rows(dq_ref, h, load_q=False)
     G = dq_ref.shape[2] // h
     hp = row_ok.shape[0]
