@@ -145,6 +145,33 @@ def test_op_with_block_kernels_where_a_key_tile_reaches_past_the_block(sel_dq):
                    choices=KernelChoices(sel_impl="gather", sel_fwd="block", sel_dq=sel_dq))
 
 
+@pytest.mark.parametrize("sel_dq", ["block", "query"])
+def test_op_with_repeated_block_ids_matches_reference(sel_dq):
+    """A caller's block_idx with a block id repeated in a row (and a block past the query)
+    selects the union of its blocks, as the reference's mask does: the Pallas op drops the
+    repeats (``semantics.distinct_ids``) before its kernels, which take one partial per slot;
+    through the block-major forward's two launches (a repeated diagonal block would otherwise
+    push entries past the "diag" prefix it counts) and both backwards."""
+    B, T, G = 1, 75, 2
+    args, cot = _inputs(35, B, T, 4, G, TINY)
+    rng = np.random.default_rng(3)
+    Ts = TINY.num_sel_blocks(T)
+    idx = np.full((B, T, G, TINY.n_sel), -1, np.int32)
+    for t in range(T):
+        for g in range(G):
+            own = t // TINY.sel_block
+            idx[0, t, g] = [own, own, rng.integers(0, Ts), rng.integers(0, Ts)]
+    assert (idx[..., 0] == idx[..., 1]).all()
+    _assert_parity(args, cot, TINY, block_sizes=SMALL, block_idx=jnp.asarray(idx),
+                   choices=KernelChoices(sel_impl="gather", sel_fwd="block", sel_dq=sel_dq))
+
+
+def test_distinct_ids_drops_later_repeats_only():
+    from nsa_jax.nsa.semantics import distinct_ids
+    idx = jnp.asarray([[3, 3, -1, 5, 3, 5, 0, -1]], jnp.int32)
+    np.testing.assert_array_equal(np.asarray(distinct_ids(idx)), [[3, -1, -1, 5, -1, -1, 0, -1]])
+
+
 def test_slot_passes_bound_the_partial_buffer():
     from nsa_jax.pallas.selection_block import slot_passes
     # 125M shape at 64k, bf16: 1.5 GiB of partials -> 2 passes of <= 1024 MiB (the default)

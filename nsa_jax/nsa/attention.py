@@ -97,7 +97,8 @@ def nsa_attention(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg: NSACo
     (cmp, slc, win). float32 or bfloat16 inputs; softmaxes are float32; output has q's dtype.
 
     impl:        a ``Backend`` or name (``resolve_impl``; "auto" picks by device).
-    block_idx:   int32 [B,T,G,n] block ids overriding the selection (-1 = unused slot).
+    block_idx:   int32 [B,T,G,n] block ids overriding the selection (-1 = unused slot; an id
+                 repeated in a row selects its block once: Eq. 10 attends the union).
     choices:     ``KernelChoices``, how the kernels compute (never what); the reference
                  ignores them, so one config serves every backend. None = defaults.
     block_sizes: ``nsa_jax.pallas.BlockSizes`` tile sizes; pallas only.

@@ -252,6 +252,17 @@ def topn_from_scores(scores: jax.Array, t, cfg: NSAConfig) -> jax.Array:
     return ids
 
 
+def distinct_ids(idx: jax.Array) -> jax.Array:
+    """Block ids [..., n] with each later repeat of an id in a row set to -1 (unused). Eq. 10
+    attends the *union* of the selected blocks (``selected_keys_mask``), so a repeated id
+    selects nothing more; kernels that take one partial per slot need each id once. Top-n
+    (``topn_from_scores``) never repeats one; a caller's ``block_idx`` may."""
+    n = idx.shape[-1]
+    earlier = jnp.tril(jnp.ones((n, n), bool), -1)                     # [i, j]: j < i
+    repeat = jnp.any((idx[..., :, None] == idx[..., None, :]) & earlier, axis=-1)
+    return jnp.where(repeat & (idx >= 0), -1, idx).astype(idx.dtype)
+
+
 def selected_keys_mask(idx: jax.Array, t, S: int, cfg: NSAConfig, start=None) -> jax.Array:
     """[..., S] bool: key s is attended by the query at t iff s <= t and s lies in one of the
     selected blocks ``idx [..., n_sel]`` (-1 = unused slot).

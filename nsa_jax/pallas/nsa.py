@@ -168,7 +168,8 @@ def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg
     if block_idx is None:
         idx = jnp.zeros((B, T, G, 0), jnp.int32)  # placeholder; the forward selects
     else:
-        idx = jax.lax.stop_gradient(jnp.asarray(block_idx, jnp.int32))
+        # one partial per slot in the kernels: a repeated id would count its block twice
+        idx = semantics.distinct_ids(jax.lax.stop_gradient(jnp.asarray(block_idx, jnp.int32)))
     seg = _layout(segment_ids, cfg)
     if seg is not None:
         seg = jax.tree_util.tree_map(jax.lax.stop_gradient, seg)
