@@ -52,7 +52,8 @@ def main(argv=None):
     TN = T * n
 
     def rows(idx):
-        jkey = slot_keys(idx, T, Ts).transpose(0, 2, 1, 3).reshape(B * G, TN)
+        jkey = slot_keys(idx, T, Ts, None, CFG.sel_block)
+        jkey = jkey.transpose(0, 2, 1, 3).reshape(B * G, TN)
         return jkey, jnp.broadcast_to(jnp.arange(TN, dtype=jnp.int32), (B * G, TN))
 
     def one_key(idx):

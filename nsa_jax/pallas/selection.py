@@ -250,7 +250,7 @@ def slot_keys(idx, T: int, Ts: int, doc_start=None, l_sel: int = 0):
     [B,T,G,n], ``num_ranges`` where the slot is unused or its block starts past the query (no
     key of it is visible: the entry would add nothing, and leaving it out keeps every listed
     query at or past its block's first key, which ``diagonal_count`` relies on). Unpacked: the
-    selected ids (``l_sel`` = l'; 0: blocks past the query kept, for tools that count them).
+    selected ids (``l_sel`` = l'; 0 keeps blocks past the query).
     Packed (``doc_start`` [B,T], idx document-relative): with p = start + idx*l' the block's
     first key and J = floor(p / l'), the aligned block J when the keys the query sees,
     [p, min(p + l', t + 1)), lie in it, else Ts + J (the range from p across (J + 1) l')."""
