@@ -53,9 +53,8 @@ def _rows(qt, g, h: int, rows: int, T: int, hs: int | None = None, head_major: b
     Rows hold rows // hs queries with hs >= h row slots each (the last hs - h slots masked):
     row r = qi * hs + head slot, or with ``head_major`` r = head slot * (rows // hs) + qi (the
     scoring kernel's rows layout, where a query's heads then sum without lane shuffles:
-    ``scoring``). The scoring kernel's loop
-    layout calls it with hs = 1: one row per query, head g*h (its slot 0), and adds each of the
-    group's heads to that itself.
+    ``scoring``). The scoring kernel's loop layout calls it with hs = 1: one row per query,
+    head g*h (its slot 0), and adds each of the group's heads to that itself.
     """
     hs = hs or h
     bq = rows // hs

@@ -19,8 +19,8 @@ Two tile layouts (``KernelChoices.score_heads``):
   one row by a [S, S, bq] 0/1 contraction, and the rotated tile is the loop carry (its row 0 is
   owed to the next step's first block). On an H200 at the bench shape (64k) the kernel went
   10.1 -> 7.8 ms with the head-major rows and the weights formed once, then -> 7.2 ms
-  transposed, 7.1 with the rotated carry (bench/NOTES.md, thirty-eighth session). Otherwise (general path) two float32
-  dots, p @ W and a 0/1 head-sum matrix, on untransposed tiles.
+  transposed, 7.1 with the rotated carry (bench/NOTES.md, thirty-eighth session). Otherwise
+  (general path) two float32 dots, p @ W and a 0/1 head-sum matrix, on untransposed tiles.
 * "loop": a tile's rows are ``BlockSizes.score_q`` queries of one head, and the h heads are a
   loop inside each key step (one K load, h dots): p of every head lands in the same [queries,
   keys] layout and is summed there. No padded head slots (h = 6 runs 6 of 8 in "rows") and no

@@ -110,12 +110,10 @@ def diagonal_count(qt_ref, b, g, base, start, count, n_slots: int, l_sel: int):
     its entries ascend by t. The index lists a block only for queries at or past its first key
     (``slot_keys``) and each query once, so there are at most l' - 1 of them, all among the
     item's first next_pow2(l') entries: one vector load. Unpacked rows only (a packed entry's
-    range starts at its own p). ``n_slots``: the index's slot payloads (t*n + slot), 0 if
-    plain t."""
+    range starts at its own p). ``n_slots``: n of the index's slot payloads (t*n + slot)."""
     e = jnp.arange(next_pow2(l_sel))
     ok = e < count
-    ts = load(qt_ref.at[b, g, jnp.where(ok, start + e, 0)], ok)
-    t = idiv(ts, n_slots) if n_slots else ts
+    t = idiv(load(qt_ref.at[b, g, jnp.where(ok, start + e, 0)], ok), n_slots)
     return jnp.sum((ok & (t < base + (l_sel - 1))).astype(jnp.int32))
 
 
