@@ -49,12 +49,14 @@ def test_mosaic_forward_lowers_for_cuda(h, D):
 
 @pytest.mark.parametrize("h,D", [(6, 64), (16, 128)])
 @pytest.mark.parametrize("kernel", ["dq", "dkv"])
-def test_mosaic_backward_lowers_for_cuda(h, D, kernel):
-    """The dQ and dK/dV kernels lower for CUDA too, within shared memory at 128-wide heads."""
+@pytest.mark.parametrize("gated", [True, False])
+def test_mosaic_backward_lowers_for_cuda(h, D, kernel, gated):
+    """The dQ and dK/dV kernels lower for CUDA too, within shared memory at 128-wide heads,
+    with the gate as a row operand and folded into lse and delta (gs None)."""
     B, T, G = 2, 512, 2
     fn = {"dq": mtq.sel_tiled_bwd_dq_mosaic, "dkv": mtd.sel_tiled_bwd_dkv_mosaic}[kernel]
-    f = jax.jit(lambda q, k, v, i, do, gs, lse, de: fn(q, k, v, i, do, gs, lse, de, CFG, 0.125,
-                                                       False))
+    f = jax.jit(lambda q, k, v, i, do, gs, lse, de: fn(q, k, v, i, do, gs if gated else None,
+                                                       lse, de, CFG, 0.125, False))
     r = S(B, T, G * h, dtype=jnp.float32)
     text = f.trace(S(B, T, G * h, D), S(B, T, G, D), S(B, T, G, D),
                    S(B, T, G, 16, dtype=jnp.int32), S(B, T, G * h, D), r, r, r).lower(
@@ -277,6 +279,7 @@ def test_gpu_mosaic_forward_matches_reference_and_triton(T, Hq, G, D):
 def test_gpu_mosaic_dq_matches_reference_and_triton(T, Hq, G, D):
     """dQ for the cotangent gs * dO against the float32 reference's and the Triton kernel's
     (relative RMSE <= 5e-3), with rows that selected nothing (dQ = 0 there)."""
+    from nsa_jax.pallas.common import fold_gate
     from nsa_jax.pallas.selection_tiled import sel_tiled_bwd_dq
     from nsa_jax.pallas.tiled_index import tile_lists
     q, k, v, gs, do, idx, scale, bs = _backward_inputs(T + 3 * Hq, T, T, Hq, G, D,
@@ -288,7 +291,8 @@ def test_gpu_mosaic_dq_matches_reference_and_triton(T, Hq, G, D):
         delta = gs * jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
         dq = mtq.sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, CFG, scale, False)
         (blocks, bcount, _, _), table = tile_lists(idx, T, CFG, bs.sel_tile_q, None)
-        dq_t = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, CFG, bs,
+        lse_f, delta_f = fold_gate(lse, gs, o, do)   # the Triton kernel takes the gate folded
+        dq_t = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, lse_f, delta_f, CFG, bs,
                                 scale, False, table=table)
         return dq, dq_t
 
@@ -314,6 +318,7 @@ def test_gpu_mosaic_dkv_matches_reference_and_triton(T, Hq, G, D):
     """dK, dV for the cotangent gs * dO against the float32 reference's and the Triton kernel's
     (relative RMSE <= 5e-3), with rows that selected nothing (rows 64-95 of batch row 1: a -inf
     row bias in every pair of their tile)."""
+    from nsa_jax.pallas.common import fold_gate
     from nsa_jax.pallas.selection_tiled import sel_tiled_bwd_dkv
     from nsa_jax.pallas.tiled_index import tile_lists
     q, k, v, gs, do, idx, scale, bs = _backward_inputs(T + 5 * Hq, T + 1, T, Hq, G, D,
@@ -326,8 +331,9 @@ def test_gpu_mosaic_dkv_matches_reference_and_triton(T, Hq, G, D):
         dk, dv = mtd.sel_tiled_bwd_dkv_mosaic(q, k, v, idx, do, gs, lse, delta, CFG, scale,
                                               False)
         (_, _, tiles, tcount), table = tile_lists(idx, T, CFG, bs.sel_tile_q, None)
-        dk_t, dv_t = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, CFG, bs,
-                                       scale, False, table=table)
+        lse_f, delta_f = fold_gate(lse, gs, o, do)   # the Triton kernel takes the gate folded
+        dk_t, dv_t = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, lse_f, delta_f, CFG,
+                                       bs, scale, False, table=table)
         return dk, dv, dk_t, dv_t
 
     dk, dv, dk_t, dv_t = run(q, k, v, idx, do, gs)

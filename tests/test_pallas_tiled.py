@@ -142,6 +142,32 @@ def test_tiled_selection_matches_reference(h, G, cfg, D, bs):
     assert np.abs(np.asarray(grads[0])[B - 1, 3:5, heads]).max() == 0.0
 
 
+def test_tiled_backward_gate_folded_equals_gated_cotangent():
+    """The tiled backward takes the gate folded into lse (``common.fold_gate``): its dq, dk, dv
+    equal the same kernels' with the gate moved into the cotangent (gs * dO, no gate) to 2e-5,
+    with gates of exactly 0 (P' = 0) and 1 on some rows."""
+    cfg, bs, B, T, h, G, D = TINY, BlockSizes(sel_tile_q=16, sel_keys=16), 2, 75, 2, 2, 16
+    q, k, v, do, gs = _sel_inputs(B, T, h * G, G, D, jax.random.PRNGKey(7))
+    rows = np.arange(T)
+    gs = jnp.where((rows % 7 == 1)[None, :, None], 1.0, gs)
+    gs = jnp.where((rows % 5 == 0)[None, :, None], 0.0, gs)
+    idx = _selection(np.random.default_rng(7), B, T, G, cfg)
+    scale = 1.0 / math.sqrt(D)
+
+    @jax.jit
+    def run(q, k, v, idx, do, gs):
+        o, lse = sel_tiled_forward(q, k, v, idx, cfg, bs, scale, True)
+        return (sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg, bs, scale, True),
+                sel_tiled_backward(q, k, v, idx, o, lse, gs[..., None] * do, None, cfg, bs,
+                                   scale, True))
+    got, want = run(q, k, v, idx, do, gs)
+    assert float(jnp.abs(got[0]).max()) > 0
+    for a, b in zip(got, want):
+        assert bool(jnp.all(jnp.isfinite(a)))
+        assert _rel(a, b) <= 2e-5
+    assert float(jnp.abs(got[0][:, rows % 5 == 0]).max()) == 0.0   # a zero gate: no dQ
+
+
 def test_tile_index_lists_each_tile_union_and_its_inverse():
     cfg = TINY
     B, T, G, bq = 2, 75, 2, 16

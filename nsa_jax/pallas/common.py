@@ -258,19 +258,22 @@ def dkv_accumulate_t(dk, dv, st, mask_t, q, do, v, gs, lse, delta, prec, cdt, c,
     sub = lse[None, :] if row_bias is None else lse[None, :] - row_bias[None, :]
     x = st * c - sub
     pt = jnp.exp2(x if mask_t is None else jnp.where(mask_t, x, NEG_INF))
-    dv = dv + dot((pt * gs[None, :]).astype(cdt), do, precision=prec)
-    dpt = dot(v, do, trans_b=True, precision=prec) * gs[None, :]
+    ptg = pt if gs is None else pt * gs[None, :]   # gs None: folded into lse (fold_gate)
+    dv = dv + dot(ptg.astype(cdt), do, precision=prec)
+    dpt = dot(v, do, trans_b=True, precision=prec)
+    dpt = dpt if gs is None else dpt * gs[None, :]
     dk = dk + dot((pt * (dpt - delta[None, :])).astype(cdt), q, precision=prec)
     return dk, dv
 
 
 def grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref, b, rows, hd, ok, cdt):
     """A backward tile's per-row operands for the query rows ``rows`` (a ``pl.ds``) of head hd:
-    q, dO (cast to the compute dtype ``cdt``), the output scale gs, the saved base-2 lse (+inf on
-    masked rows, so their recomputed p is 0) and delta; rows where ``ok`` is False load 0."""
+    q, dO (cast to the compute dtype ``cdt``), the output scale gs (None where ``gs_ref`` is:
+    folded into lse, ``fold_gate``), the saved base-2 lse (+inf on masked rows, so their
+    recomputed p is 0) and delta; rows where ``ok`` is False load 0."""
     q = load(q_ref.at[b, rows, hd, :], ok[:, None])
     do = load(do_ref.at[b, rows, hd, :], ok[:, None]).astype(cdt)
-    gs = load(gs_ref.at[b, rows, hd], ok)
+    gs = None if gs_ref is None else load(gs_ref.at[b, rows, hd], ok)
     lse = load(lse_ref.at[b, rows, hd], ok, POS_INF)
     delta = load(delta_ref.at[b, rows, hd], ok)
     return q, do, gs, lse, delta

@@ -380,7 +380,9 @@ def index_lists(idx, T: int, cfg: NSAConfig, seg, lists=None):
 
 def row_vectors(lse, delta, gs):
     """The backward kernels' per-row operands as one float32 [B,Hq,3,T] array (lse, delta, gs;
-    T minor, so a tile's [3, 64] is one TMA copy)."""
+    T minor, so a tile's [3, 64] is one TMA copy). ``gs`` None: ones (the gate already folded
+    into lse and delta, ``common.fold_gate``)."""
+    gs = jnp.ones_like(lse) if gs is None else gs
     return jnp.stack([lse, delta, gs], axis=-1).astype(jnp.float32).transpose(0, 2, 3, 1)
 
 

@@ -36,7 +36,7 @@ from nsa_jax.pallas.tiled_index import diagonal_counts, words_by_block
 
 def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, nlate_ref, q_ref, k_ref, v_ref, bias_ref,
                 do_ref, rv_ref, dk_ref, dv_ref, scoped, *, h: int, stages: int, c: float,
-                scale: float, dtype, window: int | None = None):
+                scale: float, dtype, window: int | None = None, gated: bool = True):
     """dK, dV of one key block (64 keys of one group) over the (query tile, head) pairs of its
     tile list: warpgroup w takes the heads of parity w, both walk the tiles together (one ring
     slot holds a tile's q, dO and row vectors for the two heads of a step), and the two partial
@@ -44,7 +44,8 @@ def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, nlate_ref, q_ref, k_ref, v_ref
     lse), dV += (P^T gs) dO, dP^T = V dO^T, dS^T = P^T (dP^T gs - delta), dK += dS^T Q (gs: the
     rows' output scale, the branch gate). ``bias_ref`` None: no row bias; ``window``: the
     block's tile list is its window's (the block's own tile, the tiles that see all of it, and
-    last the tile where the window opens, masked by key > row - window)."""
+    last the tile where the window opens, masked by key > row - window). ``gated`` False: the
+    gate is folded into lse and delta (``common.fold_gate``), no multiply by gs."""
     plgpu = plgpu_module()
     wgmma_cols = plgpu.Layout.WGMMA.reduce(0)
     (k_smem, v_smem, q_smem, do_smem, rv_smem, b_smem, red_smem), loaded, free, sync = scoped
@@ -105,8 +106,8 @@ def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, nlate_ref, q_ref, k_ref, v_ref
             pt = jnp.exp2(x - bcast(cols(rv_smem.at[slot, wg, 0])))
             plgpu.barrier_wait(do_bar.at[mine])
 
-            gs = bcast(cols(rv_smem.at[slot, wg, 2]))   # the rows' output scale (the gate)
-            ptg = (pt * gs).astype(dtype)
+            gs = bcast(cols(rv_smem.at[slot, wg, 2])) if gated else None   # the gate
+            ptg = (pt if gs is None else pt * gs).astype(dtype)
 
             def dv_dpt(refs):
                 dv_ref, dpt_ref = refs
@@ -115,7 +116,8 @@ def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, nlate_ref, q_ref, k_ref, v_ref
 
             zeros = plgpu.layout_cast(jnp.zeros((KEYS, ROWS), jnp.float32), plgpu.Layout.WGMMA)
             dv, dpt = pl.run_state(dv_dpt)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
-            dst = pt * (dpt * gs - bcast(cols(rv_smem.at[slot, wg, 1])))
+            dpg = dpt if gs is None else dpt * gs
+            dst = pt * (dpg - bcast(cols(rv_smem.at[slot, wg, 1])))
 
             def dk_step(acc_ref):
                 plgpu.wgmma(acc_ref, dst.astype(dtype), qs)
@@ -193,10 +195,11 @@ def _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, nlate_ref, q_ref, k_ref, v_ref
 
 
 def dkv_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
-             window: int | None = None):
+             window: int | None = None, gated: bool = True):
     """Launch the dK/dV kernel on the blocks' 64-row tile ``lists`` = (tiles, tcount, ndiag,
     nlate or None, bias or None; ``tiled_index``'s layout, nlate: where a window's last masked
-    run starts) with the rows' [B,Hq,3,T] vectors ``rv`` -> dK, dV in k's / v's dtype."""
+    run starts) with the rows' [B,Hq,3,T] vectors ``rv`` -> dK, dV in k's / v's dtype
+    (``gated`` False: rv's gate row is not read, the gate being folded into lse and delta)."""
     plgpu = plgpu_module()
     B, T, Hq, D = q.shape
     G, Dv = k.shape[2], v.shape[-1]
@@ -230,7 +233,7 @@ def dkv_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
             lambda *s: _dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, nlate_ref, q_ref, k_ref,
                                    v_ref, bias_ref, do_ref, rv_ref, dk_ref, dv_ref, s, h=Hq // G,
                                    stages=stages, c=float(scale * LOG2E), scale=float(scale),
-                                   dtype=q.dtype, window=window),
+                                   dtype=q.dtype, window=window, gated=gated),
             scratch, loaded, plgpu.Barrier(num_arrivals=2, num_barriers=stages),
             plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 
@@ -247,7 +250,8 @@ def sel_tiled_bwd_dkv_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, s
                              interpret: bool, *, seg=None, lists=None, stages: int = 2):
     """dK, dV in k's / v's dtype [B,T,G,D] of the selection branch
     (``selection_tiled.sel_tiled_bwd_dkv``'s values, rounded once) for the cotangent ``gs * do``,
-    from the forward's base-2 ``lse`` and ``delta = gs * rowsum(o * do)``; one CTA per (group,
+    from the forward's base-2 ``lse`` and ``delta = gs * rowsum(o * do)`` (``gs`` None: lse and
+    delta with the gate folded in, ``common.fold_gate``); one CTA per (group,
     key block, batch row) over the block's 64-row tile list (``tiled_index.tile_index``;
     ``lists`` as ``mosaic_tiled.index_lists`` takes them)."""
     no_interpret(interpret, "sel_tiled_bwd_dkv_mosaic")
@@ -256,4 +260,5 @@ def sel_tiled_bwd_dkv_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, s
     ndiag = diagonal_counts(tiles, tcount, ROWS, cfg, seg)
     bias = row_bias(words_by_block(table, tiles))            # [B,G,Ts,nqt,ROWS]
     return dkv_call(q, k, v, do, row_vectors(lse, delta, gs), (tiles, tcount, ndiag, None, bias),
-                    scale, stages=stages, name="nsa_sel_tiled_bwd_dkv_mgpu")
+                    scale, stages=stages, name="nsa_sel_tiled_bwd_dkv_mgpu",
+                    gated=gs is not None)

@@ -80,8 +80,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, BlockSizes, cdiv, compiler_params,
-                                   dkv_accumulate_t, dot, dot_precision, dscores, grad_rows, idiv,
-                                   load, probs, sel_sub_tiles, softmax_finish,
+                                   dkv_accumulate_t, dot, dot_precision, dscores, fold_gate,
+                                   grad_rows, idiv, load, probs, sel_sub_tiles, softmax_finish,
                                    softmax_init, softmax_step, store)
 from nsa_jax.pallas.tiled_index import (WORD_BITS, diagonal_counts, full_counts, rows_operand,
                                         seg_args, tile_lists)
@@ -293,7 +293,7 @@ def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
 
 # ---- backward: dQ ------------------------------------------------------------------------------
 def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_ref, do_ref,
-                   gs_ref, lse_ref, delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec,
+                   lse_ref, delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec,
                    packed=False, with_init=False):
     st_ref = refs[0] if packed else None
     init_ref = refs[-2] if with_init else None   # dQ of the branches before (dq_in)
@@ -304,8 +304,8 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_
     cdt = q_ref.dtype
     t, ok = _tile_rows(qt, bq, T)
     rows = pl.ds(qt * bq, bq)
-    q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
-                                      b, rows, hd, ok, cdt)
+    q, do, _, lse, delta = grad_rows(q_ref, do_ref, None, lse_ref, delta_ref, b, rows, hd, ok,
+                                     cdt)   # the gate folded into lse (common.fold_gate)
     rule = _tile_rule(rows_ref, st_ref if packed else None, b, g, qt, bq, l_sel, ok)
     c = scale * LOG2E
 
@@ -317,7 +317,7 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_
         r = rule(u, j)
         bias = _row_bias(r) if full else None
         for k, v, s, vis in pairs(full, j=j, rule=r):
-            ds = dscores(probs(s, vis, lse, c, bias), do, v, gs, delta, prec)
+            ds = dscores(probs(s, vis, lse, c, bias), do, v, None, delta, prec)
             dq = dq + dot(ds.astype(cdt), k, precision=prec)
         return dq
 
@@ -338,7 +338,7 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_
 
 # ---- backward: dK/dV ---------------------------------------------------------------------------
 def _bwd_dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, rows_ref, do_ref,
-                    gs_ref, lse_ref, delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec,
+                    lse_ref, delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec,
                     packed=False):
     """``rows_ref``: unpacked, the pairs' membership bits (``tiled_index.member_table``, by
     block); packed, the rows' padded ids."""
@@ -379,8 +379,8 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, rows_
             else:
                 member = _list_members(rows_ref, b, g, j, u, bq)
             dk, dv = carry
-            q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
-                                              b, rows, g * h + i, ok, cdt)
+            q, do, _, lse, delta = grad_rows(q_ref, do_ref, None, lse_ref, delta_ref, b, rows,
+                                             g * h + i, ok, cdt)
             # keys as rows (s^T = K Q^T): P^T and dS^T feed the dK / dV dots as they come
             s_t = dot(k, q, trans_b=True, precision=prec)   # raw; scaled in the exponent
             bias = None
@@ -392,7 +392,7 @@ def _bwd_dkv_kernel(tiles_ref, tcount_ref, ndiag_ref, q_ref, k_ref, v_ref, rows_
                 rule = (_block_rule(sel, j, l_sel, _starts(st_ref, b, qt, bq, ok)) if packed
                         else member)
                 vis_t = _visible(rule, t, kpos, kvalid, keys_first=True)
-            return dkv_accumulate_t(dk, dv, s_t, vis_t, q, do, v, gs, lse, delta, prec, cdt,
+            return dkv_accumulate_t(dk, dv, s_t, vis_t, q, do, v, None, lse, delta, prec, cdt,
                                     c, bias)
 
         carry = (jnp.zeros((bk, Dk), jnp.float32), jnp.zeros((bk, Dv), jnp.float32))
@@ -413,12 +413,12 @@ def _bwd_common(q, k, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: b
                 packed=seg is not None)
 
 
-def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAConfig,
+def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, lse, delta, cfg: NSAConfig,
                      bs: BlockSizes, scale: float, interpret: bool, *, choices=None, seg=None,
                      table=None, dq_in=None, dq_dtype=jnp.float32):
     """dQ [B,T,Hq,Dk] in ``dq_dtype`` (kernel ``nsa_sel_tiled_bwd_dq``) from ``tile_index``'s
-    per-tile lists, float32 ``gs`` and ``delta = gs * rowsum(o * do)`` (``seg``: packed rows'
-    layout, the one ``tile_index`` was given; ``table``: unpacked rows' ``member_table``, None =
+    per-tile lists, float32 ``lse`` and ``delta`` with the gate folded in (``common.fold_gate``;
+    ``seg``: packed rows' layout, the one ``tile_index`` was given; ``table``: unpacked rows' ``member_table``, None =
     built here); ``dq_in`` (q's shape, None = 0) is added in float32 before the store, as in
     ``compressed.cmp_backward``."""
     B, T, Hq, Dk = q.shape
@@ -431,11 +431,11 @@ def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAC
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dq",
     )(blocks, bcount, full_counts(blocks, bcount, bs.sel_tile_q, cfg, seg), q, k, v,
-      rows_operand(idx, T, cfg, bs.sel_tile_q, seg, table, blocks=blocks), do, gs, lse, delta,
+      rows_operand(idx, T, cfg, bs.sel_tile_q, seg, table, blocks=blocks), do, lse, delta,
       *seg_args(seg), *init)
 
 
-def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAConfig,
+def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, lse, delta, cfg: NSAConfig,
                       bs: BlockSizes, scale: float, interpret: bool, *, choices=None, seg=None,
                       table=None):
     """dK, dV float32 [B,T,G,D] (kernel ``nsa_sel_tiled_bwd_dkv``) from ``tile_index``'s
@@ -451,7 +451,7 @@ def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, gs, lse, delta, cfg: NSAC
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dkv",
     )(tiles, tcount, diagonal_counts(tiles, tcount, bs.sel_tile_q, cfg, seg), q, k, v,
-      rows_operand(idx, T, cfg, bs.sel_tile_q, seg, table, tiles=tiles), do, gs, lse, delta,
+      rows_operand(idx, T, cfg, bs.sel_tile_q, seg, table, tiles=tiles), do, lse, delta,
       *seg_args(seg))
 
 
@@ -470,21 +470,20 @@ def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     if dq_kernel is not None and (dq_in is not None or dq_dtype != jnp.float32):
         raise ValueError("sel_tiled_backward: dq_in / dq_dtype need the Triton dQ kernel "
                          "(dq_kernel=None)")
-    B, T, Hq, _ = q.shape
-    gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
-    delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
+    T = q.shape[1]
+    lse, delta = fold_gate(lse, gs, o, do)   # no gs in the kernels: P' = gs P
     built = tile_lists(idx, T, cfg, bs.sel_tile_q, seg)
     (blocks, bcount, tiles, tcount), table = built
     other = dict(seg=seg, lists=(bs.sel_tile_q, built))   # the dq_kernel / dkv_kernel keywords
-    args = (do, gs, lse, delta, cfg, bs, scale, interpret)
+    args = (do, lse, delta, cfg, bs, scale, interpret)
     if dq_kernel is None:
         dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, *args, choices=choices, seg=seg,
                               table=table, dq_in=dq_in, dq_dtype=dq_dtype)
     else:
-        dq = dq_kernel(q, k, v, idx, do, gs, lse, delta, cfg, scale, interpret, **other)
+        dq = dq_kernel(q, k, v, idx, do, None, lse, delta, cfg, scale, interpret, **other)
     if dkv_kernel is None:
         dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args, choices=choices, seg=seg,
                                    table=table)
     else:
-        dk, dv = dkv_kernel(q, k, v, idx, do, gs, lse, delta, cfg, scale, interpret, **other)
+        dk, dv = dkv_kernel(q, k, v, idx, do, None, lse, delta, cfg, scale, interpret, **other)
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)
