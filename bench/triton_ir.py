@@ -57,10 +57,12 @@ def route(name: str, shape: str = "125m", **kw):
 
 
 def op_route(dtype, packed: bool, sel_impl: str, sel_fwd: str, shape: str = "125m", T: int = T,
-             **kw):
+             choices: dict | None = None, **kw):
     """:func:`route` for any (dtype, packed rows, sel_impl, sel_fwd = sel_dq) and length T (one
-    row), not only the named ``ROUTES``; also what ``bench/kernel_sass.py`` lowers."""
-    choices = KernelChoices(sel_impl=sel_impl, sel_fwd=sel_fwd, sel_dq=sel_fwd, cmp_attn="pallas")
+    row), not only the named ``ROUTES``; also what ``bench/kernel_sass.py`` lowers. ``choices``:
+    more ``KernelChoices`` fields (e.g. ``{"sel_bwd": "atomic"}``)."""
+    choices = KernelChoices(sel_impl=sel_impl, sel_fwd=sel_fwd, sel_dq=sel_fwd, cmp_attn="pallas",
+                            **(choices or {}))
     S = jax.ShapeDtypeStruct
     Hq, G, D = SHAPES[shape]
     Tc = CFG.num_cmp_blocks(T)

@@ -7,6 +7,7 @@ covered (the ``gpu``-marked tests do that on a device). This catches a kernel th
 in interpret mode (an op without a Triton lowering rule, a non-power-of-two block, a bad dot
 shape, a loop whose bounds differ in type) before GPU time is spent.
 """
+import re
 import sys
 from pathlib import Path
 
@@ -183,6 +184,44 @@ def test_phi_emission_kernel_lowers_to_triton():
                            S(Bq, G, L, D), S(Bq, dtype=jnp.int32), S(Bq, D // 2, dtype=jnp.float32),
                            phi, phi, S(Bq, G, SYNC_SLOTS, dtype=jnp.int32))
     assert names == {"nsa_decode_phi"}, names
+    # the completion counter orders the programs' stores: it keeps jax's acquire-release atomic
+    # (pallas.atomics: only accumulators are relaxed)
+    assert _atomics(lambda *a: fused(*a), S(Bq, G, Tc, D), S(Bq, G, Tc, D), S(Bq, G, L, D), S(Bq, G, L, D),
+                    S(Bq, dtype=jnp.int32), S(Bq, D // 2, dtype=jnp.float32), phi, phi,
+                    S(Bq, G, SYNC_SLOTS, dtype=jnp.int32)) == {"nsa_decode_phi": {"acq_rel"}}
+
+
+def _atomics(f, *shapes) -> dict[str, set[str]]:
+    """kernel name -> the memory semantics of its ``tt.atomic_rmw`` ops (kernels with any). ``f``
+    must not have been lowered before (a cached lowering builds no module)."""
+    modules = []
+    triton_ir.lower_for_cuda(
+        f, *shapes, on_module=lambda m: modules.append(m.operation.get_asm(enable_debug_info=False)))
+    out = {}
+    for text in modules:
+        for part in text.split("tt.func public @")[1:]:
+            sems = set(re.findall(r"atomic_rmw \w+, (\w+),", part))
+            if sems:
+                out[part.split("(")[0]] = sems
+    return out
+
+
+@pytest.mark.parametrize("route", ["f32-block", "bf16-packed-query"])
+def test_accumulator_atomics_are_relaxed(route):
+    """The dK/dV tiles that programs add into float32 accumulators go through
+    ``pallas.atomics.add``: relaxed atomics (jax's ``atomic_add`` is acquire-release, which sm_90
+    code brackets with a GPU-wide fence and an L1 invalidation per vector; bench/NOTES.md,
+    fortieth session). The block-major fused backward, the inverted dK/dV and the compressed
+    branch's split dK/dV."""
+    f, shapes = triton_ir.route(route)
+    sel = "nsa_sel_bwd_block" if route == "f32-block" else "nsa_sel_bwd_dkv"
+    assert _atomics(f, *shapes) == {sel: {"relaxed"}, "nsa_cmp_bwd_dkv_split": {"relaxed"}}
+
+
+def test_query_major_atomic_dkv_is_relaxed():
+    """``sel_bwd="atomic"``: the per-query kernel (dQ with atomic dK/dV) adds each step's dK/dV tiles (relaxed)."""
+    f, shapes = triton_ir.route("f32-query", choices={"sel_bwd": "atomic"})
+    assert _atomics(f, *shapes)["nsa_sel_bwd_atomic"] == {"relaxed"}
 
 
 def test_cache_write_kernel_lowers_to_triton():

@@ -29,10 +29,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
+from nsa_jax.pallas import atomics
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, cdiv,
                                    choices_or_default, compiler_params, dkv_accumulate, dot,
                                    dot_precision, dscores, idiv, load,
@@ -283,8 +283,8 @@ def _bwd_dkv_kernel(q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_ref, *re
     if split > 1:
         @pl.when(hi > lo)
         def _():
-            plgpu.atomic_add(dk_ref, (b, pl.ds(kt * bk, bk), g, pl.ds(0, Dk)), dk * scale)
-            plgpu.atomic_add(dv_ref, (b, pl.ds(kt * bk, bk), g, pl.ds(0, Dv)), dv)
+            atomics.add(dk_ref, (b, pl.ds(kt * bk, bk), g, pl.ds(0, Dk)), dk * scale)
+            atomics.add(dv_ref, (b, pl.ds(kt * bk, bk), g, pl.ds(0, Dv)), dv)
     else:
         store(dk_ref.at[b, pl.ds(kt * bk, bk), g, :], dk * scale, imask[:, None])
         store(dv_ref.at[b, pl.ds(kt * bk, bk), g, :], dv, imask[:, None])

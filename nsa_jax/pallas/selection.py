@@ -57,10 +57,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
+from nsa_jax.pallas import atomics
 from nsa_jax.pallas.common import (LOG2E, POS_INF, BlockSizes, cdiv, choices_or_default,
                                    compiler_params, dot, dot_precision, dscores, fold_gate, idiv,
                                    load, next_pow2, probs, sel_sub_tiles, store)
@@ -228,8 +228,8 @@ def _bwd_kv_kernel(meta_ref, qt_ref, *refs, h, rows, l_sel, bk, n_sub, scale, pr
 
         @pl.when(count > 0)
         def _add(dk=dk, dv=dv, sub=sub):
-            plgpu.atomic_add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)), dk * scale)
-            plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv)
+            atomics.add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)), dk * scale)
+            atomics.add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv)
 
 
 ONE_KEY_MAX = 2 ** 31 - 1   # most flat (row, range) keys inverted_index sorts in one sort

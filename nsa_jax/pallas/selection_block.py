@@ -46,10 +46,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
+from nsa_jax.pallas import atomics
 from nsa_jax.pallas.common import (LOG2E, NEG_INF, POS_INF, BlockSizes, choices_or_default,
                                    compiler_params, dkv_accumulate, dot, dot_precision,
                                    fold_gate, idiv, load, sel_sub_tiles, softmax_first,
@@ -289,9 +289,9 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
     @pl.when(count > 0)
     def _add():
         for sub in range(n_sub):
-            plgpu.atomic_add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)),
+            atomics.add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)),
                              acc[2 * sub] * scale)
-            plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)),
+            atomics.add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)),
                              acc[2 * sub + 1])
 
 

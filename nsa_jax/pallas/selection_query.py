@@ -29,10 +29,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
+from nsa_jax.pallas import atomics
 from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes, compiler_params,
                                    dot, dot_precision, dscores, idiv, load, next_pow2, probs,
                                    sel_sub_tiles, softmax_finish, softmax_init, softmax_step,
@@ -166,8 +166,8 @@ def _bwd_q_kernel(q_ref, k_ref, v_ref, idx_ref, do_ref, lse_ref, delta_ref, *ref
         if atomic:
             dv_t = dot(p.astype(cdt), do, trans_a=True, precision=prec)
             dk_t = dot(ds.astype(cdt), q, trans_a=True, precision=prec) * scale
-            plgpu.atomic_add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)), dk_t)
-            plgpu.atomic_add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv_t)
+            atomics.add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)), dk_t)
+            atomics.add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)), dv_t)
         return dq
 
     dq = lax.fori_loop(0, n_sel * n_sub, step, jnp.zeros((hp, Dk), jnp.float32))
