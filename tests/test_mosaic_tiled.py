@@ -279,7 +279,6 @@ def test_gpu_mosaic_forward_matches_reference_and_triton(T, Hq, G, D):
 def test_gpu_mosaic_dq_matches_reference_and_triton(T, Hq, G, D):
     """dQ for the cotangent gs * dO against the float32 reference's and the Triton kernel's
     (relative RMSE <= 5e-3), with rows that selected nothing (dQ = 0 there)."""
-    from nsa_jax.pallas.common import fold_gate
     from nsa_jax.pallas.selection_tiled import sel_tiled_bwd_dq
     from nsa_jax.pallas.tiled_index import tile_lists
     q, k, v, gs, do, idx, scale, bs = _backward_inputs(T + 3 * Hq, T, T, Hq, G, D,
@@ -291,8 +290,7 @@ def test_gpu_mosaic_dq_matches_reference_and_triton(T, Hq, G, D):
         delta = gs * jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
         dq = mtq.sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, CFG, scale, False)
         (blocks, bcount, _, _), table = tile_lists(idx, T, CFG, bs.sel_tile_q, None)
-        lse_f, delta_f = fold_gate(lse, gs, o, do)   # the Triton kernel takes the gate folded
-        dq_t = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, lse_f, delta_f, CFG, bs,
+        dq_t = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, CFG, bs,
                                 scale, False, table=table)
         return dq, dq_t
 

@@ -293,7 +293,7 @@ def sel_tiled_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
 
 # ---- backward: dQ ------------------------------------------------------------------------------
 def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_ref, do_ref,
-                   lse_ref, delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec,
+                   gs_ref, lse_ref, delta_ref, *refs, h, bq, l_sel, bk, n_sub, scale, prec,
                    packed=False, with_init=False):
     st_ref = refs[0] if packed else None
     init_ref = refs[-2] if with_init else None   # dQ of the branches before (dq_in)
@@ -304,8 +304,8 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_
     cdt = q_ref.dtype
     t, ok = _tile_rows(qt, bq, T)
     rows = pl.ds(qt * bq, bq)
-    q, do, _, lse, delta = grad_rows(q_ref, do_ref, None, lse_ref, delta_ref, b, rows, hd, ok,
-                                     cdt)   # the gate folded into lse (common.fold_gate)
+    q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
+                                      b, rows, hd, ok, cdt)
     rule = _tile_rule(rows_ref, st_ref if packed else None, b, g, qt, bq, l_sel, ok)
     c = scale * LOG2E
 
@@ -317,7 +317,7 @@ def _bwd_dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, rows_
         r = rule(u, j)
         bias = _row_bias(r) if full else None
         for k, v, s, vis in pairs(full, j=j, rule=r):
-            ds = dscores(probs(s, vis, lse, c, bias), do, v, None, delta, prec)
+            ds = dscores(probs(s, vis, lse, c, bias), do, v, gs, delta, prec)
             dq = dq + dot(ds.astype(cdt), k, precision=prec)
         return dq
 
@@ -413,14 +413,15 @@ def _bwd_common(q, k, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: b
                 packed=seg is not None)
 
 
-def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, lse, delta, cfg: NSAConfig,
+def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg: NSAConfig,
                      bs: BlockSizes, scale: float, interpret: bool, *, choices=None, seg=None,
                      table=None, dq_in=None, dq_dtype=jnp.float32):
     """dQ [B,T,Hq,Dk] in ``dq_dtype`` (kernel ``nsa_sel_tiled_bwd_dq``) from ``tile_index``'s
-    per-tile lists, float32 ``lse`` and ``delta`` with the gate folded in (``common.fold_gate``;
-    ``seg``: packed rows' layout, the one ``tile_index`` was given; ``table``: unpacked rows' ``member_table``, None =
+    per-tile lists, float32 ``gs`` and ``delta = gs * rowsum(o * do)`` (``seg``: packed rows'
+    layout, the one ``tile_index`` was given; ``table``: unpacked rows' ``member_table``, None =
     built here); ``dq_in`` (q's shape, None = 0) is added in float32 before the store, as in
-    ``compressed.cmp_backward``."""
+    ``compressed.cmp_backward``. The gate stays a row operand here, unlike the dK/dV kernels'
+    fold (``sel_tiled_backward`` says why)."""
     B, T, Hq, Dk = q.shape
     init = () if dq_in is None else (dq_in,)
     return pl.pallas_call(
@@ -431,7 +432,7 @@ def sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, lse, delta, cfg: NSAConfi
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_sel_tiled_bwd_dq",
     )(blocks, bcount, full_counts(blocks, bcount, bs.sel_tile_q, cfg, seg), q, k, v,
-      rows_operand(idx, T, cfg, bs.sel_tile_q, seg, table, blocks=blocks), do, lse, delta,
+      rows_operand(idx, T, cfg, bs.sel_tile_q, seg, table, blocks=blocks), do, gs, lse, delta,
       *seg_args(seg), *init)
 
 
@@ -470,20 +471,27 @@ def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     if dq_kernel is not None and (dq_in is not None or dq_dtype != jnp.float32):
         raise ValueError("sel_tiled_backward: dq_in / dq_dtype need the Triton dQ kernel "
                          "(dq_kernel=None)")
-    T = q.shape[1]
-    lse, delta = fold_gate(lse, gs, o, do)   # no gs in the kernels: P' = gs P
+    B, T, Hq, _ = q.shape
+    # dK/dV take the gate folded into lse and delta (common.fold_gate: P' = gs P, no gs
+    # operand). dQ keeps it as a row operand: on an H200 the folded Triton dQ ran 0.412 -> 0.448
+    # ms at 125M 2k / B=16 while the folded Mosaic GPU dK/dV went 0.550 -> 0.530 (bench/NOTES.md,
+    # fortieth session).
+    lse_f, delta_f = fold_gate(lse, gs, o, do)
+    gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
+    delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
     built = tile_lists(idx, T, cfg, bs.sel_tile_q, seg)
     (blocks, bcount, tiles, tcount), table = built
     other = dict(seg=seg, lists=(bs.sel_tile_q, built))   # the dq_kernel / dkv_kernel keywords
-    args = (do, lse, delta, cfg, bs, scale, interpret)
     if dq_kernel is None:
-        dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, *args, choices=choices, seg=seg,
-                              table=table, dq_in=dq_in, dq_dtype=dq_dtype)
+        dq = sel_tiled_bwd_dq(q, k, v, idx, blocks, bcount, do, gs, lse, delta, cfg, bs, scale,
+                              interpret, choices=choices, seg=seg, table=table, dq_in=dq_in,
+                              dq_dtype=dq_dtype)
     else:
-        dq = dq_kernel(q, k, v, idx, do, None, lse, delta, cfg, scale, interpret, **other)
+        dq = dq_kernel(q, k, v, idx, do, gs, lse, delta, cfg, scale, interpret, **other)
     if dkv_kernel is None:
-        dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, *args, choices=choices, seg=seg,
-                                   table=table)
+        dk, dv = sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, lse_f, delta_f, cfg, bs,
+                                   scale, interpret, choices=choices, seg=seg, table=table)
     else:
-        dk, dv = dkv_kernel(q, k, v, idx, do, None, lse, delta, cfg, scale, interpret, **other)
+        dk, dv = dkv_kernel(q, k, v, idx, do, None, lse_f, delta_f, cfg, scale, interpret,
+                            **other)
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)
