@@ -143,9 +143,9 @@ def test_tiled_selection_matches_reference(h, G, cfg, D, bs):
 
 
 def test_tiled_backward_gate_folded_equals_gated_cotangent():
-    """The tiled backward takes the gate folded into lse (``common.fold_gate``): its dq, dk, dv
-    equal the same kernels' with the gate moved into the cotangent (gs * dO, no gate) to 2e-5,
-    with gates of exactly 0 (P' = 0) and 1 on some rows."""
+    """The tiled dK/dV kernels take the gate folded into lse (``common.fold_gate``), the dQ kernel
+    as a row operand: dq, dk, dv equal the same kernels' with the gate moved into the cotangent
+    (gs * dO, no gate) to 2e-5, with gates of exactly 0 (P' = 0) and 1 on some rows."""
     cfg, bs, B, T, h, G, D = TINY, BlockSizes(sel_tile_q=16, sel_keys=16), 2, 75, 2, 2, 16
     q, k, v, do, gs = _sel_inputs(B, T, h * G, G, D, jax.random.PRNGKey(7))
     rows = np.arange(T)

@@ -440,7 +440,8 @@ def sel_tiled_bwd_dkv(q, k, v, idx, tiles, tcount, do, lse, delta, cfg: NSAConfi
                       bs: BlockSizes, scale: float, interpret: bool, *, choices=None, seg=None,
                       table=None):
     """dK, dV float32 [B,T,G,D] (kernel ``nsa_sel_tiled_bwd_dkv``) from ``tile_index``'s
-    per-block tile lists; other arguments as ``sel_tiled_bwd_dq``."""
+    per-block tile lists, float32 ``lse`` and ``delta`` with the gate folded in
+    (``common.fold_gate``: no gs operand); other arguments as ``sel_tiled_bwd_dq``."""
     B, T, G, Dk = k.shape
     Dv = v.shape[-1]
     return pl.pallas_call(
