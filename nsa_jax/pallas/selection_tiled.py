@@ -479,7 +479,7 @@ def sel_tiled_backward(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     # fortieth session).
     lse_f, delta_f = fold_gate(lse, gs, o, do)
     gs = jnp.ones((B, T, Hq), jnp.float32) if gs is None else gs.astype(jnp.float32)
-    delta = gs * jnp.sum(o * do.astype(jnp.float32), axis=-1)  # [B,T,Hq] float32
+    delta = gs * delta_f   # [B,T,Hq] float32: gs * rowsum(o * do), one row sum for both
     built = tile_lists(idx, T, cfg, bs.sel_tile_q, seg)
     (blocks, bcount, tiles, tcount), table = built
     other = dict(seg=seg, lists=(bs.sel_tile_q, built))   # the dq_kernel / dkv_kernel keywords
