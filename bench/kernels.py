@@ -267,11 +267,11 @@ def bench_sel_impls(shape, T, B, impls, tile_qs, reps, log, tiled_vars=({},)):
             run(res, "tile_index", index, [(i,) for i in idxs])
             lists = [index(i) for i in idxs]
             # dQ takes the gate as a row operand, dK/dV folded into lse (sel_tiled_backward)
-            def grad_rows(a, o, lse):
+            def row_args(a, o, lse):
                 gs = a[7][..., 1].astype(jnp.float32)
                 return (gs, lse, gs * jnp.sum(o * a[8].astype(jnp.float32), axis=-1),
                         *fold_gate(lse, gs, o, a[8]))
-            parts = [(a[0], a[3], a[4], i, a[8], *grad_rows(a, o, lse), ls)
+            parts = [(a[0], a[3], a[4], i, a[8], *row_args(a, o, lse), ls)
                      for a, i, (o, lse), ls in zip(sets, idxs, fw, lists)]
             dq_f = jax.jit(lambda q, k, v, i, do, gs, lse, dl, lf, df, ls, bs=bs: sel_tiled_bwd_dq(
                 q, k, v, i, ls[0], ls[1], do, gs, lse, dl, CFG, bs, scale, INTERP))

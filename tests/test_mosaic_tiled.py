@@ -48,11 +48,11 @@ def test_mosaic_forward_lowers_for_cuda(h, D):
 
 
 @pytest.mark.parametrize("h,D", [(6, 64), (16, 128)])
-@pytest.mark.parametrize("kernel", ["dq", "dkv"])
-@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("kernel,gated", [("dq", True), ("dkv", True), ("dkv", False)])
 def test_mosaic_backward_lowers_for_cuda(h, D, kernel, gated):
     """The dQ and dK/dV kernels lower for CUDA too, within shared memory at 128-wide heads,
-    with the gate as a row operand and folded into lse and delta (gs None)."""
+    with the gate as a row operand; dK/dV also with it folded into lse and delta (gs None, as
+    ``selection_tiled.sel_tiled_backward`` calls it)."""
     B, T, G = 2, 512, 2
     fn = {"dq": mtq.sel_tiled_bwd_dq_mosaic, "dkv": mtd.sel_tiled_bwd_dkv_mosaic}[kernel]
     f = jax.jit(lambda q, k, v, i, do, gs, lse, de: fn(q, k, v, i, do, gs if gated else None,

@@ -35,11 +35,9 @@ from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, STAGES, check_per, edge_cou
 
 def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, do_ref, rv_ref,
                dq_ref, scoped, *, h: int, stages: int, c: float, scale: float, nqt: int, dtype,
-               window: int | None = None, per: int = 1, gated: bool = True):
+               window: int | None = None, per: int = 1):
     """dQ of one tile for two heads: per listed block, s = Q K^T and dP = dO V^T (wgmma), P =
-    exp2(logits - lse), dS = P * (dP * gs - delta), dQ += dS K (wgmma, dS from registers);
-    ``gated`` False: the gate is folded into lse and delta (``common.fold_gate``), dS = P * (dP -
-    delta)."""
+    exp2(logits - lse), dS = P * (dP * gs - delta), dQ += dS K (wgmma, dS from registers)."""
     plgpu = plgpu_module()
     (q_smem, do_smem, k_smem, v_smem, b_smem, rv_smem, dq_smem), loaded, freed, turn = scoped
     q_bar, do_bar, rv_bar, k_bar, v_bar, b_bar = loaded
@@ -60,7 +58,7 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
             plgpu.barrier_wait(bar.at[wg])
         lse = rows_vec(rv_smem.at[wg, 0])
         delta = rows_vec(rv_smem.at[wg, 1])
-        gs = rows_vec(rv_smem.at[wg, 2]) if gated else None
+        gs = rows_vec(rv_smem.at[wg, 2])
         dq = plgpu.layout_cast(jnp.zeros((ROWS, q_ref.shape[-1]), jnp.float32),
                                plgpu.Layout.WGMMA)
         pl.when(wg == 1)(take_turn)
@@ -83,8 +81,8 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
             js = step_blocks(blocks_ref, b, g, qt, u, per, count) if masked else None
             x = logits(s, bias, c, masked, js, qt, window)
             p = jnp.exp2(x - lax.broadcast_in_dim(lse, x.shape, [0]))
-            dpg = dp if gs is None else dp * lax.broadcast_in_dim(gs, dp.shape, [0])
-            ds = p * (dpg - lax.broadcast_in_dim(delta, dp.shape, [0]))
+            ds = p * (dp * lax.broadcast_in_dim(gs, dp.shape, [0])
+                      - lax.broadcast_in_dim(delta, dp.shape, [0]))
             ds16 = ds.astype(dtype)
             dq, ds16 = lax.optimization_barrier((dq, ds16))
             plgpu.barrier_arrive(turn)
@@ -111,12 +109,11 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
 
 
 def dq_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
-            window: int | None = None, per: int = 1, gated: bool = True):
+            window: int | None = None, per: int = 1):
     """Launch the dQ kernel on 64-row tile ``lists`` (as ``mosaic_tiled.forward_call``, with
     ``per`` listed blocks per step: 1 everywhere today, ``mosaic_tiled.blocks_per_step`` says
     why) with the rows' [B,Hq,3,T] vectors ``rv`` (``mosaic_tiled.row_vectors``) -> dQ float32
-    [B,T,Hq,Dk] (``gated`` False: rv's gate row is not read, the gate being folded into lse and
-    delta)."""
+    [B,T,Hq,Dk]."""
     check_per(per)
     plgpu = plgpu_module()
     B, T, Hq, D = q.shape
@@ -136,7 +133,7 @@ def dq_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
             lambda *s: _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref,
                                   bias_ref, do_ref, rv_ref, dq_ref, s, h=Hq // G, stages=stages,
                                   c=float(scale * LOG2E), scale=float(scale), nqt=nqt,
-                                  dtype=q.dtype, window=window, per=per, gated=gated),
+                                  dtype=q.dtype, window=window, per=per),
             scratch, (plgpu.Barrier(num_barriers=2),) * 3 + loaded, freed,
             plgpu.Barrier(num_arrivals=2), collective_axes="wg")
 
@@ -156,11 +153,10 @@ def sel_tiled_bwd_dq_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, sc
     """dQ float32 [B,T,Hq,Dk] of the selection branch (``selection_tiled.sel_tiled_bwd_dq``'s
     values; 64-row lists from ``idx``, or ``lists`` as :func:`index_lists` takes them) for the
     cotangent ``gs * do``, from the forward's base-2 ``lse`` and ``delta = gs * rowsum(o * do)``
-    (float32 [B,T,Hq] each; ``gs`` None: lse and delta with the gate folded in,
-    ``common.fold_gate``)."""
+    (float32 [B,T,Hq] each)."""
     no_interpret(interpret, "sel_tiled_bwd_dq_mosaic")
     T = q.shape[1]
     stages = ring_stages(dq_stages(stages, q.shape[-1], v.shape[-1]), cfg, T)
     return dq_call(q, k, v, do, row_vectors(lse, delta, gs),
                    selection_lists(idx, T, cfg, seg, lists), scale, stages=stages,
-                   name="nsa_sel_tiled_bwd_dq_mgpu", gated=gs is not None)
+                   name="nsa_sel_tiled_bwd_dq_mgpu")
