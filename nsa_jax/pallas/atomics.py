@@ -20,17 +20,28 @@ that renames them fails there, not on a GPU.
 """
 from __future__ import annotations
 
-from jax._src import core as jax_core
-from jax._src import state
-from jax._src import tree_util
-from jax._src.lib.triton import dialect as tt_dialect
-from jax._src.pallas.triton import lowering as tlowering
-from jax._src.pallas.triton import primitives as tprims
-from jax._src.state import discharge as state_discharge
-from jax._src.state import indexing
-from jax._src.state import primitives as state_primitives
+import jax
 
-_ADD = tprims.AtomicOpType.ADD
+try:
+    from jax._src import core as jax_core
+    from jax._src import state
+    from jax._src import tree_util
+    from jax._src.lib.triton import dialect as tt_dialect
+    from jax._src.pallas.triton import lowering as tlowering
+    from jax._src.pallas.triton import primitives as tprims
+    from jax._src.state import discharge as state_discharge
+    from jax._src.state import indexing
+    from jax._src.state import primitives as state_primitives
+
+    _ADD = tprims.AtomicOpType.ADD
+    for _name in ("_atomic_abstract_eval", "atomic_rmw_p"):
+        getattr(tprims, _name)
+    for _name in ("_atomic_rmw", "_compute_pointers_from_indices", "_ensure_ir_value"):
+        getattr(tlowering, _name)
+except (ImportError, AttributeError) as e:   # pragma: no cover (a jax this was not written for)
+    raise ImportError(
+        f"nsa_jax.pallas.atomics: jax {jax.__version__} lacks a private Pallas-Triton name it "
+        f"uses ({e}); it was written against jax 0.10.2 and 0.11.2") from e
 
 relaxed_add_p = jax_core.Primitive("nsa_relaxed_atomic_add")
 
