@@ -135,7 +135,8 @@ def causal_parts(l_sel: int, bk: int, packed: bool):
     On an H200 at the 125M shape the two launches took the forward 0.618 -> 0.537 ms at 8k / B=4
     and 1.301 -> 1.162 at 64k; the fused backward split the same way got slower (1.401 ->
     1.525 and 3.046 -> 3.541 ms: its unmasked launch alone was no faster than the masked one),
-    so it keeps one masked launch (bench/NOTES.md, thirty-ninth session)."""
+    and again with relaxed dK/dV atomics (1.327 -> 0.149 + 1.244 ms at 8k), so it keeps one
+    masked launch (bench/NOTES.md, thirty-ninth and fortieth sessions)."""
     return (None,) if packed or l_sel % bk else ("diag", "rest")
 
 

@@ -290,9 +290,9 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
     def _add():
         for sub in range(n_sub):
             atomics.add(dk_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dk)),
-                             acc[2 * sub] * scale)
+                        acc[2 * sub] * scale)
             atomics.add(dv_ref, (b, pl.ds(base + sub * bk, bk), g, pl.ds(0, Dv)),
-                             acc[2 * sub + 1])
+                        acc[2 * sub + 1])
 
 
 def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,
