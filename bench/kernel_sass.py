@@ -2,7 +2,7 @@
 
     python bench/kernel_sass.py OUT_DIR --triton-python /path/to/venv/bin/python \
         [--tree DIR] [--route tiled|block|query|packed-tiled|packed-block|decode] \
-        [--shape 125m|bench] [--T 2048] [--B 8] [--num-warps 4]
+        [--shape 125m|bench] [--T 2048] [--B 8] [--num-warps 4] [--choice KEY=VALUE ...]
     python bench/kernel_sass.py --compare OLD_DIR NEW_DIR
 
 The first form lowers the op's forward + backward (bf16, the compressed branch through the Pallas
@@ -69,9 +69,10 @@ print(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 """
 
 
-def lower(tree: str, out: str, route: str, shape: str, T: int, B: int = 8):
+def lower(tree: str, out: str, route: str, shape: str, T: int, B: int = 8,
+          choices: dict | None = None):
     """Write each Triton kernel of the op's fwd+bwd for ``route`` (or of one decode step) as
-    OUT/NN_name.ttir."""
+    OUT/NN_name.ttir; ``choices``: more ``KernelChoices`` fields for the op's routes."""
     sys.path.insert(0, os.path.abspath(tree))
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import jax.numpy as jnp
@@ -90,7 +91,8 @@ def lower(tree: str, out: str, route: str, shape: str, T: int, B: int = 8):
     else:
         f, shapes = triton_ir.op_route(jnp.bfloat16, route.startswith("packed"),
                                        "tiled" if sel == "tiled" else "gather",
-                                       "block" if sel == "block" else "query", shape, T)
+                                       "block" if sel == "block" else "query", shape, T,
+                                       choices=choices)
 
     modules = []
     triton_ir.lower_for_cuda(f, *shapes, on_module=lambda m: modules.append(
@@ -169,12 +171,23 @@ def main(argv=None):
     ap.add_argument("--T", type=int, default=2048)
     ap.add_argument("--B", type=int, default=8, help="batch of --route decode")
     ap.add_argument("--num-warps", type=int, default=4)
+    ap.add_argument("--choice", action="append", default=[], metavar="KEY=VALUE",
+                    help="a KernelChoices field for the op's routes (repeatable), e.g. "
+                         "sel_dq_sum=atomic")
     a = ap.parse_args(argv)
+    choices = {}
+    for kv in a.choice:
+        key, sep, val = kv.partition("=")
+        if not sep:
+            ap.error(f"--choice takes KEY=VALUE, got {kv!r}")
+        choices[key] = int(val) if val.isdigit() else val
     if a.compare:
         return compare(*a.compare)
     if not a.out or not a.triton_python:
         ap.error("OUT_DIR and --triton-python are required (or --compare OLD NEW)")
-    lower(a.tree, a.out, a.route, a.shape, a.T, a.B)
+    if choices and a.route == "decode":
+        ap.error("--choice applies to the op's routes, not --route decode")
+    lower(a.tree, a.out, a.route, a.shape, a.T, a.B, choices or None)
     done = subprocess.run([a.triton_python, "-c", _COMPILE, a.out, str(a.num_warps)],
                           capture_output=True, text=True)
     if done.returncode:

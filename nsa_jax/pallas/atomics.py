@@ -52,9 +52,22 @@ def _abstract_eval(*avals_flat, args_tree):
 
 
 def _discharge(*args, args_tree, **kw):
-    # jax's own rule (its positional arguments differ between jax versions: passed through)
-    rule = state_discharge._discharge_rules[tprims.atomic_rmw_p]
-    return rule(*args, args_tree=args_tree, atomic_type=_ADD, **kw)
+    """Interpret mode: jax's own rule, except for gathered (array) indices, whose update is a
+    scatter-*add* here: jax's rule sets ``old + val``, so of two lanes at one address only one
+    add would land, where the GPU's atomics add both (the block-major backward's dQ rows rely on
+    that). Out-of-bounds lanes are dropped, as the scatter drops them. jax's leading positional
+    arguments differ between versions ((in_avals, out_avals) in 0.10.2, a context in 0.11):
+    passed through; the operands are the last ``args_tree.num_leaves``, and the result has one
+    entry per operand."""
+    lead, flat = args[:len(args) - args_tree.num_leaves], args[len(args) - args_tree.num_leaves:]
+    ref, transforms, val, _ = args_tree.unflatten(flat)
+    *prev, idx = transforms
+    gathered = (all(not isinstance(s, indexing.Slice) for s in idx.indices)
+                and any(jax.numpy.shape(s) for s in idx.indices))
+    if prev or not gathered:
+        rule = state_discharge._discharge_rules[tprims.atomic_rmw_p]
+        return rule(*lead, *flat, args_tree=args_tree, atomic_type=_ADD, **kw)
+    return (ref.at[idx.indices].add(val),) + (None,) * (len(flat) - 1), ref[idx.indices]
 
 
 state_discharge.register_discharge_rule(relaxed_add_p)(_discharge)
@@ -83,7 +96,8 @@ def _lowering(ctx, *args_flat, args_tree):
 
 def add(ref, idx, val):
     """``ref[idx] += val`` atomically, relaxed (no ordering against other memory operations);
-    float32 refs only. Returns nothing (the old value is not needed by any caller)."""
+    float32 refs only. Lanes that share an address all add (gathered indices may repeat).
+    Returns nothing (the old value is not needed by any caller)."""
     if ref.dtype != "float32":
         raise TypeError(f"atomics.add: float32 accumulators only, got {ref.dtype}")
     x_ref, transforms = state_primitives.get_ref_and_transforms(ref, idx, "atomic_rmw")
