@@ -435,7 +435,7 @@ def test_block_sizes_reject_bad_values(field, value):
                                          ("cmp_bwd_split", 0), ("sel_fwd", "x"),
                                          ("sel_dq", "x"), ("sel_partial_mib", 0),
                                          ("sel_partial_mib", "512"), ("sel_partial_mib", True),
-                                         ("score_heads", "heads"), ("sel_dq_sum", "sum")])
+                                         ("score_heads", "heads")])
 def test_kernel_choices_reject_bad_values(field, value):
     with pytest.raises(ValueError, match=f"kernel.{field}"):
         KernelChoices(**{field: value})

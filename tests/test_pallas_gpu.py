@@ -136,15 +136,6 @@ def test_sel_block_passes_bf16_matches_f32_reference():
         sel_partial_mib=16))
 
 
-def test_sel_dq_atomic_bf16_matches_f32_reference():
-    """The fused block-major backward with dQ summed by float32 relaxed atomic adds in the kernel
-    (``KernelChoices.sel_dq_sum="atomic"``: masked adds of gathered rows), its dQ buffer aliased
-    through 3 slot passes, bf16 against the float32 reference."""
-    test_bf16_matches_f32_reference("125m", 2048, choices=KernelChoices(
-        cmp_attn="pallas", sel_impl="gather", sel_fwd="block", sel_dq="block",
-        sel_dq_sum="atomic", sel_partial_mib=16))
-
-
 @pytest.mark.parametrize("kind", ["distinct", "ties"])
 def test_topn_compiled_equals_semantics_64k(kind):
     """The compiled top-n kernel at 64k (rows of up to 1024 columns) == ``lax.top_k``'s rule,

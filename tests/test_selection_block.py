@@ -24,9 +24,6 @@ from test_pallas import TINY, _assert_parity, _inputs, _rel
 SMALL = BlockSizes(sel_rows=16, sel_chunk=5, sel_keys=16, sel_dq_rows=16)
 # partial buffers bounded far below these tests' sizes (15000 bytes): the slots run in 3-4 passes
 PASSES = KernelChoices(sel_partial_mib=15000 / 2**20)
-# dQ summed by float32 atomic adds in the fused backward, in one pass and in several
-ATOMIC = KernelChoices(sel_dq_sum="atomic")
-ATOMIC_PASSES = KernelChoices(sel_dq_sum="atomic", sel_partial_mib=15000 / 2**20)
 
 
 def _random_idx(seed, B, T, G, cfg):
@@ -83,23 +80,17 @@ def backward_case(seed: int, h: int, G: int, cfg, bs, T: int = 53):
     # two key sub-tiles per block (l' = 32, 16-key tiles) and dQ tiles < the items' tiles
     (2, 1, dataclasses.replace(TINY, sel_block=32), dataclasses.replace(SMALL, sel_rows=32),
      None),
-    (6, 1, TINY, SMALL, PASSES),                                       # slots in 4 passes
-    (6, 1, TINY, SMALL, ATOMIC),
-    (2, 2, TINY, dataclasses.replace(SMALL, sel_dq_rows=32), ATOMIC),
-    (2, 1, dataclasses.replace(TINY, sel_block=32), dataclasses.replace(SMALL, sel_rows=32),
-     ATOMIC),
-    (6, 1, TINY, SMALL, ATOMIC_PASSES)])
+    (6, 1, TINY, SMALL, PASSES)])                                      # slots in 4 passes
 def test_fused_backward_equals_query_backward(h, G, cfg, bs, ch):
-    """dQ as per-slot partials of the dK/dV kernel (or, ``sel_dq_sum="atomic"``, added into one
-    float32 buffer, its masked rows pointed past the end) == the per-query dQ kernel; dK/dV
-    unchanged; with its own index and with the block forward's (slot payloads; items cut for
-    sel_rows tiles, walked in sel_dq_rows tiles)."""
+    """dQ as per-slot partials of the dK/dV kernel == the per-query dQ kernel; dK/dV unchanged;
+    with its own index and with the block forward's (slot payloads; items cut for sel_rows
+    tiles, walked in sel_dq_rows tiles)."""
     q, k, v, idx, o, lse, do, gs = backward_case(h, h, G, cfg, bs)
     want = jax.jit(lambda *a: sel_backward(*a, cfg, bs, 0.3, True))(q, k, v, idx, o, lse, do,
                                                                      gs)
     index = jax.jit(lambda *a: sel_forward_block(*a, cfg, bs, 0.3, True, return_index=True,
                                                  choices=ch)[2])(q, k, v, idx)
-    assert (len(index) > 1) == (ch is not None and ch.sel_partial_mib < 1)
+    assert (len(index) > 1) == (ch is not None)
     for ix in (None, index):
         got = jax.jit(lambda *a, ix: sel_backward_block(*a, cfg, bs, 0.3, True, index=ix,
                                                         choices=ch))(q, k, v, idx, o, lse, do,
@@ -193,9 +184,8 @@ def test_slot_passes_bound_the_partial_buffer():
                            KernelChoices(sel_partial_mib=1e-6))) == 16
 
 
-@pytest.mark.parametrize("mib,dq_sum", [(1024.0, "auto"), (15000 / 2**20, "auto"),
-                                        (15000 / 2**20, "atomic")])
-def test_packed_op_with_block_kernels_matches_reference(mib, dq_sum):
+@pytest.mark.parametrize("mib", [1024.0, 15000 / 2**20])
+def test_packed_op_with_block_kernels_matches_reference(mib):
     """Packed rows through the op with the block-major forward and fused backward (documents of
     length 1 and < l', starts off the l' grid: blocks that cross an aligned boundary are listed
     under their own key range); its index (slot payloads) is the one the backward walks."""
@@ -206,8 +196,7 @@ def test_packed_op_with_block_kernels_matches_reference(mib, dq_sum):
     _pallas_vs_reference(args, seg, PCFG, cotangent(13, args[0].shape),
                          kernel="nsa_sel_bwd_block", block_sizes=SMALL,
                          choices=KernelChoices(sel_impl="gather", sel_fwd="block",
-                                               sel_dq="block", sel_partial_mib=mib,
-                                               sel_dq_sum=dq_sum))
+                                               sel_dq="block", sel_partial_mib=mib))
 
 
 def test_block_forward_bf16_partials():

@@ -218,23 +218,6 @@ def test_accumulator_atomics_are_relaxed(route):
     assert _atomics(f, *shapes) == {sel: {"relaxed"}, "nsa_cmp_bwd_dkv_split": {"relaxed"}}
 
 
-def test_block_backward_atomic_dq_is_relaxed_and_unmasked():
-    """``sel_dq_sum="atomic"``: the fused block-major backward adds each tile's gathered dQ rows
-    with a relaxed atomic and no mask (a masked row adds its exact 0 at a real query's address:
-    in the sm_90 proxy a masked vector add cost a branch and a mask per vector, 715 -> 1,177
-    loop instructions with 120 spills; bench/NOTES.md, forty-first session), beside its two
-    dK/dV tile adds."""
-    modules = []
-    f, shapes = triton_ir.route("f32-block", choices={"sel_dq_sum": "atomic"})
-    triton_ir.lower_for_cuda(
-        f, *shapes, on_module=lambda m: modules.append(m.operation.get_asm(enable_debug_info=False)))
-    body = next(part for text in modules for part in text.split("tt.func public @")[1:]
-                if part.startswith("nsa_sel_bwd_block"))
-    ops = re.findall(r"atomic_rmw fadd, (\w+), gpu, ([^:]*):", body)
-    assert {sem for sem, _ in ops} == {"relaxed"}
-    assert [len(args.split(",")) for _, args in ops] == [2, 2, 2], ops   # pointer, value
-
-
 def test_query_major_atomic_dkv_is_relaxed():
     """``sel_bwd="atomic"``: the per-query kernel (dQ with atomic dK/dV) adds each step's dK/dV tiles (relaxed)."""
     f, shapes = triton_ir.route("f32-query", choices={"sel_bwd": "atomic"})

@@ -12,7 +12,6 @@ SEL_IMPLS = ("auto", "gather", "tiled")
 SEL_BWDS = ("inverted", "atomic")
 SEL_FWDS = ("auto", "query", "block")
 SEL_DQS = ("auto", "query", "block", "ds")
-SEL_DQ_SUMS = ("auto", "slots", "atomic")
 SEL_FWD_BLOCK_MAX_H = 8   # sel_fwd "auto": block-major forward for groups of at most 8 heads
 SCORE_DOTS = ("ieee", "tf32x3")
 SCORE_HEADS = ("auto", "rows", "loop")
@@ -78,13 +77,6 @@ class KernelChoices:
                         DRAM, which its gathers already run at 72% of peak) and 1.4-2.1 ms more
                         than "query" where neighbouring queries share blocks (bench/NOTES.md,
                         eighteenth session).
-    sel_dq_sum:         how the fused block-major backward (sel_dq "block") sums a query's dQ
-                        over its n selected blocks: "slots" (each (query, slot)'s share stored
-                        as a partial in the input dtype if 16-bit, summed in XLA: n partial rows
-                        written and read back through HBM), "atomic" (float32 relaxed atomic
-                        adds into one dQ buffer in the kernel: no partials; the summation order
-                        is the hardware's, so dQ is not bitwise reproducible run to run, as dK/dV
-                        already are not) or "auto" ("slots").
     sel_partial_mib:    largest per-slot partial buffer, in MiB, of one block-major selection
                         pass (sel_fwd / sel_dq "block": the forward's o_i and the fused
                         backward's dQ_i, B*T*n*Hq*D values in the stored dtype). More slots run
@@ -151,7 +143,6 @@ class KernelChoices:
     sel_bwd: str = "inverted"
     sel_fwd: str = "auto"
     sel_dq: str = "auto"
-    sel_dq_sum: str = "auto"
     sel_partial_mib: float = 1024.0
     cmp_bwd_split: int = 16
     score_dot: str = "ieee"
@@ -176,8 +167,6 @@ class KernelChoices:
             fail("sel_fwd", f"one of {list(SEL_FWDS)}, got {self.sel_fwd!r}")
         if self.sel_dq not in SEL_DQS:
             fail("sel_dq", f"one of {list(SEL_DQS)}, got {self.sel_dq!r}")
-        if self.sel_dq_sum not in SEL_DQ_SUMS:
-            fail("sel_dq_sum", f"one of {list(SEL_DQ_SUMS)}, got {self.sel_dq_sum!r}")
         if self.sel_dq in ("block", "ds") and self.sel_bwd == "atomic":
             fail("sel_dq", f"{self.sel_dq!r} forms dQ from the inverted dK/dV kernel; it needs "
                  "kernel.sel_bwd: inverted, got 'atomic'")

@@ -233,18 +233,11 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
 
 # ---- backward: dK/dV and dQ in one block-major kernel ----------------------------------------
 def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
-                      packed=False, dq_atomic=False):
-    """``dq_atomic``: each tile's dQ share is added (float32, relaxed atomics) into one
-    [B,T,Hq,Dk] buffer (refs ..., dq_in, dk, dv, dq); else it is stored as the (query, slot)'s
-    partial (refs ..., dk, dv, pdq [B,T*n,Hq,Dk]) and summed in XLA."""
+                      packed=False):
     if packed:
         pt_ref, *refs = refs
-    if dq_atomic:
-        (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, _dk_in, _dv_in, _dq_in, dk_ref, dv_ref,
-         dq_ref) = refs
-    else:
-        (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref, dv_ref,
-         pdq_ref) = refs
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, _dk_in, _dv_in, dk_ref, dv_ref,
+     pdq_ref) = refs
     b, g, base, start, count, qi, head = work_item(meta_ref, h, rows)
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     cdt = q_ref.dtype
@@ -282,18 +275,8 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
             dq_s = dot(ds, k, precision=prec)
             dq = dq_s if dq is None else dq + dq_s
             out += [dk, dv]
-        if dq_atomic:
-            # unmasked and unscaled (the scale is applied once, to the summed buffer): a
-            # masked row's dQ is exactly 0 (q and dO load 0, lse +inf, so p = dS = 0), and it
-            # adds it to the tile's own query t_any: no per-element mask or branch around each
-            # vector add, and no one address shared by every tile's padded rows
-            t_any = jnp.max(jnp.where(row_ok, t, 0))
-            atomics.add(dq_ref, (b, jnp.where(row_ok, t, t_any)[:, None], head[:, None],
-                                 dk_[None, :]), dq)
-        else:
-            ts_st = jnp.where(row_ok, ts, pdq_ref.shape[1])   # masked rows -> out of bounds
-            store(pdq_ref.at[b, ts_st[:, None], head[:, None], dk_[None, :]], dq,
-                  row_ok[:, None])
+        ts_st = jnp.where(row_ok, ts, pdq_ref.shape[1])   # masked rows -> out of bounds
+        store(pdq_ref.at[b, ts_st[:, None], head[:, None], dk_[None, :]], dq, row_ok[:, None])
         return (ix1, nxt, ix2, *out)
 
     zeros = []
@@ -312,11 +295,6 @@ def _bwd_block_kernel(meta_ref, qt_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
                         acc[2 * sub + 1])
 
 
-def dq_sum_atomic(choices: KernelChoices | None) -> bool:
-    """``KernelChoices.sel_dq_sum`` resolved: True for "atomic" ("auto" is "slots")."""
-    return choices_or_default(choices).sel_dq_sum == "atomic"
-
-
 def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSizes,
                        scale: float, interpret: bool, *, choices: KernelChoices | None = None,
                        seg=None, index=None):
@@ -329,10 +307,11 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     needed, the saved lse already normalises P). This replaces the query-major dQ kernel, which
     loads the n blocks of every query again.
     Slots run in the forward's passes (``slot_passes``): dK/dV accumulate through the passes
-    (aliased), and each pass's dQ partials are summed before the next pass starts.
-    ``choices.sel_dq_sum`` "atomic": no partials; each tile adds its dQ share, scaled, into
-    one float32 [B,T,Hq,Dk] buffer (relaxed atomics, aliased through the passes; the order of
-    the float32 adds is the hardware's, so dQ is not bitwise the same run to run).
+    (aliased), and each pass's dQ partials are summed before the next pass starts. dQ added
+    into one float32 buffer by atomics instead of the partials was measured slower twice: +51%
+    of the op at 8k with acquire-release adds (H100), and with relaxed ones this kernel 1.33 ->
+    1.96 ms at 8k / B=4, the op +12% (H200; bench/NOTES.md, thirty-third and forty-first
+    sessions).
     ``index``: the block forward's indices, one per pass; None builds them here."""
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
@@ -353,35 +332,26 @@ def sel_backward_block(q, k, v, idx, o, lse, do, gs, cfg: NSAConfig, bs: BlockSi
     dk = jnp.zeros((B, T_acc, G, Dk), jnp.float32)
     dv = jnp.zeros((B, T_acc, G, Dv), jnp.float32)
     pdt = stored_dtype(q.dtype)
-    dq_atomic = dq_sum_atomic(choices)
     kern_args = dict(h=h, rows=rows, l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale,
-                     prec=dot_precision(q.dtype, interpret, choices), packed=packed,
-                     dq_atomic=dq_atomic)
-    dq = jnp.zeros((B, T, Hq, Dk), jnp.float32) if dq_atomic else None
-    for i, ((lo, hi), ix) in enumerate(zip(passes, index)):
+                     prec=dot_precision(q.dtype, interpret, choices), packed=packed)
+    dq = None
+    for (lo, hi), ix in zip(passes, index):
         idx_p = idx[..., lo:hi]
         meta, *extra = ix if ix is not None else _pass_index(idx_p, T, Ts, chunk, seg,
                                                              cfg.sel_block)
         N = hi - lo
-        if i and not dq_atomic:  # the previous pass's dQ partials are summed (and freed) first
+        if dq is not None:  # the previous pass's dQ partials are summed (and freed) first
             q, dq, dk, dv = lax.optimization_barrier((q, dq, dk, dv))
-        acc = [dk, dv, dq] if dq_atomic else [dk, dv]
-        out_shape = [jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in acc]
-        if not dq_atomic:
-            out_shape.append(jax.ShapeDtypeStruct((B, T * N, Hq, Dk), pdt))
-        outs = pl.pallas_call(
+        dk, dv, pdq = pl.pallas_call(
             functools.partial(_bwd_block_kernel, n_slots=N, **kern_args),
-            grid=(meta.shape[0],), out_shape=out_shape,
-            input_output_aliases={len(extra) + 7 + j: j for j in range(len(acc))},
+            grid=(meta.shape[0],),
+            out_shape=[jax.ShapeDtypeStruct(dk.shape, jnp.float32),
+                       jax.ShapeDtypeStruct(dv.shape, jnp.float32),
+                       jax.ShapeDtypeStruct((B, T * N, Hq, Dk), pdt)],
+            input_output_aliases={len(extra) + 7: 0, len(extra) + 8: 1},
             compiler_params=compiler_params(bs.num_warps, bs.num_stages),
             interpret=interpret, name="nsa_sel_bwd_block",
-        )(meta, *extra, q, k, v, do, lse, delta, *acc)
-        if dq_atomic:
-            dk, dv, dq = outs
-            if i == len(passes) - 1:
-                dq = dq * scale
-            continue
-        dk, dv, pdq = outs
+        )(meta, *extra, q, k, v, do, lse, delta, dk, dv)
         # slots never listed in the index were not written: masked, not read
         used = slot_keys(idx_p, T, Ts, *doc) < num_ranges(Ts, packed)        # [B,T,G,N]
         used = used.transpose(0, 1, 3, 2)[..., None, None]                   # [B,T,N,G,1,1]
