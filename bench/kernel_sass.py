@@ -173,7 +173,7 @@ def main(argv=None):
     ap.add_argument("--num-warps", type=int, default=4)
     ap.add_argument("--choice", action="append", default=[], metavar="KEY=VALUE",
                     help="a KernelChoices field for the op's routes (repeatable), e.g. "
-                         "sel_dq_sum=atomic")
+                         "sel_bwd=atomic")
     a = ap.parse_args(argv)
     choices = {}
     for kv in a.choice:

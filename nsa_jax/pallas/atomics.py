@@ -55,10 +55,10 @@ def _discharge(*args, args_tree, **kw):
     """Interpret mode: jax's own rule, except for gathered (array) indices, whose update is a
     scatter-*add* here: jax's rule sets ``old + val``, so of two lanes at one address only one
     add would land, where the GPU's atomics add both (``tests/test_atomics.py``). Out-of-bounds
-    lanes are dropped, as the scatter drops them. jax's leading positional
-    arguments differ between versions ((in_avals, out_avals) in 0.10.2, a context in 0.11):
-    passed through; the operands are the last ``args_tree.num_leaves``, and the result has one
-    entry per operand."""
+    lanes are dropped, as the scatter drops them. jax's leading positional arguments differ
+    between versions ((in_avals, out_avals) in 0.10.2, a context in 0.11): passed through; the
+    operands are the last ``args_tree.num_leaves`` (``add`` binds no mask), and the result has
+    one entry per operand."""
     lead, flat = args[:len(args) - args_tree.num_leaves], args[len(args) - args_tree.num_leaves:]
     ref, transforms, val, _ = args_tree.unflatten(flat)
     *prev, idx = transforms
