@@ -71,3 +71,22 @@ def test_cli_needs_the_triton_python(capsys):
     with pytest.raises(SystemExit):
         kernel_sass.main(["/tmp/x"])
     assert "--triton-python" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--choice", "sel_bwd"], "KEY=VALUE"),
+    (["--route", "decode", "--choice", "sel_bwd=atomic"], "not --route decode")])
+def test_cli_rejects_a_bad_choice(argv, msg, capsys):
+    """``--choice``: one clear argparse error for a malformed pair or a decode route, before any
+    lowering."""
+    with pytest.raises(SystemExit):
+        kernel_sass.main(["/tmp/x", "--triton-python", "/nonexistent/python", *argv])
+    assert msg in capsys.readouterr().err
+
+
+def test_lower_takes_kernel_choices(tmp_path):
+    """``--choice`` reaches the op's lowering: ``sel_bwd=atomic`` on the query route writes the
+    per-query backward with atomic dK/dV in place of the inverted dK/dV kernel."""
+    names = _lower(tmp_path / "ir", "query", "125m", 256, 8, {"sel_bwd": "atomic"})
+    assert any(n.endswith("nsa_sel_bwd_atomic.ttir") for n in names), names
+    assert not any(n.endswith("nsa_sel_bwd_dkv.ttir") for n in names), names
