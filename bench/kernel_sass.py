@@ -70,9 +70,10 @@ print(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 
 
 def lower(tree: str, out: str, route: str, shape: str, T: int, B: int = 8,
-          choices: dict | None = None):
+          choices: list[str] | None = None):
     """Write each Triton kernel of the op's fwd+bwd for ``route`` (or of one decode step) as
-    OUT/NN_name.ttir; ``choices``: more ``KernelChoices`` fields for the op's routes."""
+    OUT/NN_name.ttir; ``choices``: more ``KernelChoices`` fields for the op's routes, as
+    "field=value" (typed by ``harness.fields``)."""
     sys.path.insert(0, os.path.abspath(tree))
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import jax.numpy as jnp
@@ -83,6 +84,8 @@ def lower(tree: str, out: str, route: str, shape: str, T: int, B: int = 8,
     import nsa_jax.pallas.nsa as pnsa
     import nsa_jax.pallas.window as pwin
     import triton_ir
+    from harness import fields
+    from nsa_jax.nsa.options import KernelChoices
 
     pwin.cudnn_applies = pnsa.cudnn_applies = lambda *a: False
     sel = route.split("-")[-1]
@@ -92,7 +95,7 @@ def lower(tree: str, out: str, route: str, shape: str, T: int, B: int = 8,
         f, shapes = triton_ir.op_route(jnp.bfloat16, route.startswith("packed"),
                                        "tiled" if sel == "tiled" else "gather",
                                        "block" if sel == "block" else "query", shape, T,
-                                       choices=choices)
+                                       choices=fields(choices, KernelChoices))
 
     modules = []
     triton_ir.lower_for_cuda(f, *shapes, on_module=lambda m: modules.append(
@@ -175,19 +178,16 @@ def main(argv=None):
                     help="a KernelChoices field for the op's routes (repeatable), e.g. "
                          "sel_bwd=atomic")
     a = ap.parse_args(argv)
-    choices = {}
     for kv in a.choice:
-        key, sep, val = kv.partition("=")
-        if not sep:
+        if "=" not in kv:
             ap.error(f"--choice takes KEY=VALUE, got {kv!r}")
-        choices[key] = int(val) if val.isdigit() else val
     if a.compare:
         return compare(*a.compare)
     if not a.out or not a.triton_python:
         ap.error("OUT_DIR and --triton-python are required (or --compare OLD NEW)")
-    if choices and a.route == "decode":
+    if a.choice and a.route == "decode":
         ap.error("--choice applies to the op's routes, not --route decode")
-    lower(a.tree, a.out, a.route, a.shape, a.T, a.B, choices or None)
+    lower(a.tree, a.out, a.route, a.shape, a.T, a.B, a.choice)
     done = subprocess.run([a.triton_python, "-c", _COMPILE, a.out, str(a.num_warps)],
                           capture_output=True, text=True)
     if done.returncode:

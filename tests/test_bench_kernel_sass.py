@@ -87,6 +87,6 @@ def test_cli_rejects_a_bad_choice(argv, msg, capsys):
 def test_lower_takes_kernel_choices(tmp_path):
     """``--choice`` reaches the op's lowering: ``sel_bwd=atomic`` on the query route writes the
     per-query backward with atomic dK/dV in place of the inverted dK/dV kernel."""
-    names = _lower(tmp_path / "ir", "query", "125m", 256, 8, {"sel_bwd": "atomic"})
+    names = _lower(tmp_path / "ir", "query", "125m", 256, 8, ["sel_bwd=atomic"])
     assert any(n.endswith("nsa_sel_bwd_atomic.ttir") for n in names), names
     assert not any(n.endswith("nsa_sel_bwd_dkv.ttir") for n in names), names
