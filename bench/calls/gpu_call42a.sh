@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One device call (forty-second session, issues 14 and 15): the whole GPU test suite at this tree
+# (`pytest -m gpu tests`, every file; earlier calls ran -k subsets of the kernels they changed), with
+# pytest-xdist workers where the image has it (each worker its own process, no preallocated GPU memory).
+#   bash bench/calls/gpu_call42a.sh            # TESTS_S (default 540) caps pytest
+set -u
+export OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; t0=$SECONDS; log="$OUT/run.log"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1 | tee "$log"
+python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'devices', jax.devices())" 2>&1 | tail -1 | tee -a "$log"
+workers=()
+if python3 -c "import xdist" 2>/dev/null; then workers=(-n "${WORKERS:-4}"); fi
+echo "pytest workers: ${workers[*]:-none (no pytest-xdist)}" | tee -a "$log"
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${TESTS_S:-540}" python3 -m pytest -q -m gpu tests \
+  -p no:cacheprovider -rfE --durations=25 "${workers[@]}" --junitxml="$OUT/gpu_tests.xml" \
+  > "$OUT/tests.log" 2>&1
+rc=$?
+echo "pytest rc=$rc at $((SECONDS - t0)) s" | tee -a "$log"
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -30 | tee -a "$log"
+exit $rc
