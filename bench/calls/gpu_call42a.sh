@@ -9,7 +9,7 @@ export OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; t0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1 | tee "$log"
 python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'devices', jax.devices())" 2>&1 | tail -1 | tee -a "$log"
 # the tree that travelled: checksums of every tracked module (compared with the commit after the call)
-find nsa_jax -name "*.py" | sort | xargs md5sum | md5sum | sed "s/^/nsa_jax checksum: /" | tee -a "$log"
+find nsa_jax -name "*.py" | LC_ALL=C sort | xargs md5sum | md5sum | sed "s/^/nsa_jax checksum: /" | tee -a "$log"
 workers=()
 if python3 -c "import xdist" 2>/dev/null; then workers=(-n "${WORKERS:-8}"); fi
 echo "pytest workers: ${workers[*]:-none (no pytest-xdist)}" | tee -a "$log"
