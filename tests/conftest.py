@@ -36,9 +36,9 @@ if not _gpu_plugin_installed() and "xla_backend_optimization_level" not in os.en
 
 def shared_gpu_env(environ, gpu_plugin: bool) -> dict:
     """The variables a pytest-xdist worker sets before jax starts when the workers share GPUs:
-    XLA's client preallocates 75% of a GPU's memory per process, so with ``-n 2`` (the README's
-    CPU command, run on a GPU machine) the second worker's first GPU test fails to allocate.
-    Without preallocation the workers take memory as they go. Nothing where the run is not an
+    XLA's client reserves 75% of a GPU's memory per process at its start (its default), which
+    leaves a later worker on the same GPU (``-n 2``, the README's CPU command, run on a GPU
+    machine) only what is left. Without preallocation the workers take memory as they go. Nothing where the run is not an
     xdist worker, there is no GPU plugin, or the user set ``XLA_PYTHON_CLIENT_PREALLOCATE``.
     Measured on one H200 (bench/NOTES.md, forty-second session): 8 such workers ran the GPU
     suite with 3 of 61 tests out of memory where they coincided; alone they pass."""
