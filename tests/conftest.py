@@ -38,10 +38,11 @@ def shared_gpu_env(environ, gpu_plugin: bool) -> dict:
     """The variables a pytest-xdist worker sets before jax starts when the workers share GPUs:
     XLA's client reserves 75% of a GPU's memory per process at its start (its default), which
     leaves a later worker on the same GPU (``-n 2``, the README's CPU command, run on a GPU
-    machine) only what is left. Without preallocation the workers take memory as they go. Nothing where the run is not an
-    xdist worker, there is no GPU plugin, or the user set ``XLA_PYTHON_CLIENT_PREALLOCATE``.
-    Measured on one H200 (bench/NOTES.md, forty-second session): 8 such workers ran the GPU
-    suite with 3 of 61 tests out of memory where they coincided; alone they pass."""
+    machine) only what is left. Without preallocation the workers take memory as they go.
+    Nothing where the run is not an xdist worker, there is no GPU plugin, or the user set
+    ``XLA_PYTHON_CLIENT_PREALLOCATE``. Measured on one H200 (bench/NOTES.md, forty-second
+    session): 8 workers without preallocation ran the GPU suite with 3 of 61 tests out of
+    memory where they coincided; alone those pass."""
     if not gpu_plugin or "PYTEST_XDIST_WORKER" not in environ:
         return {}
     if "XLA_PYTHON_CLIENT_PREALLOCATE" in environ:
