@@ -209,7 +209,7 @@ def test_uint16_holds_id_65535_and_rejects_negative_ids(tmp_path):
     write_dataset(tmp_path / "top", iter([np.array([65535, 0, 7])]), dtype="uint16",
                   shard_tokens=8, meta={**META, "vocab_size": 65536})
     assert ShardReader(str(tmp_path / "top")).read(0, 3).tolist() == [65535, 0, 7]
-    with pytest.raises(DataError, match=r"does not fit uint16"):
+    with pytest.raises(DataError, match=r"token id -1 does not fit uint16"):   # the id at fault
         write_dataset(tmp_path / "neg", iter([np.array([5, -1, 7])]), dtype="uint16",
                       shard_tokens=8, meta=META)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["top"]

@@ -61,7 +61,8 @@ class ShardWriter:
     def add(self, tokens: np.ndarray) -> None:
         tokens = np.asarray(tokens)
         if tokens.size and (tokens.min() < 0 or tokens.max() > self.max_id):
-            raise DataError(f"token id {int(tokens.max())} does not fit {self.dtype}")
+            bad = tokens.min() if tokens.min() < 0 else tokens.max()   # name the id that fails
+            raise DataError(f"token id {int(bad)} does not fit {self.dtype}")
         tokens = tokens.astype(DTYPES[self.dtype])
         while tokens.size:
             if self._fh is None or self.shards[-1]["tokens"] >= self.cap:
