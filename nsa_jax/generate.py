@@ -193,12 +193,10 @@ def generate_ids(model, prompt_ids: list[int], max_new_tokens: int, *, temperatu
                  steps_per_call: int = 16, on_token=None) -> list[int]:
     """Generate up to ``max_new_tokens`` ids after ``prompt_ids`` (batch 1); stops after EOS.
 
-    ``on_token(id)`` is called for each new id as soon as it is sampled.
+    ``on_token(id)`` is called for each new id as soon as it is sampled. A request that cannot
+    run (an empty prompt, ``max_new_tokens`` < 1, ...) raises :class:`RequestError` naming the
+    argument, as :func:`generate_batch` does.
     """
-    if not prompt_ids:
-        raise ValueError("prompt_ids must hold at least one token")
-    if max_new_tokens <= 0:
-        return []
     cb = None if on_token is None else (lambda _, i: on_token(i))
     return generate_batch(model, [prompt_ids], max_new_tokens, temperature=temperature,
                           top_k=top_k, top_p=top_p, seed=seed, vocab_limit=vocab_limit,

@@ -290,3 +290,15 @@ def test_load_run_passes_the_step_and_checks_the_vocabulary(monkeypatch, tmp_pat
     with pytest.raises(ConfigError, match=f"^data.tokenizer: 'fake' has {V + 1} tokens but "
                                           f"the model's vocab_size is {V}$"):
         load_run(tmp_path)
+
+
+def test_generate_ids_refuses_what_generate_batch_refuses():
+    """The batch-1 helper raises the batch API's RequestError, naming the argument, for an
+    empty prompt and for max_new_tokens < 1 (it returned [] for the latter before)."""
+    from nsa_jax.generate import generate_ids
+    model = _model()
+    for prompt, new, arg in (([], 4, "prompts"), ([1, 2], 0, "max_new_tokens")):
+        with pytest.raises(RequestError) as e:
+            generate_ids(model, prompt, new, temperature=0.0)
+        assert e.value.arg == arg
+    assert len(generate_ids(model, [1, 2, 3], 2, temperature=0.0)) == 2
