@@ -157,3 +157,14 @@ def require_hopper(why_not) -> None:
         pytest.skip("needs a Hopper GPU")
     assert why_not is None, f"the Mosaic GPU kernels refuse this Hopper GPU's case: {why_not}"
 
+
+
+def small_lm():
+    """A 1-layer NSA language model over 97 tokens (random weights): the generation tests' model."""
+    from nsa_jax.config import ModelConfig
+    from nsa_jax.model import build_model
+    from nsa_jax.nsa import NSAConfig
+
+    mcfg = ModelConfig(vocab_size=97, dim=32, n_layers=1, n_heads=4, n_kv_groups=2, head_dim=8,
+                       mlp_hidden=64, init_std=0.3)
+    return build_model(mcfg, NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16))

@@ -13,7 +13,7 @@ from flax import nnx
 
 from nsa_jax.data import get_tokenizer
 from nsa_jax.generate import RequestError, TextStream, generate_batch, generate_ids, main, sample
-from nsa_testutil import shared
+from nsa_testutil import shared, small_lm
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -149,22 +149,12 @@ def test_cli_generates_from_trained_run(tiny_run, tmp_path, capsys):
 
 
 # ---- batches, row groups, the Python API, bad requests -------------------------------------
-def _small_model():
-    from nsa_jax.config import ModelConfig
-    from nsa_jax.model import build_model
-    from nsa_jax.nsa import NSAConfig
-
-    mcfg = ModelConfig(vocab_size=97, dim=32, n_layers=1, n_heads=4, n_kv_groups=2, head_dim=8,
-                       mlp_hidden=64, init_std=0.3)
-    return build_model(mcfg, NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16))
-
-
 def test_prefill_in_row_groups_equals_prefill_at_once():
     """Rows prefilled in groups (out of order, different lengths) give the logits, caches and
     later decode steps of one whole-batch prefill; step waits for every row."""
     from nsa_jax.decode import DecodeError, Decoder
 
-    model = _small_model()
+    model = small_lm()
     toks = jax.random.randint(jax.random.PRNGKey(0), (4, 26), 0, 97)   # > l, l', w: all caches
     lengths = [26, 7, 19, 1]
     whole = Decoder(model, 4, 32)
@@ -251,7 +241,7 @@ def test_steps_per_call_changes_nothing_but_the_calls(kw):
     counts the tokens of the calls after the first."""
     from nsa_jax.generate import Timing
 
-    model = _small_model()
+    model = small_lm()
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 97, n).tolist() for n in (3, 11, 6)]
     n = 10

@@ -17,18 +17,9 @@ from nsa_jax.inference import Run, load_run
 from nsa_jax.request import (HARD_MAX_LEN, RequestError, bucket, check_memory, check_request,
                              decoder_copy_bytes, fit_rows, free_memory)
 from nsa_jax.sampling import filter_logits, sample
+from nsa_testutil import small_lm
 
-V = 97
-
-
-def _model():
-    from nsa_jax.config import ModelConfig
-    from nsa_jax.model import build_model
-    from nsa_jax.nsa import NSAConfig
-
-    mcfg = ModelConfig(vocab_size=V, dim=32, n_layers=1, n_heads=4, n_kv_groups=2, head_dim=8,
-                       mlp_hidden=64, init_std=0.3)
-    return build_model(mcfg, NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16))
+V = 97   # small_lm()'s vocabulary
 
 
 def _kept(x):
@@ -90,7 +81,7 @@ def test_decode_loop_masks_padding_and_marks_eos_id_0():
     + step), never a padding id, and ``done`` for the row that sampled id 0."""
     from nsa_jax.decode import Decoder
 
-    model = _model()
+    model = small_lm()
     toks = jnp.asarray(np.random.default_rng(1).integers(1, V, (2, 9)), jnp.int32)
     a, b = Decoder(model, 2, 24), Decoder(model, 2, 24)
     la, lb = a.prefill(toks, [9, 4]), b.prefill(toks, [9, 4])
@@ -138,14 +129,14 @@ def test_check_request_boundaries():
     assert arg == "max_new_tokens" and msg.startswith("max_new_tokens: prompt 1 (5 tokens)")
     assert "at most 3 new tokens fit" in msg
     # the same checks guard generate_batch, before anything is allocated
-    model = _model()
+    model = small_lm()
     assert _arg(generate_batch, model, [], 4)[0] == "prompts"
     assert _arg(generate_batch, model, [[1, 2]], 0)[0] == "max_new_tokens"
     assert _arg(generate_batch, model, [[1, 2], []], 3)[0] == "prompts"
 
 
 def test_generate_batch_fills_the_context_exactly():
-    model = _model()
+    model = small_lm()
     prompts = [[5, 6, 7, 8, 9], [3]]
     got = generate_batch(model, prompts, 3, max_len=8, temperature=0.0, steps_per_call=2)
     assert [len(g) for g in got] == [3, 3]
@@ -162,7 +153,7 @@ def test_bucket_widths():
 
 
 def test_free_memory_charges_the_weights_and_the_decoder_copy():
-    model = _model()
+    model = small_lm()
     weights = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model)))
     copy = decoder_copy_bytes(model)
     assert copy > 0                    # a float32 model: the fused step projections only
@@ -175,7 +166,7 @@ def test_free_memory_charges_the_weights_and_the_decoder_copy():
 def test_check_memory_names_what_does_not_fit():
     from nsa_jax.decode import cache_bytes, init_cache
 
-    model = _model()
+    model = small_lm()
 
     def row(n):
         return cache_bytes(jax.eval_shape(lambda: init_cache(model, 1, n)))
@@ -225,7 +216,7 @@ def _run(model, seq_len=32, **tok):
 
 
 def test_run_passes_vocabulary_eos_and_context():
-    model = _model()
+    model = small_lm()
     prompts = [[4, 9, 2], [7]]
     # the greedy streams without EOS, over the tokenizer's 40 ids; unlimited, padding ids win
     free = generate_batch(model, prompts, 10, temperature=0.0, vocab_limit=40)
@@ -247,7 +238,7 @@ def test_run_passes_vocabulary_eos_and_context():
 
 
 def test_run_passes_the_sampling_settings():
-    model = _model()
+    model = small_lm()
     run = _run(model, eos_id=0)
     prompts = [[4, 9, 2], [7, 7]]
     greedy = run.generate_ids(prompts, 8, temperature=0.0)
@@ -269,7 +260,7 @@ def test_load_run_passes_the_step_and_checks_the_vocabulary(monkeypatch, tmp_pat
     import nsa_jax.train.inference
     from nsa_jax.config import ConfigError
 
-    model, calls, tok = _model(), [], {}
+    model, calls, tok = small_lm(), [], {}
     cfg = SimpleNamespace(model=SimpleNamespace(vocab_size=V),
                           data=SimpleNamespace(tokenizer="fake", seq_len=32))
 
@@ -296,7 +287,7 @@ def test_generate_ids_refuses_what_generate_batch_refuses():
     """The batch-1 helper raises the batch API's RequestError, naming the argument, for an
     empty prompt and for max_new_tokens < 1 (it returned [] for the latter before)."""
     from nsa_jax.generate import generate_ids
-    model = _model()
+    model = small_lm()
     for prompt, new, arg in (([], 4, "prompts"), ([1, 2], 0, "max_new_tokens")):
         with pytest.raises(RequestError) as e:
             generate_ids(model, prompt, new, temperature=0.0)

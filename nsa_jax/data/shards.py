@@ -60,9 +60,10 @@ class ShardWriter:
 
     def add(self, tokens: np.ndarray) -> None:
         tokens = np.asarray(tokens)
-        if tokens.size and (tokens.min() < 0 or tokens.max() > self.max_id):
-            bad = tokens.min() if tokens.min() < 0 else tokens.max()   # name the id that fails
-            raise DataError(f"token id {int(bad)} does not fit {self.dtype}")
+        if tokens.size:
+            lo, hi = tokens.min(), tokens.max()
+            if lo < 0 or hi > self.max_id:   # name the id that fails
+                raise DataError(f"token id {int(lo if lo < 0 else hi)} does not fit {self.dtype}")
         tokens = tokens.astype(DTYPES[self.dtype])
         while tokens.size:
             if self._fh is None or self.shards[-1]["tokens"] >= self.cap:
