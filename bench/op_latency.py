@@ -116,7 +116,8 @@ def main(argv=None):
               f"  pipelined {r['pipelined_ms']:9.3f}  span {r['span_ms']:9.3f}  busy "
               f"{r['busy_ms']:9.3f} ms per call", flush=True)
         for h in r["host_top"][:6]:
-            print(f"    host {h['ms_per_call']:8.3f} ms x{h['count_per_call']:<6.1f} {h['name'][:80]}")
+            print(f"    host {h['ms_per_call']:8.3f} ms x{h['count_per_call']:<6.1f} "
+                  f"{h['name'][:80]}")
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(res, fh, indent=1)
