@@ -23,6 +23,7 @@ def test_host_top_sums_host_events_per_call_and_skips_the_gpu():
     assert top[1]["ms_per_call"] == pytest.approx(0.25)
 
 
-def test_refuses_fewer_than_two_reps():
+def test_refuses_fewer_than_two_reps(capsys):
     with pytest.raises(SystemExit):
         op_latency.main(["--reps", "1"])
+    assert "--reps: at least 2, got 1" in capsys.readouterr().err
