@@ -103,6 +103,11 @@ def _row_kernel(*refs, n, n_ops, src, offs, ring, rot, has_rope, q_at):
         dd = jnp.arange(next_pow2(D))
         return load(src_at(i, jnp.where(dd < D, dd, 0)), dd < D)
 
+    # Every load is issued before any store: the stores may alias the loads' memory for all the
+    # compiler knows, so a store between two loads would make each load wait for the one before
+    # (one memory round trip per cache; bench/NOTES.md, forty-third session).
+    writes = []                                      # (out ref, value, mask), stored last
+    rows = {}
     for i in range(n):
         D = bufs_in[i].shape[-1]
         dd = jnp.arange(next_pow2(D))
@@ -110,9 +115,12 @@ def _row_kernel(*refs, n, n_ops, src, offs, ring, rot, has_rope, q_at):
             x1, x2, c, sn, dh, ok = halves(lambda cols, ok, i=i: load(src_at(i, cols), ok), D)
             y1, y2 = (y.astype(outs[i].dtype) for y in rope_halves(x1, x2, c, sn))
             for lo, y in ((0, y1), (D // 2, y2)):    # masked columns: out of bounds, dropped
-                store(outs[i].at[b, g, idx_refs[i][b], jnp.where(ok, lo + dh, D)], y, ok)
+                writes.append((outs[i].at[b, g, idx_refs[i][b], jnp.where(ok, lo + dh, D)], y,
+                               ok))
         else:
-            store(outs[i].at[b, g, idx_refs[i][b], pl.ds(0, dd.shape[0])], row(i, D), dd < D)
+            rows[i] = row(i, D)
+            writes.append((outs[i].at[b, g, idx_refs[i][b], pl.ds(0, dd.shape[0])], rows[i],
+                           dd < D))
     if has_q:                                        # the group's h query heads, rotated
         q_off, H, D = q_at
         h = H // G
@@ -125,11 +133,11 @@ def _row_kernel(*refs, n, n_ops, src, offs, ring, rot, has_rope, q_at):
         y1, y2 = (y.astype(q_out.dtype) for y in rope_halves(x1, x2, c[None, :], sn[None, :]))
         ho = jnp.where(okh, heads, H)                # masked heads: out of bounds, dropped
         for lo, y in ((0, y1), (D // 2, y2)):
-            store(q_out.at[b, ho[:, None], jnp.where(ok, lo + dh, D)[None, :]], y,
-                  okh[:, None] & ok[None, :])
+            writes.append((q_out.at[b, ho[:, None], jnp.where(ok, lo + dh, D)[None, :]], y,
+                           okh[:, None] & ok[None, :]))
     if ring:
         start = start_ref[b]                       # first token of the block ending at t
-        for blk, i in zip(blocks, ring):
+        for blk, i in zip(blocks, ring):           # ring caches are never rotated (checked)
             _, _, L, D = bufs_in[i].shape
             Lp, Dp = next_pow2(L), next_pow2(D)
             jj, dd = jnp.arange(Lp), jnp.arange(Dp)
@@ -137,9 +145,11 @@ def _row_kernel(*refs, n, n_ops, src, offs, ring, rot, has_rope, q_at):
             ok = (jj < L)[:, None] & (dd < D)[None, :]
             new = slot == idx_refs[i][b]           # the slot this call writes
             old = load(bufs_in[i].at[b, g, slot[:, None], dd[None, :]], ok)
-            val = jnp.where(new[:, None], row(i, D)[None, :].astype(old.dtype), old)
-            store(blk.at[b, g, jnp.where(jj < L, jj, L)[:, None], dd[None, :]], val, ok)
-
+            val = jnp.where(new[:, None], rows[i][None, :].astype(old.dtype), old)
+            writes.append((blk.at[b, g, jnp.where(jj < L, jj, L)[:, None], dd[None, :]], val,
+                           ok))
+    for ref, val, mask in writes:
+        store(ref, val, mask)
 
 def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, rope=None, q=None,
                       interpret: bool):
