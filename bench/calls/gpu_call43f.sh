@@ -3,6 +3,7 @@
 # store, against the tree before it. The NSA decode loop at 64k / B=8 profiled in each tree (bench/decode.py
 # --profile, one process each; before first), then the GPU decode tests of the after tree.
 #   bash bench/calls/gpu_call43f.sh BEFORE_TREE      (run from the after tree)
+# (Its summary line moved into bench/decode_summary.py after the session's calls; the same output.)
 set -u
 export OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; t0=$SECONDS; log="$OUT/run.log"; rc=0
 before=$1
@@ -11,16 +12,7 @@ for tag in before after; do
   tree=.; [ "$tag" = before ] && tree=$before
   (cd "$tree" && PYTHONPATH=. timeout 150 python3 -W ignore::DeprecationWarning bench/decode.py --contexts 65536 \
     --batches 8 --reps 30 --models nsa_125m --profile 65536:8 --out "$OUT/decode_$tag.json") > "$OUT/decode_$tag.log" 2>&1 || rc=1
-  python3 - "$OUT/decode_$tag.json" "$tag" <<'PY' | tee -a "$log"
-import json, sys
-d = json.load(open(sys.argv[1]))
-for p in d["points"]:
-    lp = p.get("loop_profile", {})
-    cw = sum(k["ms_per_step"] for k in lp.get("top_kernels", []) if k["name"] == "nsa_cache_write")
-    print(f"{sys.argv[2]:6s} {p['model']} N={p['context']} B={p['batch']}: loop {p.get('loop_ms', 0):.3f} ms, "
-          f"step {p.get('step_ms', 0):.3f}, loop busy {lp.get('device_busy_ms_per_step', 0):.3f}, span "
-          f"{lp.get('device_span_ms_per_step', 0):.3f}, nsa_cache_write {cw * 1e3:.1f} us per token")
-PY
+  python3 bench/decode_summary.py "$OUT/decode_$tag.json" "$tag" | tee -a "$log"
   echo "  ($tag done at $((SECONDS - t0)) s)" | tee -a "$log"
 done
 timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -p no:cacheprovider -q -W ignore::DeprecationWarning \

@@ -151,6 +151,7 @@ def _row_kernel(*refs, n, n_ops, src, offs, ring, rot, has_rope, q_at):
     for ref, val, mask in writes:
         store(ref, val, mask)
 
+
 def write_rows_pallas(bufs, rows, idx, *, ring=None, ring_start=None, rope=None, q=None,
                       interpret: bool):
     """Caches ``bufs`` (tuple of [B,G,S_i,D_i]) with row i written at sequence index ``idx[i]``
