@@ -158,7 +158,6 @@ def require_hopper(why_not) -> None:
     assert why_not is None, f"the Mosaic GPU kernels refuse this Hopper GPU's case: {why_not}"
 
 
-
 def small_lm():
     """A 1-layer NSA language model over 97 tokens (random weights): the generation tests' model."""
     from nsa_jax.config import ModelConfig
