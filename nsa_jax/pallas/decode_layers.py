@@ -47,15 +47,17 @@ def _tiles(B: int, N: int, K: int, cols: int, k_step: int):
     return bm, bn, bk
 
 
-def _inv_rms(x_ref, rows, okr, K, bk, eps):
-    """rsqrt(mean(x^2) + eps) [bm] of rows ``rows`` in float32 (the RMSNorm statistic)."""
+def _inv_rms(x_ref, r0, okr, K, bk, eps):
+    """rsqrt(mean(x^2) + eps) [bm] of the rows from ``r0`` in float32 (the RMSNorm statistic)."""
+    bm = okr.shape[0]
+
     def step(k, acc):
-        kk = k * bk + jnp.arange(bk)
-        x = load(x_ref.at[rows[:, None], jnp.minimum(kk, K - 1)[None, :]],
-                 okr[:, None] & (kk < K)[None, :]).astype(jnp.float32)
+        okk = k * bk + jnp.arange(bk) < K
+        x = load(x_ref.at[pl.ds(r0, bm), pl.ds(k * bk, bk)],
+                 okr[:, None] & okk[None, :]).astype(jnp.float32)
         return acc + jnp.sum(x * x, axis=1)
 
-    ss = lax.fori_loop(0, cdiv(K, bk), step, jnp.zeros(rows.shape, jnp.float32))
+    ss = lax.fori_loop(0, cdiv(K, bk), step, jnp.zeros((bm,), jnp.float32))
     return lax.rsqrt(ss / K + eps)
 
 
@@ -77,6 +79,10 @@ def _kernel(*refs, mode, eps, bm, bn, bk, half, prec):
     * ``mode`` "swiglu": silu(a) * b with a = RMSNorm(x) @ W[:, cols], b = ... @ W[:, half + cols];
       refs x, scale, W, out
     * ``mode`` "add": res + x @ W;          refs x, W, res, out
+
+    Loads are contiguous slices (``pl.ds``) with masks at the edges, so Triton can vectorise
+    them (clamped index arrays hid the contiguity: 2-5x slower, bench/NOTES.md, forty-fourth
+    session); stores go through index arrays with masked entries out of bounds (dropped).
     """
     if mode == "add":
         x_ref, w_ref, r_ref, o_ref = refs
@@ -87,26 +93,24 @@ def _kernel(*refs, mode, eps, bm, bn, bk, half, prec):
     N = o_ref.shape[1]
     dt = x_ref.dtype
     f32 = jnp.float32
-    r = i * bm + jnp.arange(bm)
+    r0, c0 = i * bm, j * bn
+    r = r0 + jnp.arange(bm)
     okr = r < B
-    rows = jnp.minimum(r, B - 1)
-    c = j * bn + jnp.arange(bn)
+    c = c0 + jnp.arange(bn)
     okc = c < N
-    cols = jnp.minimum(c, N - 1)
-    inv = None if mode == "add" else _inv_rms(x_ref, rows, okr, K, bk, eps)
+    inv = None if mode == "add" else _inv_rms(x_ref, r0, okr, K, bk, eps)
     n_acc = 2 if mode == "swiglu" else 1
 
     def step(k, accs):
-        kk = k * bk + jnp.arange(bk)
-        okk = kk < K
-        ks = jnp.minimum(kk, K - 1)
-        x = load(x_ref.at[rows[:, None], ks[None, :]], okr[:, None] & okk[None, :])
+        okk = k * bk + jnp.arange(bk) < K
+        x = load(x_ref.at[pl.ds(r0, bm), pl.ds(k * bk, bk)], okr[:, None] & okk[None, :])
         if inv is not None:                       # flax RMSNorm: x * (rsqrt(var + eps) * scale)
-            s = load(s_ref.at[ks], okk).astype(dt).astype(f32)   # promoted to x's dtype
+            s = load(s_ref.at[pl.ds(k * bk, bk)], okk).astype(dt).astype(f32)   # x's dtype
             x = (x.astype(f32) * (inv[:, None] * s[None, :])).astype(dt)
         out = []
         for a, off in zip(accs, (0, half)):
-            w = load(w_ref.at[ks[:, None], (off + cols)[None, :]], okk[:, None] & okc[None, :])
+            w = load(w_ref.at[pl.ds(k * bk, bk), pl.ds(off + c0, bn)],
+                     okk[:, None] & okc[None, :])
             out.append(a + dot(x, w.astype(dt), precision=prec))
         return tuple(out)
 
@@ -116,7 +120,7 @@ def _kernel(*refs, mode, eps, bm, bn, bk, half, prec):
     if mode == "swiglu":
         y = _silu_times(y, accs[1].astype(dt))
     elif mode == "add":
-        res = load(r_ref.at[rows[:, None], cols[None, :]], okr[:, None] & okc[None, :])
+        res = load(r_ref.at[pl.ds(r0, bm), pl.ds(c0, bn)], okr[:, None] & okc[None, :])
         y = (res.astype(f32) + y.astype(f32)).astype(dt)
     store(o_ref.at[jnp.where(okr, r, B)[:, None], jnp.where(okc, c, N)[None, :]], y,
           okr[:, None] & okc[None, :])
