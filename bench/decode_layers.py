@@ -10,7 +10,8 @@ weights (156 MB in all, past the 50 MB L2, as in a decode step) and on the previ
 output: RMSNorm + the step projection, wo + residual, RMSNorm + w_in + SwiGLU, w_out + residual. Recorded per variant: device time per layer
 summed over its kernels (one traced call) and its kernels, and the wall time per layer (median
 of 10 synced calls). A variant is ``default``, ``xla`` or ``key=value,...`` over the kernels'
-tile arguments (``cols``, ``k_step``, ``stages``, ``warps``; the same for all three kernels).
+tile arguments (``cols``, ``k_step``, ``stages``, ``warps``, ``unroll`` 0 / 1; the same for all
+three kernels).
 ``--smoke``: tiny shapes on the CPU, interpret mode (not a measurement).
 """
 from __future__ import annotations
@@ -37,10 +38,10 @@ def parse_variant(var: str) -> dict:
     out = {}
     for part in var.split(","):
         k, _, v = part.partition("=")
-        if k not in ("cols", "k_step", "stages", "warps") or not v.isdigit():
+        if k not in ("cols", "k_step", "stages", "warps", "unroll") or not v.isdigit():
             raise SystemExit(f"--variants: {var!r}: want key=int,... over cols, k_step, stages, "
-                             f"warps")
-        out[k] = int(v)
+                             f"warps, unroll (0 or 1)")
+        out[k] = bool(int(v)) if k == "unroll" else int(v)
     return out
 
 
@@ -90,7 +91,13 @@ def main(argv=None) -> int:
                     x = f(x, W, kw) * jnp.asarray(0.5, bf)
                 return x
             run = jax.jit(layers)
-            x = jax.block_until_ready(run(x0, Ws))
+            try:
+                x = jax.block_until_ready(run(x0, Ws))
+            except Exception as e:                  # e.g. a tile that needs more shared memory
+                msg = str(e).splitlines()[0][:160]
+                rows.append({"batch": B, "variant": var, "error": msg})
+                print(f"B={B:3d} {var:32s} failed: {msg}", flush=True)
+                continue
             ts = []
             for _ in range(2 if a.smoke else 10):
                 t0 = time.perf_counter()

@@ -43,11 +43,12 @@ def _want(mode, x, scale, w, res, eps):
 SHAPES = [(3, 40, 50), (20, 96, 36), (1, 16, 16)]
 
 
+@pytest.mark.parametrize("unroll", [True, False])
 @pytest.mark.parametrize("B,K,N", SHAPES)
 @pytest.mark.parametrize("mode", ["norm", "swiglu", "add"])
-def test_kernels_match_the_modules_float32(mode, B, K, N):
+def test_kernels_match_the_modules_float32(mode, B, K, N, unroll):
     x, scale, w, res = _inputs(B, K, 2 * N if mode == "swiglu" else N, jnp.float32)
-    tiles = dict(cols=16, k_step=16)
+    tiles = dict(cols=16, k_step=16, unroll=unroll)
     if mode == "norm":
         got = norm_linear(x, scale, 1e-5, w, **tiles)
     elif mode == "swiglu":
@@ -93,6 +94,8 @@ def test_bad_input_is_one_clear_error():
         linear_add(x, w, res[:, :8])
     with pytest.raises(ValueError, match=r"^linear_add: cols must be a positive int"):
         linear_add(x, w, res, cols=0)
+    with pytest.raises(ValueError, match=r"^norm_swiglu: unroll must be true or false"):
+        norm_swiglu(x, scale, 1e-5, w, unroll=1)
 
 
 def _lm(attention, layers):

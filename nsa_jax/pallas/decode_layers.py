@@ -32,10 +32,11 @@ from nsa_jax.pallas.common import (MIN_DOT, cdiv, compiler_params, dot, dot_prec
                                    next_pow2, store, use_interpret)
 
 ROWS = 64       # batch rows per program at most (fewer rows: padded to a power of two >= 16)
-COLS = 32       # output columns per program
-K_STEP = 128    # input features per step of the weight stream
-STAGES = 3      # Triton pipeline stages of that stream
+COLS = 16       # output columns per program
+K_STEP = 256    # input features per step of the weight stream
+STAGES = 3      # Triton pipeline stages of that stream (the loop form)
 WARPS = 4
+UNROLL = True   # the K loop unrolled, all loads first (else a pipelined loop)
 
 
 
@@ -72,7 +73,7 @@ def _silu_times(a, b):
     return (rnd(a32 * sig) * b.astype(f32)).astype(dt)
 
 
-def _kernel(*refs, mode, eps, bm, bn, bk, half, prec):
+def _kernel(*refs, mode, eps, bm, bn, bk, half, prec, unroll):
     """Program (i, j): rows i*bm.., output columns j*bn.. of
 
     * ``mode`` "norm": RMSNorm(x) @ W;      refs x, scale, W, out
@@ -98,24 +99,51 @@ def _kernel(*refs, mode, eps, bm, bn, bk, half, prec):
     okr = r < B
     c = c0 + jnp.arange(bn)
     okc = c < N
-    inv = None if mode == "add" else _inv_rms(x_ref, r0, okr, K, bk, eps)
     n_acc = 2 if mode == "swiglu" else 1
+    zeros = tuple(jnp.zeros((bm, bn), f32) for _ in range(n_acc))
 
-    def step(k, accs):
-        okk = k * bk + jnp.arange(bk) < K
-        x = load(x_ref.at[pl.ds(r0, bm), pl.ds(k * bk, bk)], okr[:, None] & okk[None, :])
-        if inv is not None:                       # flax RMSNorm: x * (rsqrt(var + eps) * scale)
-            s = load(s_ref.at[pl.ds(k * bk, bk)], okk).astype(dt).astype(f32)   # x's dtype
-            x = (x.astype(f32) * (inv[:, None] * s[None, :])).astype(dt)
-        out = []
-        for a, off in zip(accs, (0, half)):
-            w = load(w_ref.at[pl.ds(k * bk, bk), pl.ds(off + c0, bn)],
-                     okk[:, None] & okc[None, :])
-            out.append(a + dot(x, w.astype(dt), precision=prec))
-        return tuple(out)
+    def chunk(k):
+        """K chunk k -> (start, mask). Unrolled (k an int), the last chunk starts at K - bk and
+        masks what the one before covered: a static slice must lie inside the ref."""
+        if isinstance(k, int) and K > bk:
+            start = min(k * bk, K - bk)
+            return start, start + jnp.arange(bk) >= k * bk
+        return k * bk, k * bk + jnp.arange(bk) < K
 
-    accs = lax.fori_loop(0, cdiv(K, bk), step, tuple(jnp.zeros((bm, bn), f32)
-                                                     for _ in range(n_acc)))
+    def x_tile(k):
+        k0, okk = chunk(k)
+        return load(x_ref.at[pl.ds(r0, bm), pl.ds(k0, bk)], okr[:, None] & okk[None, :])
+
+    def w_tiles(k):
+        k0, okk = chunk(k)
+        return [load(w_ref.at[pl.ds(k0, bk), pl.ds(off + c0, bn)], okk[:, None] & okc[None, :])
+                for off in (0, half)[:n_acc]]
+
+    def normed(k, x, inv):                        # flax RMSNorm: x * (rsqrt(var + eps) * scale)
+        if inv is None:
+            return x
+        k0, okk = chunk(k)
+        s = load(s_ref.at[pl.ds(k0, bk)], okk).astype(dt).astype(f32)         # x's dtype
+        return (x.astype(f32) * (inv[:, None] * s[None, :])).astype(dt)
+
+    def mma(accs, x, ws):
+        return tuple(a + dot(x, w.astype(dt), precision=prec) for a, w in zip(accs, ws))
+
+    nk = cdiv(K, bk)
+    if unroll:        # every load issued before the first dot; the norm from the same x tiles
+        xs = [x_tile(k) for k in range(nk)]
+        ws = [w_tiles(k) for k in range(nk)]
+        inv = None
+        if mode != "add":
+            ss = sum(jnp.sum(jnp.square(x.astype(f32)), axis=1) for x in xs)
+            inv = lax.rsqrt(ss / K + eps)
+        accs = zeros
+        for k in range(nk):
+            accs = mma(accs, normed(k, xs[k], inv), ws[k])
+    else:             # a software-pipelined loop over K (the norm's statistic in a pass before)
+        inv = None if mode == "add" else _inv_rms(x_ref, r0, okr, K, bk, eps)
+        accs = lax.fori_loop(0, nk, lambda k, a: mma(a, normed(k, x_tile(k), inv), w_tiles(k)),
+                             zeros)
     y = accs[0].astype(dt)
     if mode == "swiglu":
         y = _silu_times(y, accs[1].astype(dt))
@@ -127,11 +155,11 @@ def _kernel(*refs, mode, eps, bm, bn, bk, half, prec):
 
 
 def _call(mode, args, B, K, N, dtype, *, eps=0.0, half=0, cols=COLS, k_step=K_STEP,
-          stages=STAGES, warps=WARPS, name):
+          stages=STAGES, warps=WARPS, unroll=UNROLL, name):
     interpret = use_interpret()
     bm, bn, bk = _tiles(B, N, K, cols, k_step)
     kern = functools.partial(_kernel, mode=mode, eps=float(eps), bm=bm, bn=bn, bk=bk, half=half,
-                             prec=dot_precision(dtype, interpret))
+                             prec=dot_precision(dtype, interpret), unroll=bool(unroll))
     return pl.pallas_call(
         kern, grid=(cdiv(B, bm), cdiv(N, bn)),
         out_shape=jax.ShapeDtypeStruct((B, N), dtype),
@@ -144,14 +172,18 @@ def _check(name, x, w, k_axis_of_w=0, **kw):
         raise ValueError(f"{name}: x [B, K] and a [K, N] weight, got x {x.shape}, "
                          f"weight {w.shape}")
     for key, v in kw.items():
-        if v is not None and (not isinstance(v, int) or v < 1):
+        if key == "unroll":
+            if not isinstance(v, bool):
+                raise ValueError(f"{name}: unroll must be true or false, got {v!r}")
+        elif v is not None and (not isinstance(v, int) or v < 1):
             raise ValueError(f"{name}: {key} must be a positive int, got {v!r}")
 
 
 def norm_linear(x, scale, eps: float, w, **tiles):
     """RMSNorm(x) @ w: x [B, K] (the residual stream), scale [K], w [K, N] -> [B, N] in x's
     dtype. ``tiles``: ``cols``, ``k_step`` (rounded up to powers of two >= 16), ``stages``,
-    ``warps`` (``bench/decode_layers.py`` sweeps them)."""
+    ``warps``, ``unroll`` (the K loop unrolled with every load issued first, or a pipelined
+    loop; ``bench/decode_layers.py`` sweeps them)."""
     _check("norm_linear", x, w, **tiles)
     if scale.shape != (x.shape[1],):
         raise ValueError(f"norm_linear: scale [K={x.shape[1]}], got {scale.shape}")
