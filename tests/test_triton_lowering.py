@@ -256,26 +256,6 @@ def test_cache_write_kernel_lowers_to_triton():
     assert names == {"nsa_cache_write"}, names
 
 
-@pytest.mark.parametrize("Bq,unroll", [(8, True), (65, True), (8, False)])
-def test_decode_layer_kernels_lower_to_triton(Bq, unroll, monkeypatch):
-    """The decode step's dense layers (``pallas.decode_layers``) at the 125M shape (dim 768, the
-    NSA step projection's 1572 columns, SwiGLU 2 x 2048), B = 8 and 65 (two row tiles), the K
-    loop unrolled and pipelined."""
-    import nsa_jax.pallas.decode_layers as dl
-    monkeypatch.setattr(dl, "use_interpret", lambda: False)
-    dim, Hm = 768, 2048
-    u = dict(unroll=unroll)
-
-    def f(x, scale, w_step, wo, w_in, w_out):
-        P = dl.norm_linear(x, scale, 1e-5, w_step, **u)
-        x = dl.linear_add(P[:, :dim], wo, x, **u)
-        return P, dl.linear_add(dl.norm_swiglu(x, scale, 1e-5, w_in, **u), w_out, x, **u)
-    names = triton_kernels(f, S(Bq, dim), S(dim), S(dim, 1572), S(dim, dim), S(dim, 2 * Hm),
-                           S(Hm, dim))
-    assert names == {"nsa_decode_norm_linear", "nsa_decode_linear_add",
-                     "nsa_decode_norm_swiglu"}, names
-
-
 def test_topn_kernel_lowers_to_triton():
     """Top-n at T = 32k (Ts = 512): every width bucket from 16 to 512 columns lowers, the
     512-column one through the tournament kernel."""

@@ -215,9 +215,6 @@ class ExecConfig:
     remat: Literal["none", "block"] = "none"     # block: recompute each block's activations
     # the decode step's attention (NSA, and dense: its flash-decoding kernel) and cache writes
     decode_impl: Literal["auto", "reference", "pallas"] = "auto"
-    # the decode step's norms, projections, SwiGLU and residual adds: four Pallas kernels per
-    # block (pallas.decode_layers) or XLA; auto: pallas where decode_impl resolves to pallas
-    decode_layers: Literal["auto", "xla", "pallas"] = "auto"
     kernel: KernelChoices = dataclasses.field(default_factory=KernelChoices)
 
     def validate(self) -> None:
