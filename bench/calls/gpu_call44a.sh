@@ -4,6 +4,8 @@
 # paths, which now take them), then the layers alone per tile variant (bench/decode_layers.py), then both models
 # at 64k / B=8 with the layers in Pallas (the default, profiled) and in XLA, one process each.
 #   bash bench/calls/gpu_call44a.sh
+# (Runs from a tree with bench/wip/decode-layers.patch applied (branch wip/decode-layers): the kernels, their tests
+# and bench/decode_layers.py were not taken onto main.)
 set -u
 export OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; t0=$SECONDS; log="$OUT/run.log"; rc=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1 | tee "$log"

@@ -4,6 +4,8 @@
 # and 64 (a variant that does not fit is recorded as failed), then both models at 64k / B=8 with the layers in
 # Pallas (profiled) and in XLA, one process each.
 #   bash bench/calls/gpu_call44c.sh
+# (Runs from a tree with bench/wip/decode-layers.patch applied (branch wip/decode-layers): the kernels, their tests
+# and bench/decode_layers.py were not taken onto main.)
 set -u
 export OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; t0=$SECONDS; log="$OUT/run.log"; rc=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1 | tee "$log"

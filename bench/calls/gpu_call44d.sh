@@ -4,6 +4,8 @@
 # emitter (XLA_FLAGS=--xla_gpu_enable_triton_gemm=false): the layer bench's XLA form at B = 8 and 64 under each
 # flag setting, then NSA and dense at 64k / B=8 with the layers in XLA, alternating the flag (one process each).
 #   bash bench/calls/gpu_call44d.sh
+# (Runs from a tree with bench/wip/decode-layers.patch applied (branch wip/decode-layers): the kernels, their tests
+# and bench/decode_layers.py were not taken onto main.)
 set -u
 export OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; t0=$SECONDS; log="$OUT/run.log"; rc=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1 | tee "$log"
