@@ -149,9 +149,10 @@ def step_state(model, state):
       out of every step (bench/NOTES.md, twelfth session). Prefill keeps
       :func:`inference_state`'s float32 φ, whose training form folds the position embedding
       through w1 in float32.
-    * each NSA layer's three projections as one matrix (``NSAAttention.fuse_step_weights``,
-      added to a copy of the model graph): the Pallas decode path reads q and K/V from one
-      matmul's output in place (bench/NOTES.md, thirteenth session).
+    * each layer's step projections as one matrix (``fuse_step_weights``: NSA's wq, wkv, wg;
+      dense's wq, wkv), added to a copy of the model graph: the Pallas decode path reads q and
+      K/V from one matmul's output in place (bench/NOTES.md, thirteenth session; dense the same
+      since the forty-fourth).
 
     Other leaves are shared, not copied; ``w_step`` is a new matrix (a second copy of those
     weights, counted by ``request.free_memory``)."""

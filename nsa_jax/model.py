@@ -117,6 +117,10 @@ class StepWeight(nnx.Variable):
     """A decode-step-only weight (:meth:`NSAAttention.fuse_step_weights`)."""
 
 
+def _concat_kernels(linears):
+    return jnp.concatenate([lin.kernel[...] for lin in linears], axis=1)
+
+
 class NSAAttention(nnx.Module):
     def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs,
                  xcfg: ExecConfig | None = None):
@@ -162,12 +166,15 @@ class NSAAttention(nnx.Module):
         gates = jax.nn.sigmoid(self.wg(x).astype(jnp.float32)).reshape(B, T, self.mcfg.n_heads, 3)
         return (gates * jnp.asarray(self.ncfg.branch_mask())).astype(self.dtype)
 
+    def step_projections(self):
+        """The projections the decode step runs as one matrix (``w_step``): wq, wkv, wg."""
+        return self.wq, self.wkv, self.wg
+
     def fuse_step_weights(self):
         """Add ``w_step`` = [wq | wkv | wg] [dim, H*D + 6*G*D + 3H], the decode step's three
         projections as one matrix (:func:`nsa_jax.decode.step_state`, on a copy of the model used
         for the decode steps only; training and prefill never see it)."""
-        self.w_step = StepWeight(jnp.concatenate(
-            [self.wq.kernel[...], self.wkv.kernel[...], self.wg.kernel[...]], axis=1))
+        self.w_step = StepWeight(_concat_kernels(self.step_projections()))
 
     def project_step(self, x, t, fused: bool = False):
         """The decode step's projections (x [B,1,dim] at positions t [B]), un-rotated: q [B,H,D];
@@ -317,6 +324,30 @@ class DenseAttention(nnx.Module):
         self.wo = nnx.Linear(H * D, mcfg.dim, use_bias=False, dtype=dt,
                              kernel_init=_normal(std / math.sqrt(2 * mcfg.n_layers)), rngs=rngs)
 
+    def step_projections(self):
+        """The projections the decode step runs as one matrix (``w_step``): wq, wkv."""
+        return self.wq, self.wkv
+
+    def fuse_step_weights(self):
+        """Add ``w_step`` = [wq | wkv] [dim, (H + 2G) * D]: the decode step's projections as one
+        matrix, as :meth:`NSAAttention.fuse_step_weights` does, so that the dense model's step
+        gets the NSA step's treatment (XLA merged the two matmuls itself, and then rotated q and
+        the key and sliced them out of its output in three more kernels per layer)."""
+        self.w_step = StepWeight(_concat_kernels(self.step_projections()))
+
+    def _step_fused(self, x, t, kv: dict, interpret: bool):
+        """The Pallas decode path's projections and cache write (x [B,1,dim] at positions t
+        [B]), as NSA's: one matmul with ``w_step``, whose output the cache-write kernel reads in
+        place (``cache_write.Columns``), rotating the key and q at t itself. -> (q [B,H,D]
+        rotated, caches)."""
+        from nsa_jax.pallas.cache_write import Columns
+        m = self.mcfg
+        H, G, D = m.n_heads, m.n_kv_groups, m.head_dim
+        P = jnp.dot(x[:, 0].astype(self.dtype), self.w_step[...].astype(self.dtype))
+        rope = cos_sin(t, D, m.rope_theta)
+        return cache_update.append_dense_rows(kv, t, Columns(P, H * D, (2, G, D)),
+                                              Columns(P, 0, (H, D)), rope, interpret)
+
     def impl(self):
         i = self.xcfg.dense_impl
         if i == "auto":
@@ -338,9 +369,14 @@ class DenseAttention(nnx.Module):
         _no_packed_cache(cache, segment_ids)
         if cache is not None and S == 1:
             t = cache.pos
-            q, k, v = self.project(x, t[:, None])
-            kv = cache_update.append_dense(cache.kv, t, k, v, fused_writes(self.xcfg.decode_impl))
-            o = dense_decode(q[:, 0], kv["k"], kv["v"], t, self.xcfg.decode_impl)
+            fused = fused_writes(self.xcfg.decode_impl)
+            if fused is not None and hasattr(self, "w_step"):
+                q, kv = self._step_fused(x, t, cache.kv, fused)
+            else:
+                q, k, v = self.project(x, t[:, None])
+                kv = cache_update.append_dense(cache.kv, t, k, v, fused)
+                q = q[:, 0]
+            o = dense_decode(q, kv["k"], kv["v"], t, self.xcfg.decode_impl)
             return self.wo(o.reshape(B, 1, -1)), dataclasses.replace(cache, kv=kv)
         q, k, v = self.project(x, positions)
         impl = self.impl()

@@ -69,7 +69,7 @@ def decoder_copy_bytes(model) -> int:
     weights = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model)))
     item = np.dtype(model.dtype).itemsize
     copy = 0 if model.dtype == jnp.float32 else weights * item // 4
-    return copy + sum((m.wq.kernel.size + m.wkv.kernel.size + m.wg.kernel.size) * item
+    return copy + sum(sum(p.kernel.size for p in m.step_projections()) * item
                       for _, m in nnx.iter_modules(model) if hasattr(m, "fuse_step_weights"))
 
 

@@ -539,6 +539,28 @@ def test_pallas_decode_path_with_fused_cache_writes_matches_reference(attention)
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
+def test_dense_pallas_step_gets_the_nsa_step_treatment(monkeypatch):
+    """The dense model's Pallas decode step projects with one fused matrix (``w_step``) and rotates
+    q and the key in the cache-write kernel, as NSA's does (``cache_update.append_dense_rows``,
+    traced once per layer); the reference path keeps the XLA projection and rotation. (Their
+    values agree: ``test_pallas_decode_path_with_fused_cache_writes_matches_reference``.)"""
+    from nsa_jax import cache_update
+    calls = []
+    real = cache_update.append_dense_rows
+    monkeypatch.setattr(cache_update, "append_dense_rows",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    mcfg = ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_groups=2, head_dim=8,
+                       mlp_hidden=64, attention="dense", init_std=0.3)
+    toks = jax.random.randint(jax.random.PRNGKey(4), (2, 12), 0, 97)
+    for impl, want in (("pallas", 2), ("reference", 0)):
+        calls.clear()
+        dec = Decoder(build_model(mcfg, NSAConfig(**SMALL), 0, ExecConfig(decode_impl=impl)), 2, 16)
+        dec.prefill(toks[:, :8])
+        dec.step(toks[:, 8])
+        assert len(calls) == want, impl
+        assert dec.step_graphdef.merge(dec.step_state).blocks[0].attn.w_step[...].shape == (32, 64)
+
+
 @pytest.mark.parametrize("dtype,fused", [("float32", False), ("bfloat16", False),
                                          ("float32", True), ("bfloat16", True)])
 def test_phi_emission_kernel_matches_compress_block(dtype, fused, monkeypatch):
