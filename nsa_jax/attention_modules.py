@@ -109,6 +109,25 @@ class Compressor(nnx.Module):
                               self.b1[...], self.w2[...], self.b2[...])
 
 
+def _in_projections(mcfg: ModelConfig, kv_outputs: int, rngs: nnx.Rngs):
+    """-> (compute dtype, wq, wkv) of an attention module: wkv has ``kv_outputs`` x G x D outputs
+    (dense: k, v; NSA: k and v of each of its three branches)."""
+    dt = DTYPES[mcfg.compute_dtype]
+    H, G, D, std = mcfg.n_heads, mcfg.n_kv_groups, mcfg.head_dim, mcfg.init_std
+    wq = nnx.Linear(mcfg.dim, H * D, use_bias=False, dtype=dt, kernel_init=_normal(std), rngs=rngs)
+    wkv = nnx.Linear(mcfg.dim, kv_outputs * G * D, use_bias=False, dtype=dt,
+                     kernel_init=_normal(std), rngs=rngs)
+    return dt, wq, wkv
+
+
+def _out_projection(mcfg: ModelConfig, rngs: nnx.Rngs):
+    """wo, its init scaled by 1 / sqrt(2 n_layers). (Each module draws its parameters' keys in
+    the order it always has: NSA wq, wkv, wg, φ, wo; dense wq, wkv, wo.)"""
+    return nnx.Linear(mcfg.n_heads * mcfg.head_dim, mcfg.dim, use_bias=False,
+                      dtype=DTYPES[mcfg.compute_dtype],
+                      kernel_init=_normal(mcfg.init_std / math.sqrt(2 * mcfg.n_layers)), rngs=rngs)
+
+
 class StepWeight(nnx.Variable):
     """A decode-step-only weight (:meth:`NSAAttention.fuse_step_weights`)."""
 
@@ -121,15 +140,11 @@ class NSAAttention(nnx.Module):
     def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs,
                  xcfg: ExecConfig | None = None):
         self.mcfg, self.ncfg, self.xcfg = mcfg, ncfg, xcfg or ExecConfig()
-        dt = DTYPES[mcfg.compute_dtype]
-        self.dtype = dt
-        H, G, D = mcfg.n_heads, mcfg.n_kv_groups, mcfg.head_dim
-        std = mcfg.init_std
-        self.wq = nnx.Linear(mcfg.dim, H * D, use_bias=False, dtype=dt, kernel_init=_normal(std),
-                             rngs=rngs)
         # k and v for each branch (cmp, slc, win): 6 * G * D outputs in one matmul
-        self.wkv = nnx.Linear(mcfg.dim, 6 * G * D, use_bias=False, dtype=dt,
-                              kernel_init=_normal(std), rngs=rngs)
+        self.dtype, self.wq, self.wkv = _in_projections(mcfg, 6, rngs)
+        dt = self.dtype
+        H, D = mcfg.n_heads, mcfg.head_dim
+        std = mcfg.init_std
         # gate logits [H, 3] flattened head-major; bias (cmp, slc, win) = model.gate_bias per head
         gate_b = jnp.tile(jnp.asarray(mcfg.gate_bias, jnp.float32), H)
         self.wg = nnx.Linear(mcfg.dim, H * 3, use_bias=True, dtype=dt, kernel_init=_normal(std),
@@ -137,8 +152,7 @@ class NSAAttention(nnx.Module):
         hidden = mcfg.phi_hidden or 4 * D
         self.phi_k = Compressor(ncfg, D, D, hidden, dt, rngs=rngs)
         self.phi_v = Compressor(ncfg, D, D, hidden, dt, rngs=rngs)
-        self.wo = nnx.Linear(H * D, mcfg.dim, use_bias=False, dtype=dt,
-                             kernel_init=_normal(std / math.sqrt(2 * mcfg.n_layers)), rngs=rngs)
+        self.wo = _out_projection(mcfg, rngs)
 
     def project_raw(self, x, positions):
         """Projections and RoPE, before φ: ``(q, k_c, v_c, k_s, v_s, k_w, v_w, gates)``.
@@ -309,16 +323,8 @@ class DenseAttention(nnx.Module):
 
     def __init__(self, mcfg: ModelConfig, *, rngs: nnx.Rngs, xcfg: ExecConfig | None = None):
         self.mcfg, self.xcfg = mcfg, xcfg or ExecConfig()
-        dt = DTYPES[mcfg.compute_dtype]
-        self.dtype = dt
-        H, G, D = mcfg.n_heads, mcfg.n_kv_groups, mcfg.head_dim
-        std = mcfg.init_std
-        self.wq = nnx.Linear(mcfg.dim, H * D, use_bias=False, dtype=dt, kernel_init=_normal(std),
-                             rngs=rngs)
-        self.wkv = nnx.Linear(mcfg.dim, 2 * G * D, use_bias=False, dtype=dt,
-                              kernel_init=_normal(std), rngs=rngs)
-        self.wo = nnx.Linear(H * D, mcfg.dim, use_bias=False, dtype=dt,
-                             kernel_init=_normal(std / math.sqrt(2 * mcfg.n_layers)), rngs=rngs)
+        self.dtype, self.wq, self.wkv = _in_projections(mcfg, 2, rngs)
+        self.wo = _out_projection(mcfg, rngs)
 
     def step_projections(self):
         """The projections the decode step runs as one matrix (``w_step``): wq, wkv."""
