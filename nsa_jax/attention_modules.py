@@ -340,8 +340,8 @@ class DenseAttention(nnx.Module):
     def _step_fused(self, x, t, kv: dict, interpret: bool):
         """The Pallas decode path's projections and cache write (x [B,1,dim] at positions t
         [B]), as NSA's: one matmul with ``w_step``, whose output the cache-write kernel reads in
-        place (``cache_write.Columns``), rotating the key and q at t itself. -> (q [B,H,D]
-        rotated, caches)."""
+        place (``cache_write.Columns``), rotating the key and q at t itself. -> (caches, q
+        [B,H,D] rotated)."""
         from nsa_jax.pallas.cache_write import Columns
         m = self.mcfg
         H, G, D = m.n_heads, m.n_kv_groups, m.head_dim
@@ -373,7 +373,7 @@ class DenseAttention(nnx.Module):
             t = cache.pos
             fused = fused_writes(self.xcfg.decode_impl)
             if fused is not None and hasattr(self, "w_step"):
-                q, kv = self._step_fused(x, t, cache.kv, fused)
+                kv, q = self._step_fused(x, t, cache.kv, fused)
             else:
                 q, k, v = self.project(x, t[:, None])
                 kv = cache_update.append_dense(cache.kv, t, k, v, fused)

@@ -62,12 +62,13 @@ def append_dense_rows(kv: dict, t, rows, q, rope, interpret: bool):
     """The Pallas decode path's dense write, as :func:`append_nsa`'s: ``rows`` [B,2,G,D] (or a
     ``pallas.cache_write.Columns`` of the step's fused projection) the token's un-rotated key
     and value, ``q`` [B,H,D] (or Columns) its un-rotated queries, ``rope`` = (cos, sin) [B, D/2]
-    at t: both writes and the rotations of the key and q in one kernel. -> (q rotated, caches)."""
+    at t: both writes and the rotations of the key and q in one kernel. -> (caches, q rotated),
+    as :func:`append_nsa` returns them."""
     from nsa_jax.pallas.cache_write import write_rows_pallas
     cos, sin = rope
     k, v, q = write_rows_pallas((kv["k"], kv["v"]), (rows, (0, 1)), (t, t), interpret=interpret,
                                 rope=(cos, sin, (0,)), q=q)
-    return q, dict(kv, k=k, v=v)
+    return dict(kv, k=k, v=v), q
 
 
 def fill_nsa(kv: dict, lengths, k_c, v_c, k_cmp, v_cmp, k_s, v_s, k_w, v_w) -> dict:
