@@ -92,6 +92,50 @@ def test_usr1_dump_never_kills_and_works_while_main_is_in_c_code(tmp_path):
         proc.communicate()
 
 
+# Threads outside Python get a thread state each time they call into it (PyGILState_Ensure, as
+# jax's C++ threads do); ctypes does the same for a callback run by a pthread it did not start.
+# A new state is listed before it is filled in, so a dump that walks the thread list without its
+# lock (faulthandler.dump_traceback) read a NULL frame pointer: CI's SIGSEGV in
+# test_faults.py::test_watchdog_heartbeat_usr1_and_abort. Here that crashed in 0.2-10 s.
+FOREIGN_CHILD = r'''
+import ctypes, os, sys, threading, time
+from nsa_jax.train.watchdog import _dump
+libc = ctypes.CDLL(None)
+callback = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(lambda _arg: None)
+
+def foreign_threads():
+    tid = ctypes.c_ulong()
+    while True:
+        assert libc.pthread_create(ctypes.byref(tid), None, callback, None) == 0
+        libc.pthread_join(tid, None)
+
+for _ in range(2):
+    threading.Thread(target=foreign_threads, daemon=True).start()
+n, t0 = 0, time.monotonic()
+with open(os.devnull, "w") as sink:
+    while time.monotonic() - t0 < float(sys.argv[1]):
+        _dump(sink, "stacks")
+        n += 1
+with open(sys.argv[2], "w") as f:
+    _dump(f, "last")
+print(n)
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pthreads through ctypes")
+def test_dump_survives_threads_entering_python_from_outside(tmp_path):
+    """Stack dumps back to back for 8 s while two pthreads a millisecond start, call into Python
+    and end: the process lives and every dump is whole."""
+    out = tmp_path / "last.txt"
+    proc = subprocess.run([sys.executable, "-c", FOREIGN_CHILD, "8", str(out)], cwd=ROOT,
+                          env=cli_env(tmp_path / "jax_cache"), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    assert int(proc.stdout) > 100
+    text = out.read_text()
+    assert text.startswith("last\n") and "in foreign_threads" in text and "in <module>" in text
+
+
 def test_watchdog_close_puts_usr1_back(tmp_path):
     """The nsa-stacks thread ends and the previous handler and wakeup fd are back; a handler
     and a wakeup fd set before get the signal (and its bytes) meanwhile. Made outside the main

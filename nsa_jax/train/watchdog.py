@@ -8,8 +8,9 @@
   every step cost ~1 ms here), so a reader never sees a mix of two records.
 * **Stacks on demand.** ``kill -USR1 <pid>`` appends a ``stacks on SIGUSR1`` line and every
   thread's Python stack to ``<run.dir>/stacks.txt`` (``stacks.<i>.txt``); the run goes on. The
-  signal only wakes a thread, ``nsa-stacks``, which writes the dump holding the GIL, so no other
-  thread can run, change its frames or exit meanwhile. It works even while the main thread is
+  signal only wakes a thread, ``nsa-stacks``, which reads every thread's frames holding the GIL
+  and the thread list's lock (``sys._current_frames``; ``faulthandler``'s dump takes no lock and
+  crashed, see :func:`_format_stacks`). It works even while the main thread is
   stuck inside a call that released the GIL (a device call, a collective, I/O; not a C extension
   spinning with the GIL held, which no Python thread can outwait): Python's C-level handler, run
   by whichever thread the kernel picked, writes the signal number to a ``signal.set_wakeup_fd``
@@ -35,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from nsa_jax.errors import EXIT_HUNG, os_reason
@@ -45,12 +47,32 @@ def _name(stem: str, ext: str, process_index: int) -> str:
     return f"{stem}.{ext}" if process_index == 0 else f"{stem}.{process_index}.{ext}"
 
 
+def _format_stacks() -> str:
+    """Every Python thread's stack, innermost frame first, in ``faulthandler``'s layout (plus
+    each thread's name). Read with ``sys._current_frames``, which holds the GIL and the thread
+    list's lock: ``faulthandler.dump_traceback(all_threads=True)`` walks that list without the
+    lock and crashed with SIGSEGV (CI, and ``tests/test_watchdog.py``) when a thread outside
+    Python (an XLA thread calling back into Python) was given its thread state at that moment,
+    because a new state is listed before it is filled in."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    out = []
+    for ident, frame in sys._current_frames().items():
+        name = f' "{names[ident]}"' if ident in names else ""
+        out.append(f"\n{'Current thread' if ident == me else 'Thread'} 0x{ident:016x}{name} "
+                   "(most recent call first):")
+        out += [f'  File "{fs.filename}", line {fs.lineno} in {fs.name}'   # no source lines
+                for fs in traceback.StackSummary.extract(traceback.walk_stack(frame),
+                                                         lookup_lines=False)]
+    return "\n".join(out) + "\n"
+
+
 def _dump(f, header: str) -> None:
     """``header`` and every thread's stack to the file ``f``."""
     try:
         f.write(header + "\n")
         f.flush()
-        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.write(_format_stacks())
         f.flush()
     except (OSError, ValueError):   # a full disk must not stop the abort
         pass
