@@ -118,7 +118,8 @@ with open(os.devnull, "w") as sink:
         n += 1
 with open(sys.argv[2], "w") as f:
     _dump(f, "last")
-print(n)
+print(n, flush=True)
+os._exit(0)          # no interpreter shutdown while the pthreads may be entering Python
 '''
 
 
