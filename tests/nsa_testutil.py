@@ -99,12 +99,12 @@ def rrmse(a, b) -> float:
 
 
 def fake_hopper(monkeypatch, cc="9.0"):
-    """Make ``mosaic_tiled.default_device`` a GPU of compute capability ``cc`` (CPU tests of the
+    """Make ``mosaic_common.default_device`` a GPU of compute capability ``cc`` (CPU tests of the
     Mosaic GPU dispatch and lowering)."""
     import types
-    from nsa_jax.pallas import mosaic_tiled
+    from nsa_jax.pallas import mosaic_common
     dev = types.SimpleNamespace(platform="gpu", compute_capability=cc, device_kind="fake GPU")
-    monkeypatch.setattr(mosaic_tiled, "default_device", lambda: dev)
+    monkeypatch.setattr(mosaic_common, "default_device", lambda: dev)
 
 
 def lowered_op(cfg, choices, B: int, T: int, Hq: int, G: int, D: int) -> str:

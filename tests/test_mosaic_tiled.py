@@ -19,6 +19,7 @@ import pytest
 from nsa_jax.nsa import KernelChoices, NSAConfig
 from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import BlockSizes
+from nsa_jax.pallas import mosaic_common as mc
 from nsa_jax.pallas import mosaic_tiled as mt
 from nsa_jax.pallas import mosaic_tiled_dkv as mtd
 from nsa_jax.pallas import mosaic_tiled_dq as mtq
@@ -80,18 +81,18 @@ def test_row_bias_is_each_rows_membership():
     rng = np.random.default_rng(0)
     idx = rng.integers(-1, Ts, size=(B, T, G, n)).astype(np.int32)
     idx[0, 3, 0, :] = 2                                   # one id five times
-    blocks, bcount, _, _ = tile_index(jnp.asarray(idx), T, CFG, mt.ROWS)
-    bias = np.asarray(mt.row_bias(words_by_tile(member_table(jnp.asarray(idx), T, CFG, mt.ROWS),
+    blocks, bcount, _, _ = tile_index(jnp.asarray(idx), T, CFG, mc.ROWS)
+    bias = np.asarray(mc.row_bias(words_by_tile(member_table(jnp.asarray(idx), T, CFG, mc.ROWS),
                                                 blocks)))
     blocks, bcount = np.asarray(blocks), np.asarray(bcount)
-    assert bias.shape == blocks.shape + (mt.ROWS,)
+    assert bias.shape == blocks.shape + (mc.ROWS,)
     checked = 0
     for b in range(B):
         for g in range(G):
-            for i in range(T // mt.ROWS):
+            for i in range(T // mc.ROWS):
                 for u in range(bcount[b, g, i]):
                     j = blocks[b, g, i, u]
-                    rows = idx[b, i * mt.ROWS:(i + 1) * mt.ROWS, g, :]
+                    rows = idx[b, i * mc.ROWS:(i + 1) * mc.ROWS, g, :]
                     want = np.where((rows == j).any(-1), 0.0, -np.inf)
                     np.testing.assert_array_equal(bias[b, g, i, u], want)
                     checked += 1
@@ -100,12 +101,12 @@ def test_row_bias_is_each_rows_membership():
 
 def test_mosaic_unsupported_names_each_reason(monkeypatch):
     q, k = S(1, 128, 4, 64), S(1, 128, 2, 64)
-    assert "GPU" in mt.mosaic_unsupported(q, k, k, CFG, None, True)
-    assert "Hopper" in mt.mosaic_unsupported(q, k, k, CFG, None, False)  # the CPU here
+    assert "GPU" in mc.mosaic_unsupported(q, k, k, CFG, None, True)
+    assert "Hopper" in mc.mosaic_unsupported(q, k, k, CFG, None, False)  # the CPU here
     fake_hopper(monkeypatch, cc="8.0")
-    assert "Hopper" in mt.mosaic_unsupported(q, k, k, CFG, None, False)
+    assert "Hopper" in mc.mosaic_unsupported(q, k, k, CFG, None, False)
     fake_hopper(monkeypatch)
-    assert mt.mosaic_unsupported(q, k, k, CFG, None, False) is None
+    assert mc.mosaic_unsupported(q, k, k, CFG, None, False) is None
     cases = {
         "bf16/fp16": (S(1, 128, 4, 64, dtype=jnp.float32), k, k, CFG, None),
         "head dims": (S(1, 128, 4, 32), S(1, 128, 2, 32), S(1, 128, 2, 32), CFG, None),
@@ -115,7 +116,7 @@ def test_mosaic_unsupported_names_each_reason(monkeypatch):
         "unpacked": (q, k, k, CFG, object()),
     }
     for want, args in cases.items():
-        why = mt.mosaic_unsupported(*args, False)
+        why = mc.mosaic_unsupported(*args, False)
         assert why is not None and want in why, (want, why)
 
 
@@ -192,10 +193,10 @@ def test_backward_hands_its_index_to_the_other_kernels():
         assert height == bq and seen["seg"] is None
         want = tile_lists(idx, T, CFG, bq, None)
         assert jax.tree.all(jax.tree.map(lambda a, b_: bool(jnp.array_equal(a, b_)), built, want))
-        got = mt.index_lists(idx, T, CFG, None, seen["lists"])
-        assert (got is built) == (bq == mt.ROWS)
-        if bq != mt.ROWS:   # built at 64 rows instead
-            assert got[0][0].shape[2] == T // mt.ROWS
+        got = mc.index_lists(idx, T, CFG, None, seen["lists"])
+        assert (got is built) == (bq == mc.ROWS)
+        if bq != mc.ROWS:   # built at 64 rows instead
+            assert got[0][0].shape[2] == T // mc.ROWS
 
 
 @pytest.mark.parametrize("key", ["sel_tiled_fwd", "sel_tiled_dq", "sel_tiled_dkv"])
@@ -206,7 +207,7 @@ def test_kernel_choices_reject_unknown_tiled_backend(key):
 
 # ---- GPU (compiled on a Hopper GPU) -------------------------------------------------------------
 def _require_hopper(T, Hq, G, D):
-    require_hopper(mt.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG,
+    require_hopper(mc.mosaic_unsupported(S(1, T, Hq, D), S(1, T, G, D), S(1, T, G, D), CFG,
                                          None, False))
 
 
@@ -387,7 +388,7 @@ def test_walk_masks_exactly_the_steps_that_need_it(per):
         steps = 8
         def step(u, carry, masked):
             return carry.at[u].add(jnp.where(masked, 1, 10))
-        return mt.walk(step, jnp.zeros(steps, jnp.int32), nedge if window else None, nfull,
+        return mc.walk(step, jnp.zeros(steps, jnp.int32), nedge if window else None, nfull,
                        count, per)
 
     blocks = jnp.arange(100, 108, dtype=jnp.int32)[None, None, None]
@@ -407,19 +408,19 @@ def test_walk_masks_exactly_the_steps_that_need_it(per):
                         assert got[u] == (10 if whole else 1), (count, nfull, nedge, u, got)
                     if count:
                         for u in range(steps):
-                            js = [int(j) for j in mt.step_blocks(blocks, 0, 0, 0, u, per,
+                            js = [int(j) for j in mc.step_blocks(blocks, 0, 0, 0, u, per,
                                                                  jnp.int32(count))]
-                            want = [100 + i if i < count else mt.FAR
+                            want = [100 + i if i < count else mc.FAR
                                     for i in range(u * per, u * per + per)]
                             assert js == want, (count, u, js)
 
 
 def test_mosaic_dq_lowers_with_two_blocks_per_step():
-    """``dq_call(per=2)`` (measured on the GPU, not taken: ``mosaic_tiled.blocks_per_step``)
+    """``dq_call(per=2)`` (measured on the GPU, not taken: ``mosaic_common.blocks_per_step``)
     still lowers for CUDA within shared memory at 64-wide heads, to another kernel than per=1;
     other step widths are refused (the masks tell two column halves apart)."""
     B, T, G, h, D = 1, 512, 2, 6, 64
-    lists = mt.selection_lists(jnp.zeros((B, T, G, 16), jnp.int32), T, CFG, None)
+    lists = mc.selection_lists(jnp.zeros((B, T, G, 16), jnp.int32), T, CFG, None)
     shapes = (S(B, T, G * h, D), S(B, T, G, D), S(B, T, G, D), S(B, T, G * h, D),
               S(B, G * h, 3, T, dtype=jnp.float32))
 

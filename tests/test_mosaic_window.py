@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from nsa_jax.nsa import KernelChoices, NSAConfig, semantics
-from nsa_jax.pallas import mosaic_tiled as mt
+from nsa_jax.pallas import mosaic_common as mc
 from nsa_jax.pallas import mosaic_window as mw
 from nsa_jax.pallas.window import window_attention
 from nsa_testutil import (assert_rrmse_within, fake_hopper, lowered_op, random_inputs,
                           require_hopper, rrmse)
 
-ROWS, KEYS = mt.ROWS, mt.KEYS
+ROWS, KEYS = mc.ROWS, mc.KEYS
 
 
 def S(*shape, dtype=jnp.bfloat16):
@@ -61,7 +61,7 @@ def test_window_lists_cover_the_window_from_both_sides(T, window):
     got = np.zeros((T, T), bool)
     for i in range(nqt):
         rows = np.arange(i * ROWS, (i + 1) * ROWS)
-        edge = int(mt.edge_count(jnp.int32(i), window))
+        edge = int(mc.edge_count(jnp.int32(i), window))
         listed = blocks[i, :bcount[i]]
         assert (np.diff(listed) == 1).all() and listed[-1] == i
         for u, j in enumerate(listed):

@@ -29,8 +29,8 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import LOG2E, NEG_INF
-from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, index_lists, no_interpret, plgpu_module,
-                                         row_bias, row_vectors, smem_tiles)
+from nsa_jax.pallas.mosaic_common import (KEYS, ROWS, index_lists, no_interpret, plgpu_module,
+                                          row_bias, row_vectors, smem_tiles)
 from nsa_jax.pallas.tiled_index import diagonal_counts, words_by_block
 
 
@@ -253,7 +253,7 @@ def sel_tiled_bwd_dkv_mosaic(q, k, v, idx, do, gs, lse, delta, cfg: NSAConfig, s
     from the forward's base-2 ``lse`` and ``delta = gs * rowsum(o * do)`` (``gs`` None: lse and
     delta with the gate folded in, ``common.fold_gate``); one CTA per (group,
     key block, batch row) over the block's 64-row tile list (``tiled_index.tile_index``;
-    ``lists`` as ``mosaic_tiled.index_lists`` takes them)."""
+    ``lists`` as ``mosaic_common.index_lists`` takes them)."""
     no_interpret(interpret, "sel_tiled_bwd_dkv_mosaic")
     T = q.shape[1]
     (_, _, tiles, tcount), table = index_lists(idx, T, cfg, seg, lists)

@@ -12,7 +12,7 @@ shared memory. The window branch (``mosaic_window``) runs the same kernel on its
 
 Measured on an H100 (bench/NOTES.md, thirty-first session): -19 to -20% against the Triton dQ at
 the bench heads (128 wide), +6% at the 125M heads (64 wide); hence
-``mosaic_tiled.AUTO_MIN_HEAD_DIM``.
+``mosaic_common.AUTO_MIN_HEAD_DIM``.
 """
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ from jax.experimental import pallas as pl
 
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.pallas.common import LOG2E, cdiv
-from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, STAGES, check_per, edge_count, launch,
-                                         list_operands, logits, no_interpret, plgpu_module,
-                                         produce, program, ring_scratch, ring_stages,
-                                         row_vectors, rows_vec, selection_lists, slot_bias,
+from nsa_jax.pallas.mosaic_common import (KEYS, ROWS, STAGES, check_per, edge_count, launch,
+                                          list_operands, logits, no_interpret, plgpu_module,
+                                          produce, program, ring_scratch, ring_stages,
+                                          row_vectors, rows_vec, selection_lists, slot_bias,
                                          smem_tiles, split_refs, step_blocks, turns, wait_all,
                                          walk)
 
@@ -111,8 +111,8 @@ def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref,
 def dq_call(q, k, v, do, rv, lists, scale: float, *, stages: int, name: str,
             window: int | None = None, per: int = 1):
     """Launch the dQ kernel on 64-row tile ``lists`` (as ``mosaic_tiled.forward_call``, with
-    ``per`` listed blocks per step: 1 everywhere today, ``mosaic_tiled.blocks_per_step`` says
-    why) with the rows' [B,Hq,3,T] vectors ``rv`` (``mosaic_tiled.row_vectors``) -> dQ float32
+    ``per`` listed blocks per step: 1 everywhere today, ``mosaic_common.blocks_per_step`` says
+    why) with the rows' [B,Hq,3,T] vectors ``rv`` (``mosaic_common.row_vectors``) -> dQ float32
     [B,T,Hq,Dk]."""
     check_per(per)
     plgpu = plgpu_module()

@@ -7,7 +7,7 @@ With 64-row query tiles, 64-key blocks and w a multiple of 64, query tile i sees
 i - w/64 .. i (fewer near the start): the first of them (when i >= w/64) only through the window's
 lower edge (key > row - w: a strict upper triangle of the pair), the last through the causal
 diagonal (key <= row), and every block between them whole. The kernels walk each list in three
-runs (``mosaic_tiled.walk``: masked, unmasked, masked); the dK/dV kernel walks block j's tiles
+runs (``mosaic_common.walk``: masked, unmasked, masked); the dK/dV kernel walks block j's tiles
 j .. j + w/64 the same way from the other side (its own tile causal first, the tile where the
 window opens last). The lists are a function of the shape alone (:func:`window_lists`), built in
 XLA as constants: no index, no membership table, no bias loads.
@@ -15,7 +15,7 @@ XLA as constants: no index, no membership table, no bias loads.
 :func:`window_attention_mosaic` is the branch with its own VJP: forward (o in q's dtype and the
 base-2 lse), then dQ and dK/dV from the saved lse with delta = rowsum(o * dO). Picked by
 ``KernelChoices.win_attn`` ("mosaic"; ``window.window_attention``) where
-:func:`window_unsupported` allows: ``mosaic_tiled.operands_unsupported`` (Hopper, bf16/fp16, head
+:func:`window_unsupported` allows: ``mosaic_common.operands_unsupported`` (Hopper, bf16/fp16, head
 dims 64 / 128, even h, T % 64 = 0) and w a multiple of 64. Unpacked rows only (packed documents
 run the document-local kernel).
 
@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nsa_jax.pallas.mosaic_tiled import (KEYS, ROWS, STAGES, forward_call, operands_unsupported,
-                                         row_vectors)
+from nsa_jax.pallas.mosaic_common import KEYS, ROWS, STAGES, operands_unsupported, row_vectors
+from nsa_jax.pallas.mosaic_tiled import forward_call
 from nsa_jax.pallas.mosaic_tiled_dkv import dkv_call
 from nsa_jax.pallas.mosaic_tiled_dq import dq_call, dq_stages
 
@@ -53,7 +53,7 @@ def window_lists(B: int, G: int, T: int, window: int):
     -> (fwd, bwd), L = min(nw, nqt - 1) + 1. fwd = (blocks [B,G,nqt,L], bcount [B,G,nqt], nfull [B,G,nqt], None): tile
     i lists blocks i - c + 1 .. i, c = min(i, nw) + 1 (nw = w / 64), the first c - 1 of them
     before the tile's first query (nfull; the kernels mask the first one as well when i >= nw,
-    ``mosaic_tiled.edge_count``). bwd = (tiles [B,G,nqt,L], tcount [B,G,nqt], ndiag, nlate,
+    ``mosaic_common.edge_count``). bwd = (tiles [B,G,nqt,L], tcount [B,G,nqt], ndiag, nlate,
     None): block j lists tiles j .. j + c - 1, c = min(nqt - 1 - j, nw) + 1; the first is its
     diagonal (ndiag = 1), and from nlate on (the last, when j + nw < nqt) the window's edge.
     Entries past a count are padding (nqt), never read."""

@@ -41,7 +41,7 @@ from nsa_jax.pallas.scoring import cmp_block_scores
 from nsa_jax.pallas.selection import atomic_mode, sel_backward, sel_forward
 from nsa_jax.pallas.selection_block import sel_backward_block, sel_forward_block
 from nsa_jax.pallas.selection_tiled import sel_tiled_backward, sel_tiled_forward
-from nsa_jax.pallas import mosaic_tiled, mosaic_tiled_dkv, mosaic_tiled_dq
+from nsa_jax.pallas import mosaic_common, mosaic_tiled, mosaic_tiled_dkv, mosaic_tiled_dq
 from nsa_jax.pallas.topn import topn_pallas
 from nsa_jax.pallas.window import window_attention, xla_precision
 
@@ -121,14 +121,14 @@ def tiled_backend(key: str, choices: KernelChoices | None, q, k, v, cfg: NSAConf
                   interpret: bool) -> str:
     """``KernelChoices.<key>`` (``sel_tiled_fwd``, ``sel_tiled_dq``, ``sel_tiled_dkv``) resolved
     for these operands: "mosaic" or "triton". "auto" takes the Mosaic GPU kernel where it runs
-    (``mosaic_tiled.mosaic_unsupported``) and was measured faster (``mosaic_tiled.
+    (``mosaic_common.mosaic_unsupported``) and was measured faster (``mosaic_common.
     AUTO_MIN_HEAD_DIM``: the forward and dQ at 128-wide heads, dK/dV at 64 and 128); an
     explicit "mosaic" where it cannot run is one error naming the key and the reason."""
     want = getattr(choices_or_default(choices), key)
     if want == "triton":
         return "triton"
-    why = mosaic_tiled.mosaic_unsupported(q, k, v, cfg, seg, interpret)
-    if why is None and (want == "mosaic" or q.shape[-1] >= mosaic_tiled.AUTO_MIN_HEAD_DIM[key]):
+    why = mosaic_common.mosaic_unsupported(q, k, v, cfg, seg, interpret)
+    if why is None and (want == "mosaic" or q.shape[-1] >= mosaic_common.AUTO_MIN_HEAD_DIM[key]):
         return "mosaic"
     if want == "mosaic":
         raise ValueError(f"kernel.{key}: 'mosaic' cannot run here: {why}; use 'triton' or "
