@@ -100,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The CLI (module docstring), with stdout and stderr that outlive their reader
+    (:mod:`nsa_jax.train.streams`: a preempted ``train | tee`` still saves its checkpoint)."""
+    from nsa_jax.train.streams import outliving_streams
+
+    with outliving_streams():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, status = parse_args(build_parser(), argv)
     if args is None:

@@ -17,6 +17,7 @@ from the main thread; elsewhere (``train()`` called from a thread) signals keep 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -42,9 +43,11 @@ class GracefulStop:
         self.signum = signum
         for s in self._previous:        # a second signal: the default action, at once
             signal.signal(s, signal.SIG_DFL)
-        # os.write: safe even if the main thread was interrupted inside a print
-        os.write(2, f"received {signal.Signals(signum).name}: finishing the current step, then "
-                    f"writing a checkpoint (send it again to exit at once)\n".encode())
+        # os.write: safe even if the main thread was interrupted inside a print; a reader gone
+        # (``train | tee`` preempted as a group) must not turn the stop into an error
+        with contextlib.suppress(OSError):
+            os.write(2, f"received {signal.Signals(signum).name}: finishing the current step, "
+                        f"then writing a checkpoint (send it again to exit at once)\n".encode())
 
     def requested(self) -> bool:
         """This process got a signal (no communication)."""
