@@ -217,3 +217,31 @@ def test_watchdog_that_fails_to_start_puts_usr1_back(tmp_path, monkeypatch):
     assert signal.getsignal(signal.SIGUSR1) == before
     assert not [t for t in threading.enumerate() if t.name == "nsa-stacks"]
     assert signal.set_wakeup_fd(-1) == -1
+
+
+# A run that hangs on its stderr: a pipe whose reader stopped reading fills, and the next write
+# blocks for good (here the main thread's; a warning or log line in a real run).
+STDERR_CHILD = r'''
+import sys
+from nsa_jax.train.watchdog import Watchdog
+w = Watchdog(1.0, sys.argv[1])
+w.beat("step 7")
+while True:
+    sys.stderr.write("x" * 1000 + "\n")
+'''
+
+
+def test_watchdog_aborts_a_run_hung_on_its_stderr(tmp_path):
+    """The abort writes the stacks file first and gives stderr a bounded wait: exit 3 within
+    seconds (before, the watchdog thread blocked on the full pipe with the main thread and the
+    process lived on)."""
+    proc = subprocess.Popen([sys.executable, "-c", STDERR_CHILD, str(tmp_path)], cwd=ROOT,
+                            env=cli_env(tmp_path / "jax_cache"), stderr=subprocess.PIPE)
+    try:                              # stderr is never read
+        rc = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert rc == 3
+    text = (tmp_path / "stacks.txt").read_text()
+    assert "error: run.watchdog_s: no progress" in text and "in <module>" in text

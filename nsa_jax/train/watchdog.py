@@ -23,8 +23,9 @@
   either: threads started before (jax/XLA's) leave it unblocked, and the kernel hands it to them.
 * **Watchdog.** With ``run.watchdog_s > 0``, a thread checks the time since the last beat; after
   ``watchdog_s`` seconds without one it writes ``error: run.watchdog_s: no progress for ...`` and
-  every thread's stack to stderr and to the stacks file, then ends the process with status 3.
-  Checkpoints already written stay valid; resume from the newest one.
+  every thread's stack to the stacks file and to stderr, then ends the process with status 3,
+  also when stderr itself is what hangs (:meth:`Watchdog._abort_dump`). Checkpoints already
+  written stay valid; resume from the newest one.
 """
 from __future__ import annotations
 
@@ -36,11 +37,13 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 from nsa_jax.errors import EXIT_HUNG, os_reason
 from nsa_jax.train.errors import WriteFailed
+
+
+ABORT_STDERR_S = 5.0    # how long the watchdog's abort waits for its stderr dump
 
 
 def _name(stem: str, ext: str, process_index: int) -> str:
@@ -53,7 +56,8 @@ def _format_stacks() -> str:
     list's lock: ``faulthandler.dump_traceback(all_threads=True)`` walks that list without the
     lock and crashed with SIGSEGV (CI, and ``tests/test_watchdog.py``) when a thread outside
     Python (an XLA thread calling back into Python) was given its thread state at that moment,
-    because a new state is listed before it is filled in."""
+    because a new state is listed before it is filled in. Frames are walked by hand: no source
+    lines, no ``linecache`` (whose cache other threads may change meanwhile)."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
     out = []
@@ -61,9 +65,10 @@ def _format_stacks() -> str:
         name = f' "{names[ident]}"' if ident in names else ""
         out.append(f"\n{'Current thread' if ident == me else 'Thread'} 0x{ident:016x}{name} "
                    "(most recent call first):")
-        out += [f'  File "{fs.filename}", line {fs.lineno} in {fs.name}'   # no source lines
-                for fs in traceback.StackSummary.extract(traceback.walk_stack(frame),
-                                                         lookup_lines=False)]
+        while frame is not None:
+            code = frame.f_code
+            out.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
+            frame = frame.f_back
     return "\n".join(out) + "\n"
 
 
@@ -234,10 +239,23 @@ class Watchdog:
             idle = time.monotonic() - self._last
             if idle > self.timeout_s:
                 where = f" (also in {self.stacks_path})" if self.stacks_path else ""
-                self.dump_stacks(f"error: run.watchdog_s: no progress for {idle:.0f}s (last: "
-                                 f"{self.where}); aborting; the stacks of all threads "
-                                 f"follow{where}")
-                os._exit(EXIT_HUNG)
+                try:
+                    self._abort_dump(f"error: run.watchdog_s: no progress for {idle:.0f}s (last: "
+                                     f"{self.where}); aborting; the stacks of all threads "
+                                     f"follow{where}")
+                finally:
+                    os._exit(EXIT_HUNG)
+
+    def _abort_dump(self, header: str) -> None:
+        """The abort's dump: the stacks file first, then stderr from a helper thread given
+        ``ABORT_STDERR_S`` seconds. A run can hang *on* stderr (a pipe whose reader stopped
+        reading, or a main thread stuck inside a write to it, holding the stream's lock); the
+        abort must not wait on it."""
+        self.dump_stacks(header, stderr=False)
+        t = threading.Thread(target=_dump, args=(sys.stderr, header), name="nsa-watchdog-stderr",
+                             daemon=True)
+        t.start()
+        t.join(ABORT_STDERR_S)
 
     def close(self) -> None:
         self._stop.set()
