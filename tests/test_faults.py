@@ -282,9 +282,11 @@ def test_kill9_mid_checkpoint_random_kill_and_second_signal(tmp_path, cache_dir,
     assert complete_steps(run) == [s for s in (5, 10, 15) if s <= hang]
     assert any(n.startswith(f"{hang + 5}.") for n in partial), partial  # left half-written
 
-    # 2. resume (the partial one is never chosen), kill -9 at a random later step
-    c = Child(tmp_path, "b", DELAY, args + ["run.resume=true"], cache_dir)
+    # 2. resume (the partial one is never chosen), kill -9 at a random later step; the read for
+    # step kill_at + 2 never returns, so the run cannot end (checkpoint 30) before the kill
     kill_at = rnd.randint(hang + 2, 27)
+    c = Child(tmp_path, "b", {"stall_train_batch": kill_at + 2 - hang, **DELAY},
+              args + ["run.resume=true"], cache_dir)
     c.wait_for(lambda: c.step() >= kill_at, f"step {kill_at}")
     os.kill(c.proc.pid, signal.SIGKILL)
     assert c.finish() == -signal.SIGKILL
@@ -507,8 +509,9 @@ def test_stalled_read_signal_then_timeout_then_resume(tmp_path, capfd, monkeypat
     (status 0); with train.data_timeout_s the stall itself stops it after a checkpoint
     (status 1); the resumed run ends as an uninterrupted one."""
     from nsa_jax.data import synthetic
+    from nsa_jax.train.watchdog import Watchdog
 
-    release = threading.Event()
+    release, step_6_done = threading.Event(), threading.Event()
     real = synthetic.SyntheticSource.next_rows
     plan = {"calls": 0, "stall_at": 7, "signal": True}
 
@@ -516,13 +519,21 @@ def test_stalled_read_signal_then_timeout_then_resume(tmp_path, capfd, monkeypat
         if self.split_id == 1:
             plan["calls"] += 1
             if plan["calls"] == plan["stall_at"]:
-                if plan["signal"]:          # from this (prefetch) thread, while the loop waits
-                    time.sleep(0.3)
+                if plan["signal"]:          # from this (prefetch) thread, once step 6 is done
+                    assert step_6_done.wait(60)     # (a fixed sleep lost to a slow step 5)
                     os.kill(os.getpid(), signal.SIGTERM)
                 release.wait(60)
         return real(self, count)
 
+    real_beat = Watchdog.beat
+
+    def beat(self, where="", step=None):
+        real_beat(self, where, step)
+        if where == "step 6":
+            step_6_done.set()
+
     monkeypatch.setattr(synthetic.SyntheticSource, "next_rows", next_rows)
+    monkeypatch.setattr(Watchdog, "beat", beat)
     run = tmp_path / "run"
     previous = signal.getsignal(signal.SIGTERM)
     try:

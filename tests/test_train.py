@@ -25,6 +25,7 @@ from nsa_jax.config import load_config
 from nsa_jax.train.cli import main
 from nsa_jax.train.metrics import MetricsLog, read_metrics
 from nsa_testutil import cli_env
+from test_faults import DRIVER
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -416,8 +417,10 @@ def test_metrics_truncate_after(tmp_path):
 
 # ---- kill -9 and resume: the loss sequence is bit-identical ------------------------------------
 def test_kill9_resume_bit_identical(tmp_path, compile_cache):
-    """20 steps, a checkpoint every 5: killed right after checkpoint 10 is written (the run
-    goes on until the kill), resumed from its newest checkpoint to the end."""
+    """20 steps, a checkpoint every 5: killed right after checkpoint 10 is written, resumed from
+    its newest checkpoint to the end. The killed run's 13th train batch never comes
+    (``test_faults.DRIVER``), so the kill always lands before the run could finish (a run left
+    free reached step 20 ~0.2 s after checkpoint 10, inside a slow poll)."""
     common = ["--config", TINY, *SMALL, "train.steps=20", "train.log_every=1",
               "train.ckpt_every=5", "train.eval_every=10", "train.eval_batches=1"]
     full = cli(common + [f"run.dir={tmp_path / 'full'}"], compile_cache)
@@ -425,7 +428,8 @@ def test_kill9_resume_bit_identical(tmp_path, compile_cache):
 
     run = tmp_path / "killed"
     log = open(tmp_path / "killed.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "nsa_jax.train", *common, f"run.dir={run}"],
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps({"stall_train_batch": 13}),
+                             *common, f"run.dir={run}"],
                             cwd=ROOT, env=cli_env(compile_cache), stdout=log, stderr=log)
     deadline = time.monotonic() + 240
     try:
