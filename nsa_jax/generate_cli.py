@@ -21,16 +21,19 @@ The context is ``--max-len`` tokens per row (prompt + new), by default the run's
 ``data.seq_len``. Bad input (arguments, an empty prompts file, a prompt longer than the context,
 prompt + new tokens past it, caches or prefill too large for memory, a missing or incompatible
 checkpoint, an unknown tokenizer) prints one line ``error: ...`` naming the argument on stderr,
-writes nothing to stdout and exits with status 2.
+writes nothing to stdout and exits with status 2. When stdout's reader goes away
+(``... | head``) it stops generating and exits with status 1, without a message
+(:mod:`nsa_jax.streams`).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from nsa_jax.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, OneLineParser, one_line,
-                            parse_args, report)
+from nsa_jax.errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, OneLineParser,
+                            one_line, parse_args, report)
 from nsa_jax.generate import Timing
+from nsa_jax.streams import to_devnull
 from nsa_jax.request import GiB, HARD_MAX_LEN, RequestError
 
 
@@ -212,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         return EXIT_INTERRUPTED
+    except BrokenPipeError:       # stdout's reader is gone (``... | head``): stop, quietly
+        to_devnull(sys.stdout)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

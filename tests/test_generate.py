@@ -328,3 +328,23 @@ def test_load_run_reports_the_step_it_fell_back_to(tiny_run, tmp_path, capsys):
     assert loaded.step == 2 and nsa_jax.load_run(tiny_run).step == 2
     err = capsys.readouterr().err
     assert "falling back to step 2" in err and first in err
+
+
+def test_cli_stops_quietly_when_stdout_reader_is_gone(tiny_run, tmp_path):
+    """``generate ... | head``: stdout's pipe is closed before anything is written; the first
+    write stops the run with status 1 and nothing on stderr but the CLI's own lines (before:
+    a BrokenPipeError traceback)."""
+    import os
+    from nsa_testutil import cli_env
+
+    r, w = os.pipe()
+    os.close(r)                                    # the reader is gone before the first write
+    try:
+        proc = subprocess.run([sys.executable, "-m", "nsa_jax.generate", "--checkpoint",
+                               str(tiny_run), "--prompt", "The history", "--max-new-tokens", "8",
+                               "--temperature", "0"], cwd=REPO, env=cli_env(tmp_path / "cache"),
+                              stdout=w, stderr=subprocess.PIPE, text=True, timeout=600)
+    finally:
+        os.close(w)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "Error" not in proc.stderr, proc.stderr

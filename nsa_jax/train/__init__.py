@@ -8,9 +8,9 @@ policy), ``step`` (jitted train/eval steps), ``optim`` (AdamW, schedule, decay m
 (orbax manager), ``recovery`` (resume with fall-back past corrupt checkpoints), ``checksum``
 (exact array checksums in each checkpoint), ``inference`` (``load_for_inference``), ``metrics``
 (jsonl, TensorBoard, log lines), ``env`` (env.json), ``feed`` (bounded waits for batches, data
-failures), ``signals`` (SIGTERM/SIGINT: checkpoint and exit 0), ``streams`` (stdout/stderr
-that outlive their reader), ``watchdog`` (heartbeat, SIGUSR1 stacks, hang abort), ``files``
-(atomic small files), ``errors`` (exceptions and their exit statuses). The progress display is :mod:`nsa_jax.progress`.
+failures), ``signals`` (SIGTERM/SIGINT: checkpoint and exit 0), ``watchdog`` (heartbeat,
+SIGUSR1 stacks, hang abort), ``files`` (atomic small files), ``errors`` (exceptions and their
+exit statuses). The progress display is :mod:`nsa_jax.progress`.
 
     from nsa_jax.train import load_for_inference
     cfg, model = load_for_inference("runs/tiny-20250101-120000")

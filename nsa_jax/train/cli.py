@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """The CLI (module docstring), with stdout and stderr that outlive their reader
-    (:mod:`nsa_jax.train.streams`: a preempted ``train | tee`` still saves its checkpoint)."""
-    from nsa_jax.train.streams import outliving_streams
+    (:mod:`nsa_jax.streams`: a preempted ``train | tee`` still saves its checkpoint)."""
+    from nsa_jax.streams import outliving_streams
 
     with outliving_streams():
         return _main(argv)

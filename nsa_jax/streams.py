@@ -1,4 +1,4 @@
-"""stdout and stderr that outlive their reader, for the training CLI.
+"""stdout and stderr that outlive their reader (the command lines).
 
 A run is often watched through a pipe (``python -m nsa_jax.train ... 2>&1 | tee log``), and a
 scheduler that preempts it sends SIGTERM to the whole process group: ``tee`` dies with it, and
@@ -12,6 +12,11 @@ its pipe broken points the stream's file descriptor at ``/dev/null`` (so later w
 anywhere in the process, ``os.write`` and C code included, go there too) and carries on: the
 run finishes its step, writes its checkpoint and exits as it would have. Its record is in the
 run directory (``metrics.jsonl``, checkpoints), which does not depend on the pipe.
+
+``python -m nsa_jax.generate ... | head`` is the other case: there the output *is* the product,
+so the generator stops at the first broken write and exits quietly with status 1, as Python's
+documentation recommends for EPIPE (:func:`to_devnull` keeps the interpreter's last flush from
+printing a second error).
 """
 from __future__ import annotations
 
@@ -21,6 +26,16 @@ import os
 import sys
 
 
+def to_devnull(stream) -> None:
+    """Point ``stream``'s file descriptor at /dev/null (nothing for a stream without one)."""
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation, AttributeError):
+        fd = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(fd, stream.fileno())
+        finally:
+            os.close(fd)
+
+
 class _Outliving:
     """A text stream whose writes never raise ``BrokenPipeError`` (module docstring)."""
 
@@ -28,12 +43,7 @@ class _Outliving:
         self._stream = stream
 
     def _to_devnull(self) -> None:
-        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation, AttributeError):
-            fd = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(fd, self._stream.fileno())
-            finally:
-                os.close(fd)
+        to_devnull(self._stream)
 
     def write(self, text: str) -> int:
         try:
