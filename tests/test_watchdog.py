@@ -245,3 +245,41 @@ def test_watchdog_aborts_a_run_hung_on_its_stderr(tmp_path):
     assert rc == 3
     text = (tmp_path / "stacks.txt").read_text()
     assert "error: run.watchdog_s: no progress" in text and "in <module>" in text
+
+
+# The training loop's pair: a GracefulStop whose signals the Watchdog's thread also sees, and a
+# main thread blocked in C code (a long compile, a hung collective) when both signals come.
+TWICE_CHILD = r'''
+import ctypes, sys
+from nsa_jax.train.signals import GracefulStop
+from nsa_jax.train.watchdog import Watchdog
+w = Watchdog(0, sys.argv[1])
+stop = GracefulStop()
+assert w.on_signals(stop.woken)
+mutex = ctypes.create_string_buffer(64)
+lock = ctypes.CDLL(None).pthread_mutex_lock
+lock(mutex)
+print("stuck", flush=True)
+lock(mutex)                                          # never returns
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mutex, Linux signals")
+def test_second_sigterm_while_main_is_blocked_exits_at_once(tmp_path):
+    """One SIGTERM to a main thread stuck in C code waits (the graceful stop runs when it is
+    back); a second one ends the process at once with status 143 (before: it waited too)."""
+    proc = subprocess.Popen([sys.executable, "-c", TWICE_CHILD, str(tmp_path)], cwd=ROOT,
+                            env=cli_env(tmp_path / "jax_cache"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "stuck\n", proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.poll() is None                    # the first one only asks
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=20)
+        assert rc == 128 + signal.SIGTERM
+        assert "received SIGTERM again: exiting at once" in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.communicate()

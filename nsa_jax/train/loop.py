@@ -103,6 +103,7 @@ class Trainer:
         """Watchdog, initial state, the start lines, compilation and the hooks."""
         s, t, cfg = self.s, self.s.cfg.train, self.s.cfg
         self.watchdog = Watchdog(cfg.run.watchdog_s, s.run_dir, s.pidx, armed=False)
+        self.watchdog.on_signals(self.stop.woken)   # a second signal while blocked in C code
         self.watchdog.beat("compiling", step=s.step)
         state = s.state
         if state is None:

@@ -8,8 +8,12 @@ complete and returns normally, so the CLI exits with status 0 (preemption-safe).
 The handler then puts back the default action of both signals, so a second one ends the process
 at once -- also while the main thread is blocked in a device call or a checkpoint write --
 with the signal's status (143 for SIGTERM, 130 for SIGINT in a shell; -15 / -2 from
-``subprocess``). A checkpoint being written at that moment stays incomplete and is never
-chosen on resume.
+``subprocess``). Python runs the handler only when the main thread is back in Python, so two
+signals that both arrive during one blocking call (a long compile, a hung collective) would
+otherwise wait for it: the watchdog's ``nsa-stacks`` thread sees each signal as it arrives
+(:meth:`GracefulStop.woken`) and on the second one ends the process with status 128 + the
+signal's number (143 / 130, from ``subprocess`` too). A checkpoint being written at that
+moment stays incomplete and is never chosen on resume.
 
 Multi-process runs agree on stopping at log steps (``train.log_every``): the flag of every
 process is gathered there, so all processes save the same step. Handlers can only be installed
@@ -30,6 +34,7 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class GracefulStop:
     def __init__(self):
         self.signum: int | None = None
+        self._woken = 0
         self._previous: dict = {}
         if threading.current_thread() is threading.main_thread():
             for s in SIGNALS:
@@ -48,6 +53,21 @@ class GracefulStop:
         with contextlib.suppress(OSError):
             os.write(2, f"received {signal.Signals(signum).name}: finishing the current step, "
                         f"then writing a checkpoint (send it again to exit at once)\n".encode())
+
+    def woken(self, signum: int) -> None:
+        """One signal as it arrives (``Watchdog.on_signals``: a byte Python's C-level handler
+        writes for each delivery while a Python handler is installed, whatever the main thread is
+        doing). Ours put back the default action when they run, so a second SIGTERM / SIGINT seen
+        here reached the process before the first was handled: the main thread is blocked, and
+        the user asked twice. Exit now, as the second signal would have."""
+        if signum not in self._previous:
+            return
+        self._woken += 1
+        if self._woken >= 2:
+            with contextlib.suppress(OSError):
+                os.write(2, f"received {signal.Signals(signum).name} again: exiting at once\n"
+                            .encode())
+            os._exit(128 + signum)
 
     def requested(self) -> bool:
         """This process got a signal (no communication)."""

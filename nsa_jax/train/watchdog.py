@@ -96,6 +96,7 @@ class Watchdog:
         self._stacks = None
         self._hb_fd, self._hb_width = None, 160
         self._stacks_lock = threading.Lock()      # one dump at a time into the stacks file
+        self._signal_hooks: list = []             # fn(signum) per byte read by nsa-stacks
         self._usr1 = None      # "faulthandler", or (thread, read fd, write fd, previous handler,
         #                        previous wakeup fd) for the nsa-stacks thread
         if run_dir is not None:
@@ -181,6 +182,16 @@ class Watchdog:
         faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
         self._usr1 = "faulthandler"
 
+    def on_signals(self, fn) -> bool:
+        """Call ``fn(signum)`` from the ``nsa-stacks`` thread for every signal whose Python
+        handler is installed, as it arrives, even while the main thread is blocked in C code
+        (:meth:`GracefulStop.woken <nsa_jax.train.signals.GracefulStop.woken>`). False where this
+        Watchdog has no such thread (no run directory, or made outside the main thread)."""
+        if not isinstance(self._usr1, tuple):
+            return False
+        self._signal_hooks.append(fn)
+        return True
+
     def _on_usr1(self, signum, frame) -> None:
         """The Python-level SIGUSR1 handler: the dump is the ``nsa-stacks`` thread's (module
         docstring); installing a handler makes Python's C-level one write to the pipe. A Python
@@ -203,6 +214,9 @@ class Watchdog:
             if forward >= 0 and data:
                 with contextlib.suppress(OSError):
                     os.write(forward, data)
+            for signum in data:
+                for fn in list(self._signal_hooks):
+                    fn(signum)
             if signal.SIGUSR1 in data:
                 self.dump_stacks(f"stacks on SIGUSR1 (pid {os.getpid()}, last: {self.where}, "
                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}):", stderr=False)
