@@ -22,12 +22,22 @@ from nsa_testutil import cli_env
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The main thread blocked inside C code, where it never runs a Python-level signal handler.
+STUCK_IN_C = r'''
+import ctypes
+mutex = ctypes.create_string_buffer(64)              # glibc: all zeros is an unlocked mutex
+lock = ctypes.CDLL(None).pthread_mutex_lock
+lock(mutex)
+print("stuck", flush=True)
+lock(mutex)                                          # never returns
+'''
+
 # A process like a stuck run: jax's threads started before the Watchdog (SIGUSR1 unblocked in
 # them), a thread stuck in a read, short-lived threads starting and exiting while running Python
 # code (orbax's checkpoint threads do this), and the main thread blocked inside C code, where it
 # never runs a Python-level signal handler (a relocked mutex, like a wait in a device call).
 USR1_CHILD = r'''
-import ctypes, sys, threading
+import sys, threading
 import jax
 jax.devices()
 from nsa_jax.train.watchdog import Watchdog
@@ -50,12 +60,7 @@ def churn():
 threading.Thread(target=stuck_reader, daemon=True).start()
 for _ in range(2):
     threading.Thread(target=churn, daemon=True).start()
-mutex = ctypes.create_string_buffer(64)              # glibc: all zeros is an unlocked mutex
-lock = ctypes.CDLL(None).pthread_mutex_lock
-lock(mutex)
-print("stuck", flush=True)
-lock(mutex)                                          # never returns
-'''
+''' + STUCK_IN_C
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mutex, Linux signals")
@@ -250,18 +255,13 @@ def test_watchdog_aborts_a_run_hung_on_its_stderr(tmp_path):
 # The training loop's pair: a GracefulStop whose signals the Watchdog's thread also sees, and a
 # main thread blocked in C code (a long compile, a hung collective) when both signals come.
 TWICE_CHILD = r'''
-import ctypes, sys
+import sys
 from nsa_jax.train.signals import GracefulStop
 from nsa_jax.train.watchdog import Watchdog
 w = Watchdog(0, sys.argv[1])
 stop = GracefulStop()
 assert w.on_signals(stop.woken)
-mutex = ctypes.create_string_buffer(64)
-lock = ctypes.CDLL(None).pthread_mutex_lock
-lock(mutex)
-print("stuck", flush=True)
-lock(mutex)                                          # never returns
-'''
+''' + STUCK_IN_C
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mutex, Linux signals")
