@@ -253,15 +253,18 @@ def test_watchdog_aborts_a_run_hung_on_its_stderr(tmp_path):
 
 
 # The training loop's pair: a GracefulStop whose signals the Watchdog's thread also sees, and a
-# main thread blocked in C code (a long compile, a hung collective) when both signals come.
+# main thread blocked in C code (a long compile, a hung collective) when both signals come. The
+# shell that system() starts prints "stuck", so the main thread is inside the C call by then (a
+# "stuck" printed from Python before the call let the first signal be handled in between).
 TWICE_CHILD = r'''
-import sys
+import ctypes, sys
 from nsa_jax.train.signals import GracefulStop
 from nsa_jax.train.watchdog import Watchdog
 w = Watchdog(0, sys.argv[1])
 stop = GracefulStop()
 assert w.on_signals(stop.woken)
-''' + STUCK_IN_C
+ctypes.CDLL(None).system(b"echo stuck; exec sleep 60 > /dev/null 2>&1")
+'''
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mutex, Linux signals")
