@@ -37,14 +37,7 @@ def cli_env(cache_dir) -> dict:
     env["JAX_PLATFORMS"] = "cpu"
     env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)       # test speed only
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    env["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(CACHE_MAX_BYTES)
     return env
-
-
-# A size limit turns on jax's file lock around the persistent cache's reads and writes; without
-# one an entry is written in place (``lru_cache.put``), and a process sharing the cache can read
-# it half-written and print a warning on stderr, which the tests' one-line checks would see.
-CACHE_MAX_BYTES = 8 << 30
 
 
 def shared(tmp_path_factory, worker_id, name: str, make):

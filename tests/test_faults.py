@@ -31,7 +31,7 @@ import pytest
 from nsa_jax.config import load_config
 from nsa_jax.train.cli import main
 from nsa_jax.train.metrics import read_metrics
-from nsa_testutil import CACHE_MAX_BYTES, cli_env, shared
+from nsa_testutil import cli_env, shared
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -179,12 +179,10 @@ def persistent_cache(path: Path):
     import jax
     from jax.experimental.compilation_cache import compilation_cache as cc
 
-    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-            "jax_compilation_cache_max_size")
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
     old = [getattr(jax.config, k) for k in keys]
     jax.config.update(keys[0], str(path))
     jax.config.update(keys[1], 0)
-    jax.config.update(keys[2], CACHE_MAX_BYTES)         # the file lock (nsa_testutil)
     cc.reset_cache()
     try:
         yield

@@ -121,8 +121,7 @@ def two_devices(tmp_path_factory):
         env = cli_env("")
         # no persistent compilation cache: every program of SCRIPT compiles once, and writing
         # them all to a cache nothing reads again cost ~15% of the run
-        for key in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-                    "JAX_COMPILATION_CACHE_MAX_SIZE"):
+        for key in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
             env.pop(key)
         r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=600)
