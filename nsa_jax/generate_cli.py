@@ -28,6 +28,7 @@ writes nothing to stdout and exits with status 2. When stdout's reader goes away
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from nsa_jax.errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, OneLineParser,
@@ -213,10 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, TrainError, DecodeError) as e:
         return report(one_line(e), EXIT_BAD_INPUT, args.debug)
     except KeyboardInterrupt:
-        sys.stdout.write("\n")
+        with contextlib.suppress(BrokenPipeError):
+            sys.stdout.write("\n")
         return EXIT_INTERRUPTED
-    except BrokenPipeError:       # stdout's reader is gone (``... | head``): stop, quietly
+    except BrokenPipeError:       # a reader is gone (``... | head``): stop, quietly
         to_devnull(sys.stdout)
+        to_devnull(sys.stderr)
         return EXIT_FAILED
 
 

@@ -71,8 +71,10 @@ def outliving_streams():
     """``sys.stdout`` and ``sys.stderr`` wrapped (module docstring) inside the block; the
     streams that were there before are put back after it."""
     before = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Outliving(sys.stdout), _Outliving(sys.stderr)
+    wrapped = sys.stdout, sys.stderr = _Outliving(sys.stdout), _Outliving(sys.stderr)
     try:
         yield
     finally:
+        for w in wrapped:      # what is still buffered meets a broken pipe here, not at exit
+            w.flush()          # (Python's last flush would print an error and exit 120)
         sys.stdout, sys.stderr = before

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from nsa_jax.train.signals import REPEAT_S
 from nsa_testutil import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,15 +271,18 @@ ctypes.CDLL(None).system(b"echo stuck; exec sleep 60 > /dev/null 2>&1")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mutex, Linux signals")
 def test_second_sigterm_while_main_is_blocked_exits_at_once(tmp_path):
     """One SIGTERM to a main thread stuck in C code waits (the graceful stop runs when it is
-    back); a second one ends the process at once with status 143 (before: it waited too)."""
+    back), also when it comes twice back to back (GNU ``timeout`` signals the child and then its
+    group: one request); a second one later ends the process at once with status 143 (before:
+    it waited too)."""
     proc = subprocess.Popen([sys.executable, "-c", TWICE_CHILD, str(tmp_path)], cwd=ROOT,
                             env=cli_env(tmp_path / "jax_cache"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "stuck\n", proc.communicate(timeout=30)
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        assert proc.poll() is None                    # the first one only asks
+        proc.send_signal(signal.SIGTERM)              # the same request, delivered twice
+        time.sleep(REPEAT_S + 0.5)
+        assert proc.poll() is None                    # it only asks
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=20)
         assert rc == 128 + signal.SIGTERM
@@ -286,3 +290,24 @@ def test_second_sigterm_while_main_is_blocked_exits_at_once(tmp_path):
     finally:
         proc.kill()
         proc.communicate()
+
+
+def test_woken_takes_a_repeat_within_repeat_s_as_one_request():
+    """``GracefulStop.woken`` exits on a second signal, not on the same one delivered twice."""
+    from nsa_jax.train import signals
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can only be set from the main thread")
+    exits, clock = [], [100.0]
+    stop = signals.GracefulStop(clock=lambda: clock[0], exit_now=exits.append)
+    try:
+        stop.woken(signal.SIGUSR1)                    # not one of its signals
+        stop.woken(signal.SIGTERM)
+        clock[0] += signals.REPEAT_S / 2
+        stop.woken(signal.SIGTERM)                    # the same request, delivered twice
+        assert exits == []
+        clock[0] += signals.REPEAT_S
+        stop.woken(signal.SIGINT)
+        assert exits == [128 + signal.SIGINT]
+    finally:
+        stop.close()

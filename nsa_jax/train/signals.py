@@ -11,8 +11,9 @@ with the signal's status (143 for SIGTERM, 130 for SIGINT in a shell; -15 / -2 f
 ``subprocess``). Python runs the handler only when the main thread is back in Python, so two
 signals that both arrive during one blocking call (a long compile, a hung collective) would
 otherwise wait for it: the watchdog's ``nsa-stacks`` thread sees each signal as it arrives
-(:meth:`GracefulStop.woken`) and on the second one ends the process with status 128 + the
-signal's number (143 / 130, from ``subprocess`` too). A checkpoint being written at that
+(:meth:`GracefulStop.woken`) and on a second one (at least ``REPEAT_S`` after the first: one
+sender may deliver a signal twice) ends the process with status 128 + the signal's number
+(143 / 130, from ``subprocess`` too). A checkpoint being written at that
 moment stays incomplete and is never chosen on resume.
 
 Multi-process runs agree on stopping at log steps (``train.log_every``): the flag of every
@@ -25,16 +26,21 @@ import contextlib
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+REPEAT_S = 0.5   # a second signal sooner than this after the first is the same request
 
 
 class GracefulStop:
-    def __init__(self):
+    def __init__(self, clock=time.monotonic, exit_now=os._exit):
+        """``clock`` and ``exit_now``: what :meth:`woken` times signals with and ends the
+        process with (seams for tests)."""
         self.signum: int | None = None
-        self._woken = 0
+        self._clock, self._exit_now = clock, exit_now
+        self._first_woken: float | None = None     # clock() at the first signal
         self._previous: dict = {}
         if threading.current_thread() is threading.main_thread():
             for s in SIGNALS:
@@ -59,15 +65,20 @@ class GracefulStop:
         writes for each delivery while a Python handler is installed, whatever the main thread is
         doing). Ours put back the default action when they run, so a second SIGTERM / SIGINT seen
         here reached the process before the first was handled: the main thread is blocked, and
-        the user asked twice. Exit now, as the second signal would have."""
+        the user asked twice. Exit now, as the second signal would have -- unless it came within
+        ``REPEAT_S`` of the first: one sender can deliver a signal twice (GNU ``timeout`` signals
+        the child and then its process group; launchers forward what the group also got), and
+        that is one request."""
         if signum not in self._previous:
             return
-        self._woken += 1
-        if self._woken >= 2:
+        now = self._clock()
+        if self._first_woken is None:
+            self._first_woken = now
+        elif now - self._first_woken >= REPEAT_S:
             with contextlib.suppress(OSError):
                 os.write(2, f"received {signal.Signals(signum).name} again: exiting at once\n"
                             .encode())
-            os._exit(128 + signum)
+            self._exit_now(128 + signum)
 
     def requested(self) -> bool:
         """This process got a signal (no communication)."""

@@ -8,9 +8,10 @@
   every step cost ~1 ms here), so a reader never sees a mix of two records.
 * **Stacks on demand.** ``kill -USR1 <pid>`` appends a ``stacks on SIGUSR1`` line and every
   thread's Python stack to ``<run.dir>/stacks.txt`` (``stacks.<i>.txt``); the run goes on. The
-  signal only wakes a thread, ``nsa-stacks``, which reads every thread's frames holding the GIL
-  and the thread list's lock (``sys._current_frames``; ``faulthandler``'s dump takes no lock and
-  crashed, see :func:`_format_stacks`). It works even while the main thread is
+  signal only wakes a thread, ``nsa-stacks``, which takes every thread's current frame under
+  the thread list's lock (``sys._current_frames``; ``faulthandler``'s dump takes no lock and
+  crashed, see :func:`_format_stacks`) and then lists them in Python, so the stacks of one dump
+  may be a few milliseconds apart. It works even while the main thread is
   stuck inside a call that released the GIL (a device call, a collective, I/O; not a C extension
   spinning with the GIL held, which no Python thread can outwait): Python's C-level handler, run
   by whichever thread the kernel picked, writes the signal number to a ``signal.set_wakeup_fd``
@@ -148,8 +149,8 @@ class Watchdog:
 
     def dump_stacks(self, header: str, stderr: bool = True) -> None:
         """``header`` and every thread's stack to stderr (unless ``stderr=False``) and (if any)
-        the stacks file. Called from Python, so the GIL is held: every other thread stands still
-        while its frames are read."""
+        the stacks file (:func:`_format_stacks`: one snapshot of the current frames, listed in
+        Python while other threads may move on)."""
         if stderr:
             _dump(sys.stderr, header)
         with self._stacks_lock:
@@ -216,7 +217,8 @@ class Watchdog:
                     os.write(forward, data)
             for signum in data:
                 for fn in list(self._signal_hooks):
-                    fn(signum)
+                    with contextlib.suppress(Exception):   # a hook's bug must not end the dumps
+                        fn(signum)
             if signal.SIGUSR1 in data:
                 self.dump_stacks(f"stacks on SIGUSR1 (pid {os.getpid()}, last: {self.where}, "
                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}):", stderr=False)
