@@ -34,8 +34,8 @@ import sys
 from nsa_jax.errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, OneLineParser,
                             one_line, parse_args, report)
 from nsa_jax.generate import Timing
-from nsa_jax.streams import to_devnull
 from nsa_jax.request import GiB, HARD_MAX_LEN, RequestError
+from nsa_jax.streams import to_devnull
 
 
 class TextStream:

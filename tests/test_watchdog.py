@@ -131,8 +131,8 @@ os._exit(0)          # no interpreter shutdown while the pthreads may be enterin
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pthreads through ctypes")
 def test_dump_survives_threads_entering_python_from_outside(tmp_path):
-    """Stack dumps back to back for 8 s while two pthreads a millisecond start, call into Python
-    and end: the process lives and every dump is whole."""
+    """Stack dumps back to back for 8 s while two threads keep starting pthreads that call into
+    Python and end: the process lives, and a last dump holds the threads' frames."""
     out = tmp_path / "last.txt"
     proc = subprocess.run([sys.executable, "-c", FOREIGN_CHILD, "8", str(out)], cwd=ROOT,
                           env=cli_env(tmp_path / "jax_cache"), capture_output=True, text=True,

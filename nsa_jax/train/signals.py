@@ -13,8 +13,8 @@ signals that both arrive during one blocking call (a long compile, a hung collec
 otherwise wait for it: the watchdog's ``nsa-stacks`` thread sees each signal as it arrives
 (:meth:`GracefulStop.woken`) and on a second one (at least ``REPEAT_S`` after the first: one
 sender may deliver a signal twice) ends the process with status 128 + the signal's number
-(143 / 130, from ``subprocess`` too). A checkpoint being written at that
-moment stays incomplete and is never chosen on resume.
+(143 / 130, from ``subprocess`` too). A checkpoint being written at that moment stays
+incomplete and is never chosen on resume.
 
 Multi-process runs agree on stopping at log steps (``train.log_every``): the flag of every
 process is gathered there, so all processes save the same step. Handlers can only be installed
