@@ -129,14 +129,28 @@ def _out_projection(mcfg: ModelConfig, rngs: nnx.Rngs):
 
 
 class StepWeight(nnx.Variable):
-    """A decode-step-only weight (:meth:`NSAAttention.fuse_step_weights`)."""
+    """A decode-step-only weight (:meth:`_StepWeights.fuse_step_weights`)."""
 
 
-def _concat_kernels(linears):
-    return jnp.concatenate([lin.kernel[...] for lin in linears], axis=1)
+class _StepWeights:
+    """The decode step's projections (``step_projections``) as one matrix ``w_step``, for both
+    attention modules, so the dense model's step gets the NSA step's treatment (XLA merged the
+    matmuls itself and then sliced q and K/V out of its output, and rotated them, in more kernels
+    per layer; bench/NOTES.md, thirteenth and forty-fourth sessions)."""
+
+    def fuse_step_weights(self):
+        """Add ``w_step``: the ``step_projections`` kernels side by side (added by
+        :func:`nsa_jax.decode.step_state` to a copy of the model used for the decode steps only;
+        training and prefill never see it)."""
+        self.w_step = StepWeight(jnp.concatenate(
+            [lin.kernel[...] for lin in self.step_projections()], axis=1))
+
+    def _step_matmul(self, x):
+        """x [B,1,dim] @ ``w_step`` in the compute dtype -> [B, outputs]."""
+        return jnp.dot(x[:, 0].astype(self.dtype), self.w_step[...].astype(self.dtype))
 
 
-class NSAAttention(nnx.Module):
+class NSAAttention(_StepWeights, nnx.Module):
     def __init__(self, mcfg: ModelConfig, ncfg: NSAConfig, *, rngs: nnx.Rngs,
                  xcfg: ExecConfig | None = None):
         self.mcfg, self.ncfg, self.xcfg = mcfg, ncfg, xcfg or ExecConfig()
@@ -177,14 +191,9 @@ class NSAAttention(nnx.Module):
         return (gates * jnp.asarray(self.ncfg.branch_mask())).astype(self.dtype)
 
     def step_projections(self):
-        """The projections the decode step runs as one matrix (``w_step``): wq, wkv, wg."""
+        """The projections the decode step runs as one matrix (``w_step`` = [wq | wkv | wg]
+        [dim, H*D + 6*G*D + 3H], :class:`_StepWeights`)."""
         return self.wq, self.wkv, self.wg
-
-    def fuse_step_weights(self):
-        """Add ``w_step`` = [wq | wkv | wg] [dim, H*D + 6*G*D + 3H], the decode step's three
-        projections as one matrix (:func:`nsa_jax.decode.step_state`, on a copy of the model used
-        for the decode steps only; training and prefill never see it)."""
-        self.w_step = StepWeight(_concat_kernels(self.step_projections()))
 
     def project_step(self, x, t, fused: bool = False):
         """The decode step's projections (x [B,1,dim] at positions t [B]), un-rotated: q [B,H,D];
@@ -206,7 +215,7 @@ class NSAAttention(nnx.Module):
         if fused and hasattr(self, "w_step"):
             from nsa_jax.pallas.cache_write import Columns
             from nsa_jax.pallas.decode import GateLogits
-            P = jnp.dot(x[:, 0].astype(self.dtype), self.w_step[...].astype(self.dtype))
+            P = self._step_matmul(x)
             n_q, n_kv = H * D, 6 * G * D
             gates = GateLogits(Columns(P, n_q + n_kv, (3 * H,)), self.wg.bias[...], self.dtype)
             return Columns(P, 0, (H, D)), Columns(P, n_q, (6, G, D)), gates, rope
@@ -318,7 +327,7 @@ class NSAAttention(nnx.Module):
         return out, dataclasses.replace(cache, kv=kv)
 
 
-class DenseAttention(nnx.Module):
+class DenseAttention(_StepWeights, nnx.Module):
     """Causal GQA attention through ``jax.nn.dot_product_attention`` (cuDNN on GPU, XLA on CPU)."""
 
     def __init__(self, mcfg: ModelConfig, *, rngs: nnx.Rngs, xcfg: ExecConfig | None = None):
@@ -327,15 +336,9 @@ class DenseAttention(nnx.Module):
         self.wo = _out_projection(mcfg, rngs)
 
     def step_projections(self):
-        """The projections the decode step runs as one matrix (``w_step``): wq, wkv."""
+        """The projections the decode step runs as one matrix (``w_step`` = [wq | wkv]
+        [dim, (H + 2G) * D], :class:`_StepWeights`)."""
         return self.wq, self.wkv
-
-    def fuse_step_weights(self):
-        """Add ``w_step`` = [wq | wkv] [dim, (H + 2G) * D]: the decode step's projections as one
-        matrix, as :meth:`NSAAttention.fuse_step_weights` does, so that the dense model's step
-        gets the NSA step's treatment (XLA merged the two matmuls itself, and then rotated q and
-        the key and sliced them out of its output in three more kernels per layer)."""
-        self.w_step = StepWeight(_concat_kernels(self.step_projections()))
 
     def _step_fused(self, x, t, kv: dict, interpret: bool):
         """The Pallas decode path's projections and cache write (x [B,1,dim] at positions t
@@ -345,7 +348,7 @@ class DenseAttention(nnx.Module):
         from nsa_jax.pallas.cache_write import Columns
         m = self.mcfg
         H, G, D = m.n_heads, m.n_kv_groups, m.head_dim
-        P = jnp.dot(x[:, 0].astype(self.dtype), self.w_step[...].astype(self.dtype))
+        P = self._step_matmul(x)
         rope = cos_sin(t, D, m.rope_theta)
         return cache_update.append_dense_rows(kv, t, Columns(P, H * D, (2, G, D)),
                                               Columns(P, 0, (H, D)), rope, interpret)
