@@ -145,8 +145,8 @@ def test_dump_survives_threads_entering_python_from_outside(tmp_path):
 
 def test_watchdog_close_puts_usr1_back(tmp_path):
     """The nsa-stacks thread ends and the previous handler and wakeup fd are back; a handler
-    and a wakeup fd set before get the signal (and its bytes) meanwhile. Made outside the main
-    thread: faulthandler."""
+    and a wakeup fd set before get the signal (and its bytes) meanwhile. (A Watchdog made
+    outside the main thread: ``test_watchdog_made_off_the_main_thread_puts_usr1_back``.)"""
     from nsa_jax.train.watchdog import Watchdog
 
     if threading.current_thread() is not threading.main_thread():
@@ -186,23 +186,61 @@ def test_watchdog_close_puts_usr1_back(tmp_path):
         assert threads() == [] and signal.getsignal(signal.SIGUSR1) is previous
         assert signal.set_wakeup_fd(w) == w
         assert (tmp_path / "stacks.txt").exists()    # kept: a dump was written
-
-        box = []                                      # outside the main thread
-        t = threading.Thread(target=lambda: box.append(Watchdog(0, tmp_path / "x")))
-        (tmp_path / "x").mkdir()
-        t.start()
-        t.join()
-        assert threads() == [] and signal.set_wakeup_fd(w) == w
-        os.kill(os.getpid(), signal.SIGUSR1)          # the main thread takes it: holds the GIL
-        text = (tmp_path / "x" / "stacks.txt").read_text()
-        assert "in test_watchdog_close_puts_usr1_back" in text
-        box[0].close()
-        assert signal.getsignal(signal.SIGUSR1) is previous
     finally:
         signal.set_wakeup_fd(old_fd)
         signal.signal(signal.SIGUSR1, old_handler if old_handler is not None else signal.SIG_DFL)
         os.close(r)
         os.close(w)
+
+
+# A Watchdog made outside the main thread, where no Python handler can be set: it falls back to
+# ``faulthandler.register``, whose dump walks the thread list without its lock (the SIGSEGV of the
+# forty-fifth session's CI run). In a child without jax (no XLA threads entering Python), so the
+# test's own process never takes that dump.
+OFF_MAIN_CHILD = r'''
+import os, signal, sys, threading
+from pathlib import Path
+from nsa_jax.train.watchdog import Watchdog
+
+called = []
+previous = lambda signum, frame: called.append(signum)
+signal.signal(signal.SIGUSR1, previous)
+r, w = os.pipe()
+os.set_blocking(w, False)
+signal.set_wakeup_fd(w)
+box = []
+t = threading.Thread(target=lambda: box.append(Watchdog(0, Path(sys.argv[1]))))
+t.start()
+t.join()
+assert not [t for t in threading.enumerate() if t.name == "nsa-stacks"]
+assert signal.set_wakeup_fd(w) == w
+
+
+def dumped_here():
+    os.kill(os.getpid(), signal.SIGUSR1)          # the main thread takes it: holds the GIL
+
+
+dumped_here()
+assert "in dumped_here" in (Path(sys.argv[1]) / "stacks.txt").read_text()
+assert called == []                               # faulthandler does not chain
+box[0].close()
+assert signal.getsignal(signal.SIGUSR1) is previous and signal.set_wakeup_fd(w) == w
+os.kill(os.getpid(), signal.SIGUSR1)              # faulthandler's dump is gone: the handler runs
+for _ in range(1000):
+    if called:
+        break
+assert called == [signal.SIGUSR1], called
+print("ok", flush=True)
+'''
+
+
+def test_watchdog_made_off_the_main_thread_puts_usr1_back(tmp_path):
+    """Made outside the main thread: faulthandler dumps on SIGUSR1 (no nsa-stacks thread, the
+    wakeup fd untouched), and ``close`` unregisters it: the previous handler gets the next one."""
+    proc = subprocess.run([sys.executable, "-c", OFF_MAIN_CHILD, str(tmp_path)], cwd=ROOT,
+                          env=cli_env(tmp_path / "jax_cache"), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr[-2000:]
 
 
 def test_watchdog_that_fails_to_start_puts_usr1_back(tmp_path, monkeypatch):
