@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from nsa_jax import decode as kvcache
-from nsa_jax.attention_modules import (DTYPES, DenseAttention, NSAAttention, StepWeight,
-                                       _normal, fused_writes, on_gpu, resolve_nsa_impl)
+from nsa_jax.attention_modules import (DTYPES, DenseAttention, NSAAttention, _normal, on_gpu,
+                                       resolve_nsa_impl)
 from nsa_jax.config import ExecConfig, ModelConfig
 from nsa_jax.loss import chunked_cross_entropy
 from nsa_jax.nsa import NSAConfig, semantics
@@ -52,41 +52,7 @@ class Block(nnx.Module):
         """-> (x, cache): the attention's cache passes through (None in training)."""
         a, cache = self.attn(self.norm1(x), positions, cache, segment_ids)
         x = x + a
-        if cache is not None and x.shape[1] == 1 and self._folded_mlp_step():
-            return x + self._mlp_step(x), cache
         return x + self.mlp(self.norm2(x)), cache
-
-    def fuse_step_weights(self):
-        """Add ``w_in_step`` = diag(norm2.scale) @ mlp.w_in (rounded once to the kernel's dtype),
-        for :meth:`_mlp_step` (added by :func:`nsa_jax.decode.step_state` to the decode steps'
-        copy of the model, as the attention modules' ``w_step``)."""
-        w = self.mlp.w_in.kernel[...]
-        g = self.norm2.scale[...].astype(jnp.float32)[:, None]
-        self.w_in_step = StepWeight((g * w.astype(jnp.float32)).astype(w.dtype))
-
-    def step_projections(self):
-        """The weights :meth:`fuse_step_weights` copies (counted by
-        ``request.decoder_copy_bytes``)."""
-        return (self.mlp.w_in,)
-
-    def _folded_mlp_step(self) -> bool:
-        """The decode step runs :meth:`_mlp_step`: on the Pallas decode path (as the attention's
-        fused step projection; the XLA path keeps the forward's exact operations) once
-        :meth:`fuse_step_weights` has run."""
-        return hasattr(self, "w_in_step") and fused_writes(self.attn.xcfg.decode_impl) is not None
-
-    def _mlp_step(self, x):
-        """norm2 + SwiGLU of one decode step with RMSNorm's scale folded into the input projection:
-        RMSNorm(x) W_in = r * (x (diag(g) W_in)), r = rsqrt(mean(x^2) + eps) per row, so x goes
-        into the matmul as it is and r is applied to the matmul's output in the SwiGLU's own
-        elementwise pass. XLA then writes no normalised copy of x (one kernel per layer fewer;
-        bench/NOTES.md, forty-sixth session). Same values up to rounding: the product is
-        rounded to the compute dtype before r scales it, where the forward rounds x r g."""
-        dt = self.mlp.w_in.dtype
-        xf = x.astype(jnp.float32)
-        r = jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.norm2.epsilon)
-        u = jnp.dot(x.astype(dt), self.w_in_step[...].astype(dt))
-        return self.mlp.w_out(swiglu((u.astype(jnp.float32) * r).astype(dt)))
 
 
 class NSALM(nnx.Module):
