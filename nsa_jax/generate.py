@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from nsa_jax.request import (GiB, HARD_MAX_LEN, RequestError, bucket, check_memory,  # noqa: F401
-                             check_request, fit_rows, free_memory)
+                             check_request, check_sampling, fit_rows, free_memory)
 from nsa_jax.sampling import filter_logits, sample  # noqa: F401
 
 _CLI = ("main", "build_parser", "read_prompts", "TextStream")
@@ -98,7 +98,8 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
     ``max_len``: the context, tokens per row (prompt + new); default prompt + new (at most
     :data:`HARD_MAX_LEN`). The cache holds :func:`bucket` (longest prompt + new) tokens, capped
     at ``max_len``. Requests that cannot run raise :class:`RequestError` before any cache is
-    allocated or prefill runs (memory: :func:`free_memory` with ``memory_limit``).
+    allocated or prefill runs (memory: :func:`free_memory` with ``memory_limit``, in bytes;
+    sampling: :func:`nsa_jax.request.check_sampling`).
 
     ``on_token(row, id)`` is called for every kept id, in token order (rows in order within a
     token), as soon as the call that sampled it returns; ``on_done(row, ids)`` once per row when
@@ -116,8 +117,7 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
     if max_len is None:
         max_len = min(longest + max(max_new_tokens, 0), HARD_MAX_LEN)
     check_request(prompts, max_new_tokens, max_len)
-    if int(steps_per_call) < 1:
-        raise RequestError("steps_per_call", f"must be >= 1, got {steps_per_call}")
+    check_sampling(temperature, top_k, top_p, seed, steps_per_call)
     k = int(steps_per_call)
     B = len(prompts)
     cache_len = min(bucket(longest + max_new_tokens), max_len)
@@ -204,5 +204,5 @@ def generate_ids(model, prompt_ids: list[int], max_new_tokens: int, *, temperatu
 
 
 if __name__ == "__main__":   # python -m nsa_jax.generate
-    from nsa_jax.generate_cli import main as _main
-    raise SystemExit(_main())
+    from nsa_jax.generate_cli import exit_process, main as _main
+    exit_process(_main())

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
+import os
 import sys
 
 from nsa_jax.errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, OneLineParser,
                             one_line, parse_args, report)
 from nsa_jax.generate import Timing
-from nsa_jax.request import GiB, HARD_MAX_LEN, RequestError
+from nsa_jax.request import GiB, HARD_MAX_LEN, RequestError, check_sampling
 from nsa_jax.streams import to_devnull
 
 
@@ -102,34 +104,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+NAMES = {"max_new_tokens": "--max-new-tokens", "max_len": "--max-len",
+         "memory_limit": "--memory-limit", "steps_per_call": "--steps-per-call",
+         "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
+
+
 def _check_args(a) -> str | None:
     if a.max_new_tokens < 1:
         return f"--max-new-tokens: must be >= 1, got {a.max_new_tokens}"
     if a.max_len is not None and not 1 <= a.max_len <= HARD_MAX_LEN:
         return (f"--max-len: must be in [1, {HARD_MAX_LEN}] (RoPE positions are exact in "
                 f"float32 up to 2**24), got {a.max_len}")
-    if a.memory_limit is not None and not a.memory_limit > 0:
-        return f"--memory-limit: must be > 0 GiB, got {a.memory_limit}"
-    if not a.temperature >= 0:
-        return f"--temperature: must be >= 0, got {a.temperature}"
-    if a.top_k < 0:
-        return f"--top-k: must be >= 0 (0 = off), got {a.top_k}"
-    if not 0 < a.top_p <= 1:
-        return f"--top-p: must be in (0, 1], got {a.top_p}"
-    if a.steps_per_call < 1:
-        return f"--steps-per-call: must be >= 1, got {a.steps_per_call}"
+    if a.memory_limit is not None and not (math.isfinite(a.memory_limit) and a.memory_limit > 0):
+        return f"--memory-limit: must be a finite number > 0 (GiB), got {a.memory_limit}"
+    try:                             # the Python API's own check, before the run is loaded
+        check_sampling(a.temperature, a.top_k, a.top_p, a.seed, a.steps_per_call)
+    except RequestError as e:
+        return e.message(NAMES)
     return None
 
 
 def read_prompts(path: str) -> list[str]:
-    """Non-blank lines of a UTF-8 file (line ends stripped); ValueError naming the file."""
+    """Non-blank lines of a UTF-8 file (a byte-order mark and line ends stripped: only ``\n``
+    ends a line, so characters that ``str.splitlines`` would also split at, such as U+2028,
+    stay inside their prompt); ValueError naming the file."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig", newline="") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         reason = getattr(e, "strerror", None) or type(e).__name__
         raise ValueError(f"--prompts-file: cannot read {path} ({reason})") from None
-    prompts = [line for line in text.splitlines() if line.strip()]
+    lines = (line[:-1] if line.endswith("\r") else line for line in text.split("\n"))
+    prompts = [line for line in lines if line.strip()]
     if not prompts:
         raise ValueError(f"--prompts-file: {path} holds no prompts (one per line)")
     return prompts
@@ -188,9 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     from nsa_jax.inference import load_run
     from nsa_jax.train.errors import TrainError
 
-    names = {"prompts": "--prompts-file" if args.prompts_file else "--prompt",
-             "max_new_tokens": "--max-new-tokens", "max_len": "--max-len",
-             "memory_limit": "--memory-limit", "steps_per_call": "--steps-per-call"}
+    names = NAMES | {"prompts": "--prompts-file" if args.prompts_file else "--prompt"}
+    printer = None
     try:
         run = load_run(args.checkpoint, step=args.step)
         printer = _Printer(run, prompts, sys.stdout)
@@ -214,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, TrainError, DecodeError) as e:
         return report(one_line(e), EXIT_BAD_INPUT, args.debug)
     except KeyboardInterrupt:
-        with contextlib.suppress(BrokenPipeError):
-            sys.stdout.write("\n")
+        if printer is not None and printer.stream is not None:   # end the streamed line
+            with contextlib.suppress(BrokenPipeError):
+                sys.stdout.write("\n")
         return EXIT_INTERRUPTED
     except BrokenPipeError:       # a reader is gone (``... | head``): stop, quietly
         to_devnull(sys.stdout)
@@ -223,5 +229,19 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
 
 
+def exit_process(status: int):
+    """End the process with ``status``. After a Ctrl-C (``EXIT_INTERRUPTED``): the streams
+    flushed, then ``os._exit``, skipping the interpreter's teardown: a Ctrl-C inside an XLA
+    compile can leave jaxlib to crash with SIGSEGV at exit (jax 0.10.2 on the CPU: 5 of 5 runs
+    of a jax-only script interrupted in a compile, none with ``os._exit``; bench/NOTES.md,
+    forty-sixth session)."""
+    if status != EXIT_INTERRUPTED:
+        raise SystemExit(status)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_process(main())

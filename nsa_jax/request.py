@@ -3,6 +3,8 @@ prefill workspace against free memory (:func:`free_memory`). A request that cann
 :class:`RequestError` naming the argument, before any cache is allocated or prefill runs."""
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -12,10 +14,13 @@ HARD_MAX_LEN = 1 << 24
 GiB = 1 << 30
 
 
+ARGS = ("prompts", "max_new_tokens", "max_len", "memory_limit", "steps_per_call", "temperature",
+        "top_k", "top_p", "seed")
+
+
 class RequestError(ValueError):
-    """A generation request that cannot run (context, cache or memory); ``arg`` names the
-    argument at fault (``prompts``, ``max_new_tokens``, ``max_len``, ``memory_limit``,
-    ``steps_per_call``).
+    """A generation request that cannot run (context, cache, memory or sampling); ``arg`` names
+    the argument at fault (one of :data:`ARGS`).
 
     ``detail`` may name other arguments as ``{max_len}``-style fields: :meth:`message` fills
     them with the caller's names (Python keywords by default, or the CLI's flags)."""
@@ -25,9 +30,7 @@ class RequestError(ValueError):
         super().__init__(self.message())
 
     def message(self, names: dict[str, str] | None = None) -> str:
-        names = {k: k for k in ("prompts", "max_new_tokens", "max_len", "memory_limit",
-                                "steps_per_call")} | (
-            names or {})
+        names = {k: k for k in ARGS} | (names or {})
         return f"{names[self.arg]}: {self.detail.format(**names)}"
 
 
@@ -78,8 +81,9 @@ def free_memory(model, memory_limit: int | None = None) -> int | None:
 
     On a device reporting memory stats (GPU): its ``bytes_limit - bytes_in_use`` (the weights are
     already loaded) less what a Decoder copies (:func:`decoder_copy_bytes`). Elsewhere (CPU): the
-    host's available RAM less that. ``memory_limit`` (bytes for weights + caches +
-    prefill; the CLI's ``--memory-limit``) caps either. None: unknown, no check."""
+    host's available RAM less that. ``memory_limit`` (bytes for weights + caches + prefill;
+    the CLI's ``--memory-limit`` is in GiB) caps either; one that does not hold the weights and
+    their copy is a :class:`RequestError` naming it. None: unknown, no check."""
     from flax import nnx
 
     weights = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model)))
@@ -92,9 +96,33 @@ def free_memory(model, memory_limit: int | None = None) -> int | None:
         free = None if avail is None else avail - copy
     if memory_limit is not None:
         mine = memory_limit - weights - copy
+        if mine <= 0:
+            raise RequestError("memory_limit", f"{gib(memory_limit)} does not hold the weights "
+                                               f"({gib(weights)}) and the decoder's copy of them "
+                                               f"({gib(copy)})")
         free = mine if free is None else min(free, mine)
     return free
 
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float, seed: int,
+                   steps_per_call: int) -> None:
+    """The sampling arguments of :func:`nsa_jax.generate.generate_batch` (the CLI runs the same
+    check before it loads the run): out of range they would sample silently from other
+    distributions (a negative or NaN temperature as 1, top_p 0 as token 0, an infinite
+    temperature as a vocabulary padding id)."""
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+            and temperature >= 0):
+        raise RequestError("temperature", f"must be a finite number >= 0 (0 = greedy), got "
+                                          f"{temperature}")
+    if int(top_k) != top_k or top_k < 0:
+        raise RequestError("top_k", f"must be >= 0 (0 = off; an integer), got {top_k}")
+    if not 0 < top_p <= 1:
+        raise RequestError("top_p", f"must be in (0, 1] (1 = off), got {top_p}")
+    if int(seed) != seed or not -(1 << 63) <= seed < (1 << 63):
+        raise RequestError("seed", f"must be an integer in [-2**63, 2**63), got {seed}")
+    if int(steps_per_call) != steps_per_call or steps_per_call < 1:
+        raise RequestError("steps_per_call", f"must be >= 1 (an integer), got {steps_per_call}")
 
 
 def check_request(prompts, max_new_tokens: int, max_len: int) -> None:
@@ -113,6 +141,10 @@ def check_request(prompts, max_new_tokens: int, max_len: int) -> None:
                                           f"context {{max_len}}={max_len}")
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
     n = len(prompts[longest])
+    if n == max_len:
+        raise RequestError("prompts", f"prompt {longest} has {n} tokens, the whole context "
+                                      f"{{max_len}}={max_len}: no new token fits (a shorter "
+                                      f"prompt or a larger {{max_len}})")
     if n + max_new_tokens > max_len:
         raise RequestError("max_new_tokens", f"prompt {longest} ({n} tokens) + {max_new_tokens} "
                                              f"new tokens exceed the context {{max_len}}="

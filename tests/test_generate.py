@@ -77,7 +77,13 @@ def test_text_stream_never_splits_utf8():
     (["--checkpoint", "x", "--top-p", "0"], "--top-p"),
     (["--checkpoint", "x", "--temperature", "-1"], "--temperature"),
     (["--checkpoint", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
-    (["--checkpoint", "x", "--steps-per-call", "0"], "--steps-per-call: must be >= 1, got 0"),
+    (["--checkpoint", "x", "--steps-per-call", "0"],
+     "--steps-per-call: must be >= 1 (an integer), got 0"),
+    (["--checkpoint", "x", "--temperature", "inf"], "--temperature: must be a finite number"),
+    (["--checkpoint", "x", "--temperature", "nan"], "--temperature"),
+    (["--checkpoint", "x", "--memory-limit", "inf"], "--memory-limit: must be a finite number"),
+    (["--checkpoint", "x", "--seed", str(2 ** 64)], "--seed: must be an integer in"),
+    (["--checkpoint", "x", "--top-k", "-1"], "--top-k"),
     (["--prompt", "hi"], "--checkpoint"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(argv, needle, capsys):
@@ -265,7 +271,8 @@ def test_steps_per_call_changes_nothing_but_the_calls(kw):
     assert [c for c in calls[1] if c[0] == "done"] == sorted(
         [("done", b, w) for b, w in enumerate(want)], key=lambda c: len(c[2]))
     assert len(calls[1]) == sum(map(len, want)) + 3
-    with pytest.raises(RequestError, match="^steps_per_call: must be >= 1, got 0"):
+    with pytest.raises(RequestError,
+                       match=r"^steps_per_call: must be >= 1 \(an integer\), got 0"):
         generate_batch(model, prompts, n, steps_per_call=0)
 
 

@@ -120,9 +120,14 @@ def test_check_request_boundaries():
                                                  "max_new_tokens: must be >= 1, got 0")
     assert _arg(check_request, [[1], []], 1, 16) == ("prompts",
                                                      "prompts: prompt 1 holds no tokens")
-    # a prompt that fills the context fits; the new tokens do not
+    # a prompt that fills the context leaves no new token: the prompt is named (no value of
+    # max_new_tokens, which must be >= 1, could fix it)
     arg, msg = _arg(check_request, [[1] * 8], 1, 8)
-    assert arg == "max_new_tokens" and "at most 0 new tokens fit" in msg
+    assert arg == "prompts" and "prompt 0 has 8 tokens, the whole context max_len=8" in msg
+    check_request([[1] * 7], 1, 8)                                  # one new token fits
+    assert _arg(check_request, [[1] * 7], 2, 8) == (
+        "max_new_tokens", "max_new_tokens: prompt 0 (7 tokens) + 2 new tokens exceed the "
+                          "context max_len=8; at most 1 new tokens fit")
     # prompt + new == context fits exactly; the longest prompt of a batch is the one checked
     check_request([[1] * 5, [2]], 3, 8)
     arg, msg = _arg(check_request, [[2], [1] * 5], 4, 8)
@@ -158,7 +163,12 @@ def test_free_memory_charges_the_weights_and_the_decoder_copy():
     copy = decoder_copy_bytes(model)
     assert copy > 0                    # a float32 model: the fused step projections only
     assert free_memory(model, weights + copy + 12345) == 12345   # the limit caps what is free
-    assert free_memory(model, weights + copy - 10) == -10
+    assert free_memory(model, weights + copy + 1) == 1
+    # a limit that does not hold the weights and their copy names the limit (the caches would
+    # be refused next, naming the prompts, which no prompt change could fix)
+    for limit in (weights + copy, weights + copy - 10, 1):
+        arg, msg = _arg(free_memory, model, limit)
+        assert arg == "memory_limit" and "does not hold the weights" in msg, limit
     free = free_memory(model)
     assert free is None or free > 10 ** 6
 
@@ -250,7 +260,7 @@ def test_run_passes_the_sampling_settings():
     ids = run.generate_ids([run.encode(t) for t in texts], 6, temperature=1.0, seed=3)
     assert run.generate(texts, 6, temperature=1.0, seed=3) == [run.decode(x) for x in ids]
     assert run.generate(texts, 6, temperature=1.0, seed=0) != run.generate(texts, 6, seed=3)
-    assert _arg(run.generate, texts, 6, memory_limit=1)[0] == "prompts"
+    assert _arg(run.generate, texts, 6, memory_limit=1)[0] == "memory_limit"
     with pytest.raises(TypeError, match="one string"):
         run.generate("ab", 2)
 
