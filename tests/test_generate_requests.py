@@ -93,3 +93,20 @@ def test_exit_process_after_an_interrupt_flushes_and_skips_teardown():
         r = subprocess.run([sys.executable, "-c", child, str(status)], cwd=REPO,
                            capture_output=True, text=True, timeout=60)
         assert (r.returncode, r.stdout, r.stderr) == (status, "partial", err), r
+
+
+def test_one_call_generation_still_reports_a_decode_rate(model):
+    """The issue asks for decode tokens/s at the end of every generation: with all tokens in the
+    first (compiling) call, its rate without the compilation is reported, marked as such."""
+    from nsa_jax.generate import Timing
+
+    t = Timing()
+    generate_batch(model, [[1, 2, 3], [4]], 4, steps_per_call=16, timing=t)
+    assert t.first_steps == 4 and t.decode_tokens == 0
+    assert 0 < t.first_compile_s < t.first_step_s
+    line = t.lines()[1]
+    assert line.startswith("decode: 8 tokens (2 row(s) x 4 steps, one call) in ") and (
+        " tok/s, from the first call alone" in line), line
+    t2 = Timing()
+    generate_batch(model, [[1, 2, 3], [4]], 4, steps_per_call=2, timing=t2)
+    assert t2.decode_tokens == 4 and "from the first call alone" not in t2.lines()[1]
