@@ -183,6 +183,14 @@ ROWS = {
     "resume with another model": lambda c: (
         "train", ["--config", TINY, *SMALL, f"run.dir={c.run}", "run.resume=true",
                   "train.steps=4", "model.dim=96"], ["model.dim"]),
+    # the saved data position points into the stream the run trained on (forty-sixth review)
+    "resume with another data stream": lambda c: (
+        "train", ["--config", TINY, *SMALL, f"run.dir={c.run}", "run.resume=true",
+                  "train.steps=4", "data.synthetic_vocab=100"],
+        ["data.synthetic_vocab", "train.init_from"]),
+    "resume with another seed": lambda c: (
+        "train", ["--config", TINY, *SMALL, f"run.dir={c.run}", "run.resume=true",
+                  "train.steps=4", "train.seed=7"], ["train.seed: the run was trained with"]),
     "resume with every checkpoint corrupt": lambda c: (
         "train", ["--config", TINY, *SMALL, f"run.dir={_all_meta_corrupt(c)}",
                   "run.resume=true", "train.steps=4"],

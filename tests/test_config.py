@@ -56,6 +56,7 @@ def test_roundtrip(tmp_path):
     (["train.steps"], r"expected key=value"),
     (["train.batch_size=9", "train.grad_accum=2"], r"^train\.grad_accum: "),
     (["data.source=text", "data.path=null"], r"^data\.path: required"),
+    (["data.max_docs=-1"], r"^data\.max_docs: must be >= 0 \(0 = all documents\)"),
     (["steps=3"], r"^steps: overrides need section\.key"),
 ])
 def test_bad_values_rejected(override, message):
@@ -101,3 +102,31 @@ def test_retrieval_section_nested_and_flat_keys_migrate(tmp_path):
     with pytest.raises(ConfigError, match=r"^data\.retrieval\.bogus: unknown key"):
         load_config(tmp_path / "old.yaml", ["data.retrieval.bogus=1"])
     assert old.to_dict()["data"]["retrieval"]["pairs"] == 48      # saved nested
+
+
+def test_resume_check_covers_the_data_stream_but_not_how_it_is_read():
+    """A resume refuses another token stream (its saved data position would point into the
+    wrong one: another packing, path, eval split or seed); a key added since the saved run
+    counts as its default; how the stream is read (prefetch, retries) may change."""
+    from nsa_jax.config import DATA_STREAM_KEYS, Config, apply_overrides, config_from_dict
+    from nsa_jax.train.recovery import config_mismatch
+
+    saved = apply_overrides(Config().to_dict(), ["data.source=text", "data.path=x.jsonl"])
+
+    def cfg(*over):
+        return config_from_dict(apply_overrides(saved, list(over)))
+
+    assert config_mismatch(saved, cfg()) is None
+    for over in ("data.prefetch=7", "data.retries=1", "train.steps=99", "train.lr=1e-3"):
+        assert config_mismatch(saved, cfg(over)) is None, over
+    for over, key in (("data.packing=documents", "data.packing"),
+                      ("data.path=y.jsonl", "data.path"),
+                      ("data.eval_fraction=0", "data.eval_fraction"),
+                      ("train.seed=3", "train.seed"),
+                      ("data.retrieval.max_distance=5", "data.retrieval")):
+        diff = config_mismatch(saved, cfg(over))
+        assert diff is not None and diff.startswith(f"{key}: the run was trained with"), over
+    old = {**saved, "data": {k: v for k, v in saved["data"].items() if k != "packing"}}
+    assert config_mismatch(old, cfg()) is None                    # missing: the default
+    assert config_mismatch(old, cfg("data.packing=documents")) is not None
+    assert {k.split(".")[0] for k in DATA_STREAM_KEYS} == {"data", "train"}

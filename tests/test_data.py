@@ -311,6 +311,20 @@ def test_hf_errors(tmp_path, monkeypatch):
     jl = write_jsonl(tmp_path / "d.jsonl", make_docs(5), field="body")
     with pytest.raises(DataError, match=r"data.text_field: 'text' is not a column"):
         build_loader(hf_cfg(jl, "json"), batch_size=1)
+    # an unknown split or config names its own key, not data.path (forty-sixth review)
+    with pytest.raises(DataError, match=r"^data.hf_split: cannot open .*Bad split"):
+        build_loader(make_cfg(source="hf", hf_name="json", hf_config=None, hf_split="validation",
+                              path=str(jl), text_field="body", tokenizer="byte"), batch_size=1)
+    local = tmp_path / "local"                              # a local dataset directory
+    local.mkdir()
+    write_jsonl(local / "train.jsonl", make_docs(5))
+    with pytest.raises(DataError, match=r"^data.hf_config: cannot open .*data.hf_config=null"):
+        build_loader(make_cfg(source="hf", hf_name=str(local), hf_config="sample-10BT",
+                              path=None, tokenizer="byte"), batch_size=1)
+    with build_loader(make_cfg(source="hf", hf_name=str(local), hf_config=None, path=None,
+                               tokenizer="byte", seq_len=16, eval_fraction=0.0),
+                      batch_size=1) as ld:
+        assert next(ld).tokens.shape == (1, 17)               # seq_len inputs + 1 target
     import sys
 
     monkeypatch.setitem(sys.modules, "datasets", None)   # simulate `datasets` not installed
@@ -387,7 +401,8 @@ def test_prepare_cli_shards_read_back_identically_to_text_stream(tmp_path, capsy
     # the tokens source serves the text source's windows (in a seeded order per epoch)
     T = 16
     n_win = (len(stream) - 1) // T
-    tcfg = make_cfg(source="tokens", path=str(out), seq_len=T, eval_fraction=0.0)
+    tcfg = make_cfg(source="tokens", path=str(out), seq_len=T, eval_fraction=0.0,
+                    tokenizer="byte")
     with build_loader(tcfg, batch_size=n_win) as ld:
         epoch0, epoch1 = next(ld).tokens, next(ld).tokens
     want = expected_windows(stream, T, n_win)
@@ -577,7 +592,7 @@ def test_documents_packing_segment_ids_change_exactly_at_document_boundaries(tmp
                                            "tokenizer": "byte", "out_dir": str(out)})
     assert main(["--config", str(conf), "data.shard_tokens=500"]) == 0
     tcfg = make_cfg(source="tokens", path=str(out), seq_len=T, eval_fraction=0.1,
-                    packing="documents")
+                    packing="documents", tokenizer="byte")
     for split in ("train", "eval"):
         with build_loader(tcfg, split=split, batch_size=8) as ld:
             for _ in range(3):
@@ -588,7 +603,8 @@ def test_documents_packing_segment_ids_change_exactly_at_document_boundaries(tmp
     del index["documents"]
     (out / "index.json").write_text(json.dumps({**index, "version": 1}))
     (out / "documents.bin").unlink()
-    with build_loader(make_cfg(source="tokens", path=str(out), seq_len=T), batch_size=2) as ld:
+    with build_loader(make_cfg(source="tokens", path=str(out), seq_len=T, tokenizer="byte"),
+                      batch_size=2) as ld:
         assert next(ld).segment_ids is None
     with pytest.raises(DataError, match=r"^data.packing: documents needs document boundaries, "
                                         r"but .*index.json has none .*re-run python -m "
@@ -599,3 +615,21 @@ def test_documents_packing_segment_ids_change_exactly_at_document_boundaries(tmp
                                               rf"boundaries, but data.source={src} has none"):
             make_cfg(source=src, packing="documents")
 
+
+
+def test_tokens_source_refuses_another_tokenizer_than_the_shards(tmp_path):
+    """Shards made with one tokenizer trained under another data.tokenizer: refused naming the
+    key (the run would record the wrong tokenizer for generation; forty-sixth review)."""
+    from nsa_jax.data.shards import write_dataset
+
+    write_dataset(tmp_path / "b", iter([np.arange(300) % 256]), dtype="uint16", shard_tokens=300,
+                  meta={"vocab_size": 256, "eos_id": 0, "tokenizer": "byte", "source": "test"})
+    ok = make_cfg(vocab=256, source="tokens", path=str(tmp_path / "b"), seq_len=16,
+                  tokenizer="byte", eval_fraction=0.0)
+    with build_loader(ok, batch_size=2) as ld:
+        assert next(ld).tokens.shape == (2, 17)
+    bad = make_cfg(vocab=50304, source="tokens", path=str(tmp_path / "b"), seq_len=16,
+                   tokenizer="gpt2", eval_fraction=0.0)
+    with pytest.raises(DataError, match=r"^data.tokenizer: 'gpt2' \(vocab 50257, EOS 50256\) is "
+                                        r"not the tokenizer the shards .* \('byte': vocab 256"):
+        build_loader(bad, batch_size=2)

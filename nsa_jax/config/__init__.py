@@ -18,12 +18,13 @@ overrides, moved keys, and the way back out); this package is their public surfa
 from nsa_jax.config.loading import (MOVED, apply_overrides, config_from_dict, describe_keys,
                                     load_config, migrate, parse_override, save_config,
                                     yaml_value)
-from nsa_jax.config.schema import (PACKED_SOURCES, SECTIONS, SHAPE_SECTIONS, Config, ConfigError,
-                                   DataConfig, ExecConfig, MeshConfig, ModelConfig,
-                                   RetrievalConfig, RunConfig, TrainConfig, config_warnings)
+from nsa_jax.config.schema import (DATA_STREAM_KEYS, PACKED_SOURCES, SECTIONS, SHAPE_SECTIONS,
+                                   Config, ConfigError, DataConfig, ExecConfig, MeshConfig,
+                                   ModelConfig, RetrievalConfig, RunConfig, TrainConfig,
+                                   config_warnings)
 
-__all__ = ["MOVED", "PACKED_SOURCES", "SECTIONS", "SHAPE_SECTIONS", "Config", "ConfigError",
-           "DataConfig", "ExecConfig", "MeshConfig", "ModelConfig", "RetrievalConfig",
+__all__ = ["DATA_STREAM_KEYS", "MOVED", "PACKED_SOURCES", "SECTIONS", "SHAPE_SECTIONS", "Config",
+           "ConfigError", "DataConfig", "ExecConfig", "MeshConfig", "ModelConfig", "RetrievalConfig",
            "RunConfig", "TrainConfig", "apply_overrides", "config_from_dict", "config_warnings",
            "describe_keys", "load_config", "migrate", "parse_override", "save_config",
            "yaml_value"]

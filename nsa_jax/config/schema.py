@@ -124,6 +124,9 @@ class DataConfig:
             raise ConfigError(f"data.retry_backoff_s: must be >= 0, got {self.retry_backoff_s}")
         if self.prefetch < 0:
             raise ConfigError(f"data.prefetch: must be >= 0, got {self.prefetch}")
+        if self.max_docs < 0:
+            raise ConfigError(f"data.max_docs: must be >= 0 (0 = all documents), got "
+                              f"{self.max_docs}")
         if self.retrieval.loss == "answers" and self.source != "retrieval":
             raise ConfigError(f"data.retrieval.loss: answers needs data.source=retrieval (answer "
                               f"targets exist only there), got data.source={self.source}")
@@ -251,6 +254,14 @@ SECTIONS = {"model": ModelConfig, "nsa": NSAConfig, "data": DataConfig, "train":
             "run": RunConfig, "mesh": MeshConfig, "exec": ExecConfig}
 # The sections that fix the parameter shapes: a checkpoint resumes only under equal ones.
 SHAPE_SECTIONS = ("model", "nsa")
+# The keys that fix the token stream a run trains on: its saved data position means something only
+# under equal ones (a resume refuses others; fine-tuning on other data is train.init_from).
+# Not here: how the stream is read (data.prefetch, data.retries, data.retry_backoff_s) and what
+# only data preparation uses (data.out_dir, data.shard_tokens).
+DATA_STREAM_KEYS = tuple(f"data.{k}" for k in (
+    "source", "path", "text_field", "tokenizer", "seq_len", "hf_name", "hf_config", "hf_split",
+    "eval_fraction", "synthetic_vocab", "max_docs", "shuffle", "packing", "retrieval")) + (
+    "train.seed",)
 
 
 def config_warnings(cfg: Config) -> list[str]:

@@ -62,9 +62,22 @@ class HFDocs:
         except Exception as e:
             if isinstance(e, DataError) or is_transient(e):
                 raise
-            hint = (f"; data.path is passed as its data_files (data.path=null loads "
-                    f"data.hf_name alone)" if self.data_files else "")
-            raise DataError(f"{self.key}: cannot open {self.describe()} ({brief(e)}){hint}") from None
+            key, hint = self._blame(e)
+            raise DataError(f"{key}: cannot open {self.describe()} ({brief(e)}){hint}") from None
+
+    def _blame(self, e: Exception) -> tuple[str, str]:
+        """The key an open error is about: ``datasets`` says "BuilderConfig ... not found" for a
+        config the dataset lacks (the default ``sample-10BT`` is one a local directory lacks)
+        and "Bad split" / "Unknown split" for a split; else the name or path."""
+        text = str(e)
+        if self.config and "BuilderConfig" in text:
+            return "data.hf_config", (" (data.hf_config=null for a dataset without named "
+                                      "configs, such as a local directory)")
+        if "split" in text.lower() and self.split in text:
+            return "data.hf_split", ""
+        hint = (f"; data.path is passed as its data_files (data.path=null loads data.hf_name "
+                f"alone)" if self.data_files else "")
+        return self.key, hint
 
     def check(self) -> None:
         """Open the stream now (with retries) so a bad name/config/split fails at build time."""

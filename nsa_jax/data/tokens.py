@@ -18,6 +18,7 @@ import numpy as np
 from nsa_jax.data.batch import Batch
 from nsa_jax.data.errors import DataError
 from nsa_jax.data.shards import ShardReader
+from nsa_jax.data.tokenizer import get_tokenizer
 
 _TAG = 0x70C5
 
@@ -77,11 +78,31 @@ class TokensSource:
         return out if seg is None else Batch(out, segment_ids=seg)
 
 
+def _check_tokenizer(name: str, reader: ShardReader) -> None:
+    """Refuse a ``data.tokenizer`` other than the one the shards were made with (index.json's
+    ``tokenizer``), told apart by vocabulary size and EOS id: the run records data.tokenizer,
+    and generation encodes and decodes with it. Shards whose index names no tokenizer that
+    loads here (another machine's path, test data) are not checked."""
+    made = reader.index.get("tokenizer")
+    if not isinstance(made, str) or made == name:
+        return
+    try:
+        get_tokenizer(made)
+    except DataError:
+        return
+    tok = get_tokenizer(name)
+    if (tok.vocab_size, tok.eos_id) != (reader.vocab_size, reader.eos_id):
+        raise DataError(f"data.tokenizer: {name!r} (vocab {tok.vocab_size}, EOS {tok.eos_id}) "
+                        f"is not the tokenizer the shards in {reader.dir} were made with "
+                        f"({made!r}: vocab {reader.vocab_size}, EOS {reader.eos_id})")
+
+
 def build_tokens_source(cfg, split, process_index, process_count, position):
     d = cfg.data
     if split == "eval" and d.eval_fraction == 0:
         raise DataError("data.eval_fraction: is 0, so there is no eval split")
     reader = ShardReader(d.path)
+    _check_tokenizer(d.tokenizer, reader)
     if reader.vocab_size > cfg.model.vocab_size:
         raise DataError(f"data.path: {reader.dir}/index.json vocab {reader.vocab_size} > "
                         f"model.vocab_size {cfg.model.vocab_size}")

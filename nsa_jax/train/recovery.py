@@ -5,16 +5,18 @@
   none is usable it raises :class:`NoUsableCheckpoint`, one line naming every bad step.
 * :func:`quarantine` moves unusable step directories to ``<run.dir>/corrupt_checkpoints/``.
 * :func:`check_compatible` refuses a checkpoint whose ``model``/``nsa`` sections (what fixes the
-  parameter shapes) differ from this config's.
+  parameter shapes) or data-stream keys (:data:`~nsa_jax.config.DATA_STREAM_KEYS`: what fixes
+  the tokens its saved data position points into) differ from this config's.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable, TypeVar
 
 import yaml
 
-from nsa_jax.config import SHAPE_SECTIONS, Config, migrate
+from nsa_jax.config import DATA_STREAM_KEYS, SECTIONS, SHAPE_SECTIONS, Config, migrate
 from nsa_jax.errors import first_line, warn
 from nsa_jax.train.checkpoint import Checkpointer, checkpoint_dir
 from nsa_jax.train.errors import CheckpointError, CorruptCheckpoint
@@ -92,8 +94,10 @@ def _norm(v):
 
 
 def config_mismatch(saved: dict, cfg: Config) -> str | None:
-    """First ``section.key`` of model/nsa (:data:`~nsa_jax.config.SHAPE_SECTIONS`) where
-    ``saved`` (a config dict, perhaps with keys that moved since) differs from ``cfg``."""
+    """First ``section.key`` of model/nsa (:data:`~nsa_jax.config.SHAPE_SECTIONS`), then of the
+    data stream (:data:`~nsa_jax.config.DATA_STREAM_KEYS`), where ``saved`` (a config dict,
+    perhaps with keys that moved since) differs from ``cfg``. A data-stream key the saved config
+    lacks (added since that run) counts as its default."""
     cur = cfg.to_dict()
     saved = migrate(saved)
     for sec in SHAPE_SECTIONS:
@@ -105,6 +109,17 @@ def config_mismatch(saved: dict, cfg: Config) -> str | None:
             a, b = old.get(k, _MISSING), cur[sec].get(k, _MISSING)
             if _norm(a) != _norm(b):
                 return f"{key}: the checkpoint was trained with {key}={a!r}, this config has {b!r}"
+    for key in DATA_STREAM_KEYS:
+        sec, k = key.split(".")
+        old = saved.get(sec) or {}
+        default = dataclasses.asdict(SECTIONS[sec]()).get(k, _MISSING)
+        a = old.get(k, default) if isinstance(old, dict) else _MISSING
+        b = cur[sec].get(k, _MISSING)
+        if _norm(a) != _norm(b):
+            return (f"{key}: the run was trained with {key}={a!r}, this config has {b!r}; its "
+                    f"saved data position points into that stream (pass the run's value to "
+                    f"continue it; to go on with other data, start a new run.dir with "
+                    f"train.init_from=<this run>)")
     return None
 
 
@@ -119,7 +134,8 @@ def read_saved_config(path: Path) -> dict:
 
 
 def check_compatible(run_dir, cfg: Config, meta: dict | None = None) -> None:
-    """Refuse a resume whose model/nsa sections differ from the run's saved ``config.yaml``."""
+    """Refuse a resume whose model/nsa sections or data-stream keys differ from the run's saved
+    ``config.yaml``."""
     path = Path(run_dir) / "config.yaml"
     if path.is_file():
         saved, where = read_saved_config(path), path
