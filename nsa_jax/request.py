@@ -190,6 +190,14 @@ def fit_rows(dec, width: int, free: int | None, longest: int) -> int:
         if need is None or need <= left:
             return g
         if g == 1:
+            caches = cache_bytes(dec.cache)
+            fit = (free - need) * dec.batch // caches if caches else 0
+            if 1 <= fit < dec.batch:      # fewer rows would leave the prefill room: say so
+                raise RequestError("prompts", f"{dec.batch} prompts' KV caches "
+                                              f"({gib(caches)}) leave {gib(max(left, 0))}"
+                                              f" of {gib(free)} free, and prefilling one row of "
+                                              f"{width} tokens needs {gib(need)}: at most {fit} "
+                                              f"prompts fit")
             raise RequestError("prompts", f"prefilling a prompt of {longest} tokens (padded to "
                                           f"{width}) needs {gib(need)}, more than the "
                                           f"{gib(max(left, 0))} the KV caches leave free")

@@ -197,7 +197,13 @@ def test_fit_rows_halves_rounding_up_within_what_the_caches_leave():
     assert fit_rows(dec, 64, 1000 + 300, 10) == 3
     assert fit_rows(dec, 64, 1000 + 250, 10) == 2                 # 3 -> 2 (not 1)
     assert fit_rows(dec, 64, 1000 + 100, 10) == 1
+    # one row's prefill does not fit beside 3 rows of caches, but would beside 2: the count
+    # that fits is what to say (forty-sixth review: "a prompt of 10 tokens" misled)
     arg, msg = _arg(fit_rows, dec, 64, 1000 + 99, 10)
+    assert arg == "prompts" and "prefilling one row of 64 tokens needs 100 B" in msg, msg
+    assert msg.endswith("at most 2 prompts fit"), msg
+    one = SimpleNamespace(batch=1, cache=cache, prefill_bytes=lambda g, width: 100 * g)
+    arg, msg = _arg(fit_rows, one, 64, 1000 + 99, 10)             # no batch size would help
     assert arg == "prompts" and "prompt of 10 tokens (padded to 64)" in msg
     dec5 = SimpleNamespace(batch=5, cache=cache, prefill_bytes=lambda g, width: 100 * g)
     assert fit_rows(dec5, 64, 1000 + 450, 10) == 3                # 5 -> 3
