@@ -83,9 +83,11 @@ def load_run(run_dir, step: int | None = None) -> Run:
     from nsa_jax.config import ConfigError
     from nsa_jax.data import get_tokenizer
     from nsa_jax.train.inference import restore_for_inference
+    from nsa_jax.train.outputs import RUN_TOKENIZER
 
     cfg, model, step = restore_for_inference(run_dir, step=step)
-    tok = get_tokenizer(cfg.data.tokenizer)
+    copy = Path(run_dir) / RUN_TOKENIZER      # the run's own copy of a tokenizer.json file
+    tok = get_tokenizer(str(copy) if copy.is_file() else cfg.data.tokenizer)
     if tok.vocab_size > cfg.model.vocab_size:
         raise ConfigError(f"data.tokenizer: {cfg.data.tokenizer!r} has {tok.vocab_size} "
                           f"tokens but the model's vocab_size is {cfg.model.vocab_size}")

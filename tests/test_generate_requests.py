@@ -110,3 +110,31 @@ def test_one_call_generation_still_reports_a_decode_rate(model):
     t2 = Timing()
     generate_batch(model, [[1, 2, 3], [4]], 4, steps_per_call=2, timing=t2)
     assert t2.decode_tokens == 4 and "from the first call alone" not in t2.lines()[1]
+
+
+def test_a_run_trained_with_a_relative_tokenizer_path_generates_from_anywhere(tmp_path,
+                                                                                monkeypatch):
+    """config.yaml keeps data.tokenizer as given (here relative to the directory training
+    started in); the run directory holds a copy of the file, which load_run reads, so the run
+    generates from another directory too (before: one error naming data.tokenizer)."""
+    import shutil
+
+    from nsa_jax.data.tokenizer import GPT2_PATH
+    from nsa_jax.inference import load_run
+    from nsa_jax.train.cli import main as train_main
+
+    work = tmp_path / "work"
+    (work / "tok").mkdir(parents=True)
+    shutil.copy(GPT2_PATH, work / "tok" / "tokenizer.json")
+    monkeypatch.chdir(work)
+    assert train_main(["--config", str(REPO / "configs" / "tiny.yaml"), "data.source=synthetic",
+                       "data.path=null", "data.seq_len=32", "data.tokenizer=tok/tokenizer.json",
+                       "model.dim=32", "model.n_layers=1", "model.n_heads=2",
+                       "model.n_kv_groups=1", "model.head_dim=16", "model.mlp_hidden=64",
+                       "model.attention=dense", "train.batch_size=2", "train.steps=1",
+                       "train.eval_every=0", f"run.dir={tmp_path / 'run'}"]) == 0
+    assert (tmp_path / "run" / "tokenizer.json").read_bytes() == GPT2_PATH.read_bytes()
+    monkeypatch.chdir(tmp_path)                     # tok/tokenizer.json does not resolve here
+    run = load_run(tmp_path / "run")
+    assert run.cfg.data.tokenizer == "tok/tokenizer.json"
+    assert run.encode("Hello") == [15496] and len(run.generate(["Hello"], 2)) == 1

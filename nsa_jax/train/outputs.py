@@ -1,5 +1,6 @@
 """The run directory at start-up (first process only): created, unusable checkpoints moved aside,
-``config.yaml`` (the resolved config) and ``env.json`` written, ``metrics.jsonl`` cut back to the
+``config.yaml`` (the resolved config), ``env.json`` and a copy of a ``data.tokenizer`` file
+written, ``metrics.jsonl`` cut back to the
 starting step and TensorBoard opened. Every failure is a :class:`TrainError` naming the path."""
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def open_outputs(start, argv) -> tuple[MetricsLog, TensorBoardWriter | None]:
             p, yaml.safe_dump(resolved.to_dict(), sort_keys=False)))
         _write(run_dir / "env.json", lambda p: atomic_write_text(
             p, json.dumps(collect_env(argv), indent=2) + "\n"))
+        _copy_tokenizer(cfg.data.tokenizer, run_dir / RUN_TOKENIZER)
         _write(metrics.path, lambda p: metrics.truncate_after(start.step))
         # drops TensorBoard events of an earlier, interrupted attempt from this step on
         tb = _write(run_dir / "tensorboard", lambda p: TensorBoardWriter(
@@ -39,6 +41,24 @@ def open_outputs(start, argv) -> tuple[MetricsLog, TensorBoardWriter | None]:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("nsa_jax.train quarantine")
     return metrics, tb
+
+
+RUN_TOKENIZER = "tokenizer.json"   # a copy of a data.tokenizer file, read by load_run
+
+
+def _copy_tokenizer(name: str, dst) -> None:
+    """A ``data.tokenizer`` given as a tokenizer.json path is copied into the run directory:
+    ``config.yaml`` keeps the path as given (perhaps relative to the directory training started
+    in), and the run's copy lets :func:`nsa_jax.inference.load_run` find it from anywhere, also
+    after the run directory moves (forty-sixth session's review). The named tokenizers
+    (``gpt2``, ``byte``) ship with the package."""
+    if name in ("gpt2", "byte"):
+        return
+    from nsa_jax.data.paths import resolve_path
+
+    src = resolve_path(name)
+    if src.is_file():
+        _write(dst, lambda p: atomic_write_text(p, src.read_text(encoding="utf-8")))
 
 
 def _quarantine(s) -> None:
