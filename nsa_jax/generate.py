@@ -33,12 +33,11 @@ class Timing:
     steps in one jitted call). The first call (``first_steps`` tokens per row) compiles: it is
     timed apart (``first_step_s``, including its compilation, the copy of its ids to the host
     and the callbacks; ``first_compile_s`` of it compiling). ``decode_s`` covers the calls after
-    it, each timed from its issue until
-    its ids are on the host and passed to the callbacks, without the compilation of a shorter
-    last call (``decode_compile_s``); ``decode_tokens`` counts the tokens those calls sampled,
-    over all rows (rows already done included: they step with the batch). A generation of one
-    call reports that call's rate without its compilation instead, marked as such: it still
-    holds the first run's set-up, so it understates the rate.
+    it, each timed from its issue until its ids are on the host and passed to the callbacks,
+    without the compilation of a shorter last call (``decode_compile_s``); ``decode_tokens``
+    counts the tokens those calls sampled, over all rows (rows already done included: they step
+    with the batch). A generation of one call reports that call's rate without its compilation
+    instead, marked as such: it still holds the first run's set-up, so it understates the rate.
     """
     rows: int = 0
     width: int = 0

@@ -232,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
 def exit_process(status: int):
     """End the process with ``status``. After a Ctrl-C (``EXIT_INTERRUPTED``): the streams
     flushed, then ``os._exit``, skipping the interpreter's teardown: a Ctrl-C inside an XLA
-    compile can leave jaxlib to crash with SIGSEGV at exit (jax 0.10.2 on the CPU: 5 of 5 runs
-    of a jax-only script interrupted in a compile, none with ``os._exit``; bench/NOTES.md,
-    forty-sixth session)."""
+    compile can leave jaxlib to crash with SIGSEGV at exit (``python -m nsa_jax.generate`` on
+    the CPU, jax 0.10.2: 1 of 5 interrupts before, 0 of 5 after; bench/NOTES.md, forty-sixth
+    session)."""
     if status != EXIT_INTERRUPTED:
         raise SystemExit(status)
     for stream in (sys.stdout, sys.stderr):

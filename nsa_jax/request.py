@@ -111,8 +111,11 @@ def check_sampling(temperature: float, top_k: int, top_p: float, seed: int,
     check before it loads the run): out of range they would sample silently from other
     distributions (a negative or NaN temperature as 1, top_p 0 as token 0, an infinite
     temperature as a vocabulary padding id)."""
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
-            and temperature >= 0):
+    try:
+        t = float(temperature)
+    except (TypeError, ValueError):
+        t = math.nan
+    if not (math.isfinite(t) and t >= 0):
         raise RequestError("temperature", f"must be a finite number >= 0 (0 = greedy), got "
                                           f"{temperature}")
     if int(top_k) != top_k or top_k < 0:
