@@ -3,7 +3,8 @@
 # First the Mosaic GPU tests call 1 did not reach and the GPU decode tests; then NSA at 64k / B=1 and 8 in the tree
 # before (BEFORE) and this tree, alternated, one process each, the first of each with a trace at 64k / B=8 (kernels
 # per token) and this tree's optimised HLO of that point.
-#   bash bench/calls/gpu_call46b.sh BEFORE_TREE      (run from this tree)
+#   bash bench/calls/gpu_call46b.sh BEFORE_TREE      (run from the fold's tree, 403c864: tests/test_step_folds.py and
+#   Block._mlp_step exist only there and on wip/decode-norm-folds; the fold was reverted after this call)
 set -u
 export OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; t0=$SECONDS; log="$OUT/run.log"; rc=0
 before=$1
