@@ -232,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
 def exit_process(status: int):
     """End the process with ``status``. After a Ctrl-C (``EXIT_INTERRUPTED``): the streams
     flushed, then ``os._exit``, skipping the interpreter's teardown: a Ctrl-C inside an XLA
-    compile can leave jaxlib to crash with SIGSEGV at exit (``python -m nsa_jax.generate`` on
-    the CPU, jax 0.10.2: 1 of 5 interrupts before, 0 of 5 after; bench/NOTES.md, forty-sixth
+    compile can leave jaxlib to crash with SIGSEGV at exit (``bench/sigint_generate.py`` on the
+    CPU, jax 0.10.2: 2 of 6 interrupts before, 0 of 4 after; bench/NOTES.md, forty-sixth
     session)."""
     if status != EXIT_INTERRUPTED:
         raise SystemExit(status)

@@ -104,7 +104,6 @@ def free_memory(model, memory_limit: int | None = None) -> int | None:
     return free
 
 
-
 def check_sampling(temperature: float, top_k: int, top_p: float, seed: int,
                    steps_per_call: int) -> None:
     """The sampling arguments of :func:`nsa_jax.generate.generate_batch` (the CLI runs the same

@@ -29,8 +29,8 @@ from nsa_jax.pallas.mosaic_common import (KEYS, ROWS, STAGES, check_per, edge_co
                                           list_operands, logits, no_interpret, plgpu_module,
                                           produce, program, ring_scratch, ring_stages,
                                           row_vectors, rows_vec, selection_lists, slot_bias,
-                                         smem_tiles, split_refs, step_blocks, turns, wait_all,
-                                         walk)
+                                          smem_tiles, split_refs, step_blocks, turns, wait_all,
+                                          walk)
 
 
 def _dq_kernel(blocks_ref, bcount_ref, nfull_ref, q_ref, k_ref, v_ref, bias_ref, do_ref, rv_ref,

@@ -109,11 +109,12 @@ def config_mismatch(saved: dict, cfg: Config) -> str | None:
             a, b = old.get(k, _MISSING), cur[sec].get(k, _MISSING)
             if _norm(a) != _norm(b):
                 return f"{key}: the checkpoint was trained with {key}={a!r}, this config has {b!r}"
+    defaults = {sec: dataclasses.asdict(SECTIONS[sec]())
+                for sec in {key.split(".")[0] for key in DATA_STREAM_KEYS}}
     for key in DATA_STREAM_KEYS:
         sec, k = key.split(".")
         old = saved.get(sec) or {}
-        default = dataclasses.asdict(SECTIONS[sec]()).get(k, _MISSING)
-        a = old.get(k, default) if isinstance(old, dict) else _MISSING
+        a = old.get(k, defaults[sec].get(k, _MISSING)) if isinstance(old, dict) else _MISSING
         b = cur[sec].get(k, _MISSING)
         if _norm(a) != _norm(b):
             return (f"{key}: the run was trained with {key}={a!r}, this config has {b!r}; its "
