@@ -61,8 +61,13 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from nsa_jax.config import load_config  # noqa: E402
-from nsa_jax.decode import (cache_bytes, decode_loop_jit, decode_reads, dense_reads,  # noqa: E402
-                            inference_state, init_cache, step_jit, step_state)
+from nsa_jax.decode import (cache_bytes, decode_loop_jit, inference_state,  # noqa: E402
+                            init_cache, step_jit, step_state)
+
+try:  # the read counters' module (older trees, timed with this script, had them in decode)
+    from nsa_jax.nsa.reads import decode_reads, dense_reads  # noqa: E402
+except ImportError:
+    from nsa_jax.decode import decode_reads, dense_reads  # noqa: E402
 
 try:  # the steps' flat state (an older tree, timed with this script, has none)
     from nsa_jax.decode import flat_state  # noqa: E402

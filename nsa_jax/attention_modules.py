@@ -21,6 +21,7 @@ from nsa_jax import decode as kvcache
 from nsa_jax.config import ExecConfig, ModelConfig
 from nsa_jax.dense_packed import dense_packed_attention
 from nsa_jax.nsa import NSAConfig, nsa_attention, semantics
+from nsa_jax.nsa.chunked import dense_chunk_attention, nsa_chunk_attention
 from nsa_jax.nsa.decoding import dense_decode_attention
 from nsa_jax.nsa.compression import compress, compress_block
 from nsa_jax.nsa.rope import apply_rope, cmp_positions, cos_sin
@@ -288,11 +289,14 @@ class NSAAttention(_StepWeights, nnx.Module):
 
         Without a cache: the parallel (training) forward. With one: S == 1 appends one token per
         row at position ``cache.pos`` and attends over the cache (decode step); S > 1 is a prefill
-        of an empty cache with ``cache.n`` valid tokens per row. ``segment_ids`` [B,S] packs
+        of an empty cache with ``cache.n`` valid tokens per row, or, with ``cache.start`` set,
+        a continuation chunk of a chunked prefill (:meth:`_extend`). ``segment_ids`` [B,S] packs
         documents (no cache): each attends only inside itself (:mod:`nsa_jax.nsa.semantics`).
         """
         B, S, _ = x.shape
         _no_packed_cache(cache, segment_ids)
+        if cache is not None and cache.start is not None:
+            return self._extend(x, positions, cache)
         if cache is not None and S == 1:
             return self._decode(x, cache, self.xcfg.decode_impl)
         impl = resolve_nsa_impl(self.xcfg.nsa_impl)
@@ -313,6 +317,19 @@ class NSAAttention(_StepWeights, nnx.Module):
         if cache is None:
             return out, None
         kv = cache_update.fill_nsa(cache.kv, cache.n, k_c, v_c, k_cmp, v_cmp, k_s, v_s, k_w, v_w)
+        return out, dataclasses.replace(cache, kv=kv)
+
+    def _extend(self, x, positions, cache: kvcache.LayerCache):
+        """A continuation chunk of a chunked prefill (x [B,C,dim] at ``positions`` [C] =
+        cache.start + 0..C-1): its tokens into the caches (``cache_update.extend_nsa``), then
+        its queries over them (:func:`nsa_jax.nsa.chunked.nsa_chunk_attention`, jax.numpy on
+        every backend)."""
+        B, C, _ = x.shape
+        q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
+        kv, span = cache_update.extend_nsa(cache.kv, cache.start, cache.n, self.ncfg,
+                                           self.compress_kv, k_c, v_c, k_s, v_s, k_w, v_w)
+        o = nsa_chunk_attention(q, kv, span, positions, gates, self.ncfg)
+        out = self.wo(o.reshape(B, C, -1).astype(self.dtype))
         return out, dataclasses.replace(cache, kv=kv)
 
     def _decode(self, x, cache: kvcache.LayerCache, impl: str):
@@ -372,6 +389,11 @@ class DenseAttention(_StepWeights, nnx.Module):
         :meth:`NSAAttention.__call__`."""
         B, S, _ = x.shape
         _no_packed_cache(cache, segment_ids)
+        if cache is not None and cache.start is not None:    # a chunked prefill's continuation
+            q, k, v = self.project(x, positions)
+            kv = cache_update.extend_dense(cache.kv, cache.start, cache.n, k, v)
+            o = dense_chunk_attention(q, kv["k"], kv["v"], positions)
+            return self.wo(o.reshape(B, S, -1)), dataclasses.replace(cache, kv=kv)
         if cache is not None and S == 1:
             t = cache.pos
             fused = fused_writes(self.xcfg.decode_impl)

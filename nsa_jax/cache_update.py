@@ -1,6 +1,7 @@
 """How tokens enter the KV caches of :mod:`nsa_jax.decode`: a prefill fills them, a decode step
 appends one token per row (in XLA, or in one Pallas kernel per layer on the Pallas decode path:
-:mod:`nsa_jax.pallas.cache_write`).
+:mod:`nsa_jax.pallas.cache_write`), and a continuation chunk of a chunked prefill appends C tokens
+per row (:func:`extend_nsa`, :func:`extend_dense`).
 
 Appending token t: its selection K/V go to index t, its window K/V to ring slot ``t % W``, its
 un-rotated cmp-branch K/V to ring slot ``t % l``; when t is the last token of compressed block
@@ -162,3 +163,90 @@ def append_nsa(kv: dict, t, cfg: NSAConfig, compress, rows, q, rope,
             kv["k_cmp"], kv["v_cmp"] = _write((kv["k_cmp"], kv["v_cmp"]), (kc[:, 0], vc[:, 0]),
                                               (i, i), interpret)
     return kv, q
+
+
+# ---- a chunk of C tokens per row (chunked prefill) ------------------------------------------
+def _put_valid(buf, x, idx, ok):
+    """buf [B,G,S,D] <- x [B,C,G,D] at sequence indices idx (broadcastable to [B,C]) where ok
+    [B,C]; the rest (padding, indices past S) is dropped, so a row's cache past its own tokens
+    stays as it was."""
+    B, S = buf.shape[0], buf.shape[2]
+    i = jnp.where(ok, idx, S)
+    return buf.at[jnp.arange(B)[:, None], :, i].set(x.astype(buf.dtype), mode="drop")
+
+
+def _ring_tokens(ring, start):
+    """A ring of R slots holding positions start-R .. start-1, in token order -> [B,G,R,D]."""
+    R = ring.shape[2]
+    return jnp.take(ring, jnp.mod(start - R + jnp.arange(R), R), axis=2)
+
+
+def _ring_after(span, span_start, end, R: int):
+    """The ring of R slots after position end[b] - 1, from span [B,G,S,D] holding positions
+    span_start .. span_start + S - 1. A row with end == span_start + R (no token of the chunk)
+    gets its ring back unchanged, whatever positions it held."""
+    return gather_rows(span, ring_positions(end - 1, R) - span_start)
+
+
+def extend_dense(kv: dict, start, n, k, v) -> dict:
+    """A chunk's keys/values [B,C,G,D] at positions start.. into a dense layer's cache; row b
+    takes its first n[b] tokens (the rest is padding)."""
+    C = k.shape[1]
+    idx = start + jnp.arange(C)
+    ok = jnp.arange(C)[None, :] < n[:, None]
+    return dict(kv, k=_put_valid(kv["k"], k, idx, ok), v=_put_valid(kv["v"], v, idx, ok))
+
+
+def extend_nsa(kv: dict, start, n, cfg: NSAConfig, compress, k_c, v_c, k_s, v_s, k_w, v_w):
+    """A chunk of C tokens per row at positions start .. start+C-1 into an NSA layer's caches.
+    -> (caches, window span).
+
+    ``start`` (int32 scalar, the same for every row) is a multiple of l' and >= l, the caches
+    hold each row's tokens before it (a row already past its prompt has n[b] = 0 and keeps its
+    caches); row b takes its first n[b] tokens. Token tensors [B,C,G,D] as ``project_raw``
+    gives them (k_s, k_w rotated); ``compress(k, v, offset)`` is the layer's φ + RoPE
+    (``compress_kv``) over un-rotated tokens [B,T,G,D] from position ``offset``.
+
+    * selection: the tokens at their positions;
+    * compressed (Eq. 7): φ over the ring's last l tokens followed by the chunk (offset
+      start - l, a multiple of d), whose blocks 1.. end inside the chunk; those ending before a
+      row's end are written (blocks ending later are never visible and are rewritten when
+      decoding reaches their last token, as after a prefill);
+    * the rings (cmp-branch raw tokens, window): the last tokens up to each row's end.
+
+    The window span is ``(k, v, pos)``: the ring's last W tokens before the chunk and the chunk's
+    own, [B,G,W+C,D] with positions start - W + i (negative: none), for the chunk's window
+    attention (:func:`nsa_jax.nsa.chunked.nsa_chunk_attention`); None without the window."""
+    kv = dict(kv)
+    C = k_s.shape[1]
+    end = start + n
+    j = jnp.arange(C)[None, :]
+    span = None
+    if "k_slc" in kv:
+        ok = j < n[:, None]
+        kv["k_slc"] = _put_valid(kv["k_slc"], k_s, start + j, ok)
+        kv["v_slc"] = _put_valid(kv["v_slc"], v_s, start + j, ok)
+    if "k_cmp" in kv:
+        l, d = cfg.block_l, cfg.stride_d
+        raw_k = jnp.concatenate([_ring_tokens(kv["kc_raw"], start),
+                                 _gsd(k_c).astype(kv["kc_raw"].dtype)], axis=2)
+        raw_v = jnp.concatenate([_ring_tokens(kv["vc_raw"], start),
+                                 _gsd(v_c).astype(kv["vc_raw"].dtype)], axis=2)
+        kc, vc = compress(_gsd(raw_k), _gsd(raw_v), start - l)     # [B, C/d + 1, G, D]
+        i = jnp.arange(1, kc.shape[1])[None, :]                     # block 0 ends at start - 1
+        first = (start - l) // d
+        ok = start - l + i * d + l - 1 < end[:, None]               # the block ends in the row
+        kv["k_cmp"] = _put_valid(kv["k_cmp"], kc[:, 1:], first + i, ok)
+        kv["v_cmp"] = _put_valid(kv["v_cmp"], vc[:, 1:], first + i, ok)
+        kv["kc_raw"] = _ring_after(raw_k, start - l, end, l)
+        kv["vc_raw"] = _ring_after(raw_v, start - l, end, l)
+    if "k_win" in kv:
+        W = kv["k_win"].shape[2]
+        sk = jnp.concatenate([_ring_tokens(kv["k_win"], start), _gsd(k_w).astype(
+            kv["k_win"].dtype)], axis=2)
+        sv = jnp.concatenate([_ring_tokens(kv["v_win"], start), _gsd(v_w).astype(
+            kv["v_win"].dtype)], axis=2)
+        span = (sk, sv, start - W + jnp.arange(W + C))
+        kv["k_win"] = _ring_after(sk, start - W, end, W)
+        kv["v_win"] = _ring_after(sv, start - W, end, W)
+    return kv, span

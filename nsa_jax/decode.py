@@ -1,4 +1,5 @@
-"""Incremental decoding: the KV-cache layout, the ``Decoder`` driver and the read counters.
+"""Incremental decoding: the KV-cache layout and the ``Decoder`` driver (prefill at once, in row
+groups or in chunks; decode steps). Keys read per step: :mod:`nsa_jax.nsa.reads`.
 
 Decoding is a mode of the model (:meth:`nsa_jax.model.NSALM.extend`): each attention module takes
 its layer's :class:`LayerCache` and returns it updated. The attention math of one new token lives
@@ -25,8 +26,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nsa_jax.decode_loop import (StaticGraph, decode_loop_jit, flat_state, prefill_jit,
-                                put_rows_jit, step_jit)
+from nsa_jax.decode_loop import (StaticGraph, decode_loop_jit, extend_jit, flat_state,
+                                prefill_jit, put_rows_jit, step_jit)
 from nsa_jax.nsa import NSAConfig
 from nsa_jax.nsa.decoding import SYNC_SLOTS
 
@@ -45,11 +46,14 @@ class LayerCache:
     kv:  the layer's arrays (layout in :mod:`nsa_jax.nsa.decoding`);
     pos: int32 [B], tokens already in the cache per row (a decode step writes position ``pos``);
     n:   int32 [B], valid tokens of this call per row (prefill: the prompt lengths; a prompt is
-         right-padded to the longest, and padding is never visible to a valid position).
+         right-padded to the longest, and padding is never visible to a valid position);
+    start: None, or int32 [] for a continuation chunk of a chunked prefill: the call's tokens
+         sit at positions start.. in every row (:mod:`nsa_jax.nsa.chunked`).
     """
     kv: dict
     pos: jax.Array
     n: jax.Array
+    start: jax.Array | None = None
 
 
 # ---- layout ---------------------------------------------------------------------------------
@@ -173,6 +177,12 @@ def step_state(model, state):
     return StaticGraph.of(graphdef), state
 
 
+def chunk_unit(model) -> int:
+    """Prefill chunks are multiples of this: ``nsa.sel_block`` for NSA (a chunk then starts on a
+    selection block, a multiple of d, past the first compressed block), 64 for dense."""
+    return model.ncfg.sel_block if model.mcfg.attention == "nsa" else 64
+
+
 _EXECS: dict = {}      # AOT-compiled prefill and decode calls, shared by Decoders of one model
 _EXECS_MAX = 32
 
@@ -194,6 +204,12 @@ class Decoder:
 
     >>> dec.prefill_rows([0, 1], ids[:2], lengths=[7, 3])  # any order, any group sizes
     >>> dec.prefill_rows([2, 3], ids[2:], lengths=[5, 9])  # step() once every row is filled
+
+    A prompt whose prefill does not fit even alone is prefilled in chunks of ``chunk`` tokens (a
+    multiple of :attr:`chunk_unit`): the first as a prefill, each next one attending over the
+    cache the earlier ones filled (:mod:`nsa_jax.nsa.chunked`), with the same logits:
+
+    >>> logits = dec.prefill(ids, lengths=[9000, 300], chunk=2048)
 
     Prefill and :meth:`decode` calls are compiled ahead of time, once per shape (prefill: rows,
     width, all_logits; decode: steps and the sampling settings): their compile seconds
@@ -260,19 +276,49 @@ class Decoder:
         return self._compiled(("put", self.batch, g),
                               lambda: put_rows_jit.lower(self.cache, part, rows))
 
-    def prefill_bytes(self, rows: int, width: int, all_logits: bool = False) -> int | None:
+    def _extend_exec(self, rows: int, width: int, all_logits: bool):
+        """A continuation chunk of ``width`` tokens for ``rows`` rows (chunked prefill)."""
+        cache = jax.eval_shape(lambda: init_cache(self.model, rows, self.max_len))
+        sds = jax.ShapeDtypeStruct
+        logits = None if all_logits else sds((rows, self.model.mcfg.vocab_size), jnp.float32)
+        return self._compiled(("extend", rows, width, bool(all_logits)), lambda: extend_jit.lower(
+            self.graphdef, self.state, sds((rows, width), jnp.int32), sds((rows,), jnp.int32),
+            sds((), jnp.int32), cache, logits, bool(all_logits)))
+
+    @property
+    def chunk_unit(self) -> int:
+        """:func:`chunk_unit` of the model."""
+        return chunk_unit(self.model)
+
+    def _check_chunk(self, chunk: int) -> int:
+        chunk = int(chunk)
+        u = self.chunk_unit
+        if chunk < u or chunk % u:
+            raise DecodeError(f"chunk must be a positive multiple of {u} tokens, got {chunk}")
+        return chunk
+
+    def prefill_bytes(self, rows: int, width: int, all_logits: bool = False,
+                      chunk: int | None = None) -> int | None:
         """Device bytes one prefill call of ``rows`` x ``width`` tokens needs beyond the weights
         and the batch cache (its g-row cache, inputs, logits and XLA temporaries), from the
-        compiled call's memory analysis; None where the backend gives none. Compiles the call
-        (once; counted in ``compile_s``)."""
+        compiled call's memory analysis; None where the backend gives none. With ``chunk``
+        (< width): the larger of a first chunk's prefill and a continuation chunk's call.
+        Compiles the calls (once; counted in ``compile_s``)."""
         self._check_shape(rows, width)
-        m = self._exec(rows, width, all_logits).memory_analysis()
-        if m is None:
-            return None
-        args = m.argument_size_in_bytes - _tree_bytes(self.state)
-        if rows == self.batch:          # the batch cache itself is the argument, donated
-            args -= cache_bytes(self.cache)
-        return int(args + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes)
+        runs = [self._exec(rows, width, all_logits)]
+        if chunk is not None and self._check_chunk(chunk) < width:
+            runs = [self._exec(rows, chunk, all_logits), self._extend_exec(rows, chunk, all_logits)]
+        need = 0
+        for run in runs:
+            m = run.memory_analysis()
+            if m is None:
+                return None
+            args = m.argument_size_in_bytes - _tree_bytes(self.state)
+            if rows == self.batch:          # the batch cache itself is the argument, donated
+                args -= cache_bytes(self.cache)
+            need = max(need, int(args + m.output_size_in_bytes - m.alias_size_in_bytes
+                                 + m.temp_size_in_bytes))
+        return need
 
     def _check_shape(self, rows: int, width: int) -> None:
         if not 1 <= rows <= self.batch:
@@ -282,19 +328,26 @@ class Decoder:
         if width > self.max_len:
             raise DecodeError(f"prompt of {width} tokens exceeds max_len={self.max_len}")
 
-    def prefill(self, tokens, lengths=None, all_logits: bool = False):
-        """tokens [B,P] (rows right-padded to P), lengths [B] (default P for every row)."""
+    def prefill(self, tokens, lengths=None, all_logits: bool = False, chunk: int | None = None):
+        """tokens [B,P] (rows right-padded to P), lengths [B] (default P for every row); chunk
+        as in :meth:`prefill_rows`."""
         tokens = jnp.asarray(tokens, jnp.int32)
         if tokens.ndim != 2 or tokens.shape[0] != self.batch:
             raise DecodeError(f"prompt must have shape [batch={self.batch}, P], got "
                               f"{tuple(tokens.shape)}")
-        return self.prefill_rows(range(self.batch), tokens, lengths, all_logits)
+        return self.prefill_rows(range(self.batch), tokens, lengths, all_logits, chunk)
 
-    def prefill_rows(self, rows, tokens, lengths=None, all_logits: bool = False):
+    def prefill_rows(self, rows, tokens, lengths=None, all_logits: bool = False,
+                     chunk: int | None = None):
         """Prefill rows ``rows`` (g distinct indices) with tokens [g,P] (right-padded to P),
         lengths [g] (default P each), from empty: each row's earlier contents are replaced.
         After a decode step, the next prefill starts the whole batch afresh. Returns the rows'
-        logits like :meth:`prefill` ([g,V], or [g,P,V] with ``all_logits``)."""
+        logits like :meth:`prefill` ([g,V], or [g,P,V] with ``all_logits``).
+
+        ``chunk`` (a multiple of :attr:`chunk_unit`; None or >= P: at once): tokens 0..chunk-1
+        are prefilled, then each next ``chunk`` tokens attend over the cache filled so far
+        (:func:`nsa_jax.decode_loop.extend_jit`; two compiled calls whatever P); the peak
+        memory is that of a chunk (:meth:`prefill_bytes`)."""
         rows = [int(r) for r in rows]
         tokens = jnp.asarray(tokens, jnp.int32)
         g = len(rows)
@@ -311,23 +364,47 @@ class Decoder:
         if max(lengths) > P:
             raise DecodeError(f"lengths {lengths} exceed the prompt width P={P}")
         self._check_shape(g, P)
+        if chunk is not None and self._check_chunk(chunk) >= P:
+            chunk = None
         whole = rows == list(range(self.batch))
         if self.steps or (whole and any(n is not None for n in self._filled)):
             self.reset()
-        run = self._exec(g, P, all_logits)
-        lens = jnp.asarray(lengths, jnp.int32)
+        C = P if chunk is None else chunk
+        cache = self.cache if whole else init_cache(self.model, g, self.max_len)
+        logits, cache = self._exec(g, C, all_logits)(
+            self.state, tokens[:, :C], jnp.asarray([min(n, C) for n in lengths], jnp.int32),
+            cache)
+        if chunk is not None:
+            logits, cache = self._continue(tokens, lengths, chunk, all_logits, logits, cache)
         if whole:
-            logits, self.cache = run(self.state, tokens, lens, self.cache)
+            self.cache = cache
         else:
-            logits, part = run(self.state, tokens, lens,
-                               init_cache(self.model, g, self.max_len))
             idx = jnp.asarray(rows, jnp.int32)
-            self.cache = self._put_exec(part, idx)(self.cache, part, idx)
+            self.cache = self._put_exec(cache, idx)(self.cache, cache, idx)
         for r, n in zip(rows, lengths):
             self._filled[r] = n
         if all(n is not None for n in self._filled):
             self.lengths = list(self._filled)
         return logits
+
+    def _continue(self, tokens, lengths, chunk: int, all_logits: bool, logits, cache):
+        """The continuation chunks of :meth:`prefill_rows` (tokens [g,P], the first chunk done:
+        ``logits`` and ``cache`` its outputs) -> (logits, cache)."""
+        g, P = tokens.shape
+        run = self._extend_exec(g, chunk, all_logits)
+        lens = jnp.asarray(lengths, jnp.int32)
+        pieces = [logits]
+        for s in range(chunk, P, chunk):
+            piece = tokens[:, s:s + chunk]
+            if piece.shape[1] < chunk:                 # the last chunk, right-padded
+                piece = jnp.pad(piece, ((0, 0), (0, chunk - piece.shape[1])))
+            out, cache = run(self.state, piece, lens, jnp.int32(s), cache,
+                             None if all_logits else logits)
+            if all_logits:
+                pieces.append(out)
+            else:
+                logits = out
+        return (jnp.concatenate(pieces, axis=1)[:, :P] if all_logits else logits), cache
 
     # ---- decode ----------------------------------------------------------------------------
     def _check_prefilled(self, what: str) -> None:
@@ -396,40 +473,3 @@ class Decoder:
                                                  done)
         self.steps += fed
         return ids, logits, key, done
-
-
-# ---- read counters --------------------------------------------------------------------------
-def decode_reads(t: int, cfg: NSAConfig, convention: str = "exact") -> dict[str, int]:
-    """Keys read by each branch when decoding position t (0-based; the context is N = t+1 tokens).
-
-    ``exact`` (what :func:`nsa_jax.nsa.decoding.nsa_decode_attention` attends to):
-      * cmp: Tc = ⌊(N - l)/d⌋ + 1 complete compressed blocks (0 while N < l);
-      * slc: min(n·l', N): n selected blocks of l' tokens, clipped to the valid tokens. This is
-        exact when N <= n·l' or l' divides N; otherwise the current (forced) block is partial and
-        it is the block-granular read a kernel does (keys past t are masked);
-      * win: min(w, N).
-    ``paper`` (Table 4 of arXiv 2502.11089, "expected number of memory access"): cmp counts one
-      compressed token per stride, ⌊N/d⌋, i.e. it ignores the l/d - 1 incomplete trailing
-      blocks; slc and win as above. At N = 65536 with l=32, d=16, l'=64, n=16, w=512 this gives
-      4096 + 1024 + 512 = 5632 (Table 4), while the exact count is 4095 + 1024 + 512 = 5631.
-    Ablated branches read 0. ``total`` is the sum.
-    """
-    if convention not in ("exact", "paper"):
-        raise ValueError(f"convention must be 'exact' or 'paper', got {convention!r}")
-    if t < 0:
-        raise ValueError(f"t must be >= 0, got {t}")
-    N = t + 1
-    br = cfg.branches
-    cmp = cfg.num_cmp_blocks(N) if convention == "exact" else N // cfg.stride_d
-    out = {
-        "cmp": cmp if "cmp" in br else 0,
-        "slc": min(cfg.n_sel * cfg.sel_block, N) if "slc" in br else 0,
-        "win": min(cfg.window, N) if "win" in br else 0,
-    }
-    out["total"] = out["cmp"] + out["slc"] + out["win"]
-    return out
-
-
-def dense_reads(t: int) -> int:
-    """Keys read by dense attention at position t: the whole context, t+1."""
-    return t + 1

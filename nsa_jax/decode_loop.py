@@ -1,5 +1,5 @@
-"""The jitted calls of decoding: prefill, one decode step, and ``steps`` decode steps with
-sampling in one call (:func:`decode_loop_jit`). :class:`nsa_jax.decode.Decoder` drives them (and
+"""The jitted calls of decoding: prefill (and a chunked prefill's continuation chunks), one
+decode step, and ``steps`` decode steps with sampling in one call (:func:`decode_loop_jit`). :class:`nsa_jax.decode.Decoder` drives them (and
 re-exports them from :mod:`nsa_jax.decode`); the cache layout is :mod:`nsa_jax.decode`'s.
 
 Why a loop in one call: a host loop of ``sample`` + ``step`` per token pays the per-call host
@@ -104,6 +104,25 @@ def prefill_jit(graphdef, state, tokens, lengths, cache, all_logits=False):
         h = jnp.take_along_axis(h, (lengths - 1)[:, None, None], axis=1)
     logits = model.head_logits(h).astype(jnp.float32)
     return (logits if all_logits else logits[:, 0]), cache
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "all_logits"),
+                   donate_argnames=("cache", "logits"))
+def extend_jit(graphdef, state, tokens, lengths, start, cache, logits, all_logits=False):
+    """Jitted continuation chunk of a chunked prefill: tokens [B,C] at positions start.. of
+    prompts of ``lengths`` [B] tokens (:meth:`nsa_jax.model.NSALM.extend` with ``start``).
+    -> (float32 logits, cache): [B,C,V] if ``all_logits``, else ``logits`` [B,V] with the rows
+    whose last prompt token is in this chunk replaced by its logits."""
+    model = _merge(graphdef, state)
+    h, cache = model.extend(tokens, cache, lengths, start=start)
+    if all_logits:
+        return model.head_logits(h).astype(jnp.float32), cache
+    C = tokens.shape[1]
+    last = lengths - 1 - start
+    h = jnp.take_along_axis(h, jnp.clip(last, 0, C - 1)[:, None, None], axis=1)
+    new = model.head_logits(h)[:, 0].astype(jnp.float32)
+    inside = (last >= 0) & (last < C)
+    return jnp.where(inside[:, None], new, logits), cache
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))

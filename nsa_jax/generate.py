@@ -9,8 +9,9 @@ import time
 import jax
 import jax.numpy as jnp
 
-from nsa_jax.request import (GiB, HARD_MAX_LEN, RequestError, bucket, check_memory,  # noqa: F401
-                             check_request, check_sampling, fit_rows, free_memory)
+from nsa_jax.request import (GiB, HARD_MAX_LEN, RequestError, bucket, check_chunk,  # noqa: F401
+                             check_memory, check_request, check_sampling, fit_prefill, fit_rows,
+                             free_memory)
 from nsa_jax.sampling import filter_logits, sample  # noqa: F401
 
 _CLI = ("main", "build_parser", "read_prompts", "TextStream")
@@ -43,6 +44,7 @@ class Timing:
     width: int = 0
     cache_len: int = 0
     rows_per_group: int = 0
+    chunk: int = 0
     prompt_tokens: int = 0
     prefill_s: float = 0.0
     prefill_compile_s: float = 0.0
@@ -57,8 +59,9 @@ class Timing:
 
     def lines(self) -> list[str]:
         groups = -(-self.rows // max(self.rows_per_group, 1))
+        chunks = f" in chunks of {self.chunk} tokens" if self.chunk else ""
         out = [f"prefill: {self.prompt_tokens} prompt tokens, {self.rows} row(s) padded to "
-               f"{self.width} ({groups} group(s) of <= {self.rows_per_group} rows), in "
+               f"{self.width} ({groups} group(s) of <= {self.rows_per_group} rows{chunks}), in "
                f"{self.prefill_s:.3f}s = {self.prompt_tokens / max(self.prefill_s, 1e-9):.1f} "
                f"tok/s (compilation {self.prefill_compile_s:.2f}s excluded)"]
         first = (f"first call of {self.first_steps} step(s) {self.first_step_s:.2f}s, which "
@@ -89,14 +92,18 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                    vocab_limit: int | None = None, eos_id: int | None = None,
                    max_len: int | None = None, memory_limit: int | None = None,
-                   rows_per_group: int | None = None, steps_per_call: int = 16, on_token=None,
-                   on_done=None, timing: Timing | None = None) -> list[list[int]]:
+                   rows_per_group: int | None = None, prefill_chunk: int | None = None,
+                   steps_per_call: int = 16, on_token=None, on_done=None,
+                   timing: Timing | None = None) -> list[list[int]]:
     """Generate up to ``max_new_tokens`` ids after each prompt (lists of ids, any lengths), all
     rows in one batch; returns each row's new ids (ending with EOS when it was sampled).
 
     Prompts are right-padded to :func:`bucket` of the longest and prefilled with the parallel
     (training-kernel) forward, in row groups of ``rows_per_group`` (default: as many as fit in
-    memory); then all rows decode together, ``steps_per_call`` tokens per jitted call
+    memory); where not even one row's prefill fits at once, one row at a time in chunks
+    (``prefill_chunk`` tokens, default the largest that fits: :func:`nsa_jax.request.
+    fit_prefill`; each chunk after the first attends over the cache the earlier ones filled,
+    :mod:`nsa_jax.nsa.chunked`). Then all rows decode together, ``steps_per_call`` tokens per jitted call
     (:meth:`nsa_jax.decode.Decoder.decode`; the last call is shortened to the tokens left, so
     at most two call lengths compile). A row that samples ``eos_id`` is done: it keeps stepping
     with the batch but its tokens are discarded; decoding stops after the call in which every
@@ -121,7 +128,7 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
     written stay below longest prompt + ``max_new_tokens`` <= the cache length.
     """
     import numpy as np
-    from nsa_jax.decode import Decoder
+    from nsa_jax.decode import Decoder, chunk_unit
 
     prompts = [list(map(int, p)) for p in prompts]
     longest = max((len(p) for p in prompts), default=0)
@@ -129,22 +136,26 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
         max_len = min(longest + max(max_new_tokens, 0), HARD_MAX_LEN)
     check_request(prompts, max_new_tokens, max_len)
     check_sampling(temperature, top_k, top_p, seed, steps_per_call)
+    check_chunk(prefill_chunk, chunk_unit(model))
     k = int(steps_per_call)
     B = len(prompts)
     cache_len = min(bucket(longest + max_new_tokens), max_len)
     width = min(bucket(longest), cache_len)
     free = free_memory(model, memory_limit)
     check_memory(model, prompts, cache_len, free)
-
     dec = Decoder(model, batch=B, max_len=cache_len)
-    g = (min(max(int(rows_per_group), 1), B) if rows_per_group
-         else fit_rows(dec, width, free, longest))
+    chunk = None if prefill_chunk is None or prefill_chunk >= width else int(prefill_chunk)
+    if rows_per_group:
+        g = min(max(int(rows_per_group), 1), B)
+    else:
+        g, chunk = fit_prefill(dec, width, free, longest, chunk)
     tokens = np.zeros((B, width), np.int32)
     for b, p in enumerate(prompts):
         tokens[b, :len(p)] = p
     lengths = [len(p) for p in prompts]
     t = timing if timing is not None else Timing()
     t.rows, t.width, t.cache_len, t.rows_per_group = B, width, cache_len, g
+    t.chunk = chunk or 0
     t.steps_per_call = k
     t.prompt_tokens = sum(lengths)
 
@@ -153,7 +164,7 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
     for s in range(0, B, g):
         rows = list(range(s, min(s + g, B)))
         parts.append(dec.prefill_rows(rows, tokens[rows[0]:rows[-1] + 1],
-                                      lengths[rows[0]:rows[-1] + 1]))
+                                      lengths[rows[0]:rows[-1] + 1], chunk=chunk))
     logits = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=0)
     logits.block_until_ready()
     t.prefill_s = time.perf_counter() - t0 - (dec.compile_s - compile0)

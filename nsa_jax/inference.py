@@ -47,8 +47,8 @@ class Run:
                      seed: int = 0, max_len: int | None = None,
                      memory_limit: int | None = None, **kw) -> list[list[int]]:
         """:func:`nsa_jax.generate.generate_batch` with this run's vocabulary, EOS and context
-        (``max_len`` default :attr:`context`); ``kw``: ``rows_per_group``, ``steps_per_call``,
-        ``on_token``, ``on_done``, ``timing``."""
+        (``max_len`` default :attr:`context`); ``kw``: ``rows_per_group``, ``prefill_chunk``,
+        ``steps_per_call``, ``on_token``, ``on_done``, ``timing``."""
         from nsa_jax.generate import generate_batch
 
         return generate_batch(self.model, prompt_ids, max_new_tokens, temperature=temperature,

@@ -96,25 +96,34 @@ class NSALM(nnx.Module):
                 x = blk(x, positions, None, segment_ids)[0]
         return self.norm(x)
 
-    def extend(self, tokens, cache, lengths=None):
+    def extend(self, tokens, cache, lengths=None, start=None):
         """Run tokens [B,S] through the model with KV caches (:mod:`nsa_jax.decode`).
 
-        S == 1: one decode step, row b's token at position ``cache["pos"][b]``. S > 1: prefill of
-        an empty cache; row b holds ``lengths[b]`` valid tokens (default S), right-padded.
+        S == 1 (no ``start``): one decode step, row b's token at position ``cache["pos"][b]``.
+        S > 1: prefill of an empty cache; row b holds ``lengths[b]`` valid tokens (default S),
+        right-padded. ``start`` (int32 scalar; a multiple of ``nsa.sel_block``, > 0): a
+        continuation chunk of a chunked prefill, the tokens at positions start .. start+S-1 of
+        prompts of ``lengths[b]`` tokens in all (row b takes ``clip(lengths[b] - start, 0, S)``
+        of them; its cache holds its first ``start`` tokens, or all of them when shorter).
         Returns (final hidden [B,S,dim], cache with ``pos`` advanced by the valid tokens).
         """
         B, S = tokens.shape
         pos = cache["pos"]
-        if S == 1:
+        full = jnp.full((B,), S, jnp.int32)
+        if start is not None:
+            start = jnp.asarray(start, jnp.int32)
+            positions = start + jnp.arange(S, dtype=jnp.int32)
+            total = full + start if lengths is None else jnp.asarray(lengths, jnp.int32)
+            n = jnp.clip(total - start, 0, S)
+        elif S == 1:
             positions, n = pos[:, None], jnp.ones((B,), jnp.int32)
         else:
             positions = jnp.arange(S)
-            n = jnp.full((B,), S, jnp.int32) if lengths is None else jnp.asarray(lengths,
-                                                                                 jnp.int32)
+            n = full if lengths is None else jnp.asarray(lengths, jnp.int32)
         x = self.embed(tokens)
         layers = []
         for blk, kv in zip(self.blocks, cache["layers"]):
-            x, lc = blk(x, positions, kvcache.LayerCache(kv=kv, pos=pos, n=n))
+            x, lc = blk(x, positions, kvcache.LayerCache(kv=kv, pos=pos, n=n, start=start))
             layers.append(lc.kv)
         return self.norm(x), {"pos": pos + n, "layers": layers}
 

@@ -15,7 +15,7 @@ GiB = 1 << 30
 
 
 ARGS = ("prompts", "max_new_tokens", "max_len", "memory_limit", "steps_per_call", "temperature",
-        "top_k", "top_p", "seed")
+        "top_k", "top_p", "seed", "prefill_chunk")
 
 
 class RequestError(ValueError):
@@ -179,8 +179,64 @@ def check_memory(model, prompts, cache_len: int, free: int | None) -> None:
                                       f"most {free // row} prompts fit")
 
 
-def fit_rows(dec, width: int, free: int | None, longest: int) -> int:
-    """The most rows (B, B/2, ..., 1) whose prefill fits in what the caches leave free."""
+def chunk_sizes(dec, width: int) -> list[int]:
+    """Prefill chunk lengths to try for prompts of ``width`` tokens, largest first: the chunk
+    unit times powers of two, below ``width``."""
+    u = dec.chunk_unit
+    out = []
+    c = u
+    while c < width:
+        out.append(c)
+        c *= 2
+    return out[::-1]
+
+
+def fit_prefill(dec, width: int, free: int | None, longest: int,
+                chunk: int | None = None) -> tuple[int, int | None]:
+    """(rows per prefill group, chunk) for prompts padded to ``width``: :func:`fit_rows` at the
+    whole width; when not even one row fits, one row at a time in the largest chunk of
+    :func:`chunk_sizes` that fits (``Decoder.prefill_rows`` with ``chunk``); when none does,
+    :func:`fit_rows`'s error. A given ``chunk`` is used as is (rows: as many as fit with it)."""
+    from nsa_jax.decode import cache_bytes
+
+    if chunk is not None:
+        return fit_rows(dec, width, free, longest, chunk), chunk
+    try:
+        return fit_rows(dec, width, free, longest), None
+    except RequestError:
+        sizes = chunk_sizes(dec, width)
+        if not sizes:
+            raise
+    caches = cache_bytes(dec.cache)
+    left = free - caches
+    for c in sizes:
+        need = dec.prefill_bytes(1, width, chunk=c)
+        if need is None or need <= left:
+            return 1, c
+    fit = (free - need) * dec.batch // caches if caches else 0
+    if 1 <= fit < dec.batch:          # fewer rows would leave the smallest chunk room: say so
+        raise RequestError("prompts", f"{dec.batch} prompts' KV caches ({gib(caches)}) leave "
+                                      f"{gib(max(left, 0))} of {gib(free)} free, and prefilling "
+                                      f"one row in chunks of {c} tokens needs {gib(need)}: at "
+                                      f"most {fit} prompts fit")
+    raise RequestError("prompts", f"prefilling a prompt of {longest} tokens (padded to {width}) "
+                                  f"needs {gib(need)} even in chunks of {c} tokens, more than "
+                                  f"the {gib(max(left, 0))} the KV caches leave free")
+
+
+def check_chunk(chunk, unit: int) -> None:
+    """``prefill_chunk``: None (chunks only where a prompt's prefill does not fit at once) or a
+    positive multiple of the model's chunk unit (``Decoder.chunk_unit``)."""
+    if chunk is None:
+        return
+    if int(chunk) != chunk or chunk < unit or chunk % unit:
+        raise RequestError("prefill_chunk", f"must be a positive multiple of {unit} tokens for "
+                                            f"this model, got {chunk}")
+
+
+def fit_rows(dec, width: int, free: int | None, longest: int, chunk: int | None = None) -> int:
+    """The most rows (B, B/2, ..., 1) whose prefill (in chunks of ``chunk`` tokens, if given)
+    fits in what the caches leave free."""
     from nsa_jax.decode import cache_bytes
 
     g = dec.batch
@@ -188,7 +244,8 @@ def fit_rows(dec, width: int, free: int | None, longest: int) -> int:
         return g
     left = free - cache_bytes(dec.cache)
     while True:
-        need = dec.prefill_bytes(g, width)
+        need = dec.prefill_bytes(g, width) if chunk is None else dec.prefill_bytes(
+            g, width, chunk=chunk)
         if need is None or need <= left:
             return g
         if g == 1:

@@ -6,7 +6,8 @@ import pytest
 from flax import nnx
 
 from nsa_jax.config import ExecConfig, ModelConfig
-from nsa_jax.decode import DecodeError, Decoder, cache_sizes, decode_reads, dense_reads
+from nsa_jax.decode import DecodeError, Decoder, cache_sizes
+from nsa_jax.nsa.reads import decode_reads, dense_reads
 from nsa_jax.model import build_model
 from nsa_jax.nsa import NSAConfig
 from nsa_jax.nsa import reference as ref

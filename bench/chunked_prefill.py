@@ -1,0 +1,109 @@
+"""Chunked prefill against one prefill: time, memory and logits (issue 14).
+
+    PYTHONPATH=. python bench/chunked_prefill.py [--models nsa_125m dense_125m]
+        [--lengths 32768 65536] [--chunks 8192 16384] [--reps 3] [--out F.json] [--smoke]
+
+For each model (configs/<model>.yaml, random parameters, the config's dtype) and prompt length
+N (batch 1, a random prompt), a :class:`nsa_jax.decode.Decoder` of N + 64 tokens prefills the
+prompt at once and in each chunk length C < N (``Decoder.prefill``'s ``chunk``: the first C tokens
+by the parallel forward, the rest C at a time by ``decode_loop.extend_jit``). Recorded per point:
+
+* ``need_mib``: the prefill's device bytes beyond the weights and the cache, from XLA's memory
+  analysis of the compiled calls (``Decoder.prefill_bytes``: with a chunk, the larger of the
+  first chunk's and a continuation's);
+* ``ms``: median wall time of ``--reps`` prefills after one that compiles (each synchronised on
+  its logits), ``tok_s`` = N / that;
+* ``rel_rmse``: the last token's logits against the prefill at once (float32 logits; the two
+  paths round differently in bf16).
+
+``--smoke`` shrinks the models and lengths so the script runs on the CPU (not a measurement).
+The table prints last; the JSON holds the device, versions and every record.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from nsa_jax.config import load_config  # noqa: E402
+from nsa_jax.decode import Decoder  # noqa: E402
+from nsa_jax.model import build_model  # noqa: E402
+
+SMOKE_MODEL = {"n_layers": 2, "dim": 64, "n_heads": 4, "n_kv_groups": 2, "head_dim": 16,
+               "mlp_hidden": 128, "vocab_size": 512}
+
+
+def load_model(name: str, smoke: bool):
+    sets = [f"model.{k}={v}" for k, v in SMOKE_MODEL.items()] if smoke else []
+    if smoke:
+        sets.append("model.compute_dtype=float32")
+    cfg = load_config(REPO / "configs" / f"{name}.yaml", sets)
+    return build_model(cfg.model, cfg.nsa, seed=0, exec_cfg=cfg.exec)
+
+
+def measure(model, N: int, chunks: list[int], reps: int) -> list[dict]:
+    dec = Decoder(model, 1, N + 64)
+    toks = jax.random.randint(jax.random.PRNGKey(N), (1, N), 0, model.mcfg.vocab_size)
+    out, want = [], None
+    for c in [None] + [c for c in chunks if c < N]:
+        c0 = dec.compile_s
+        need = dec.prefill_bytes(1, N, chunk=c)
+        logits = np.asarray(dec.prefill(toks, chunk=c))         # compiles (ahead of time)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            dec.prefill(toks, chunk=c).block_until_ready()
+            times.append(time.perf_counter() - t0)
+        ms = 1e3 * statistics.median(times)
+        if want is None:
+            want = logits
+        err = float(np.sqrt(np.mean((logits - want) ** 2)) / np.sqrt(np.mean(want ** 2)))
+        out.append({"N": N, "chunk": c, "need_mib": None if need is None else need / 2**20,
+                    "ms": ms, "tok_s": N / ms * 1e3, "rel_rmse": err,
+                    "compile_s": dec.compile_s - c0, "times_ms": [1e3 * t for t in times]})
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", nargs="+", default=["nsa_125m", "dense_125m"])
+    p.add_argument("--lengths", nargs="+", type=int, default=[32768, 65536])
+    p.add_argument("--chunks", nargs="+", type=int, default=[8192, 16384])
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--out", default=None)
+    p.add_argument("--smoke", action="store_true")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.lengths, a.chunks, a.reps = [256], [64, 128], 1
+    d = jax.devices()[0]
+    res = {"device": getattr(d, "device_kind", d.platform), "jax": jax.__version__,
+           "python": platform.python_version(), "smoke": a.smoke, "records": {}}
+    for name in a.models:
+        model = load_model(name, a.smoke)
+        res["records"][name] = [r for N in a.lengths for r in measure(model, N, a.chunks, a.reps)]
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=1))
+    print(f"\n{res['device']}, jax {res['jax']}; batch 1; ms = median of {a.reps} prefills")
+    print(f"{'model':<11} {'N':>7} {'chunk':>7} {'ms':>9} {'tok/s':>10} {'need MiB':>9} "
+          f"{'rel rmse':>9}")
+    for name, recs in res["records"].items():
+        for r in recs:
+            need = "-" if r["need_mib"] is None else f"{r['need_mib']:.0f}"
+            print(f"{name:<11} {r['N']:>7} {str(r['chunk'] or 'whole'):>7} {r['ms']:>9.1f} "
+                  f"{r['tok_s']:>10.0f} {need:>9} {r['rel_rmse']:>9.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
