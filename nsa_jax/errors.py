@@ -21,6 +21,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1          # training started but failed (non-finite steps, data, disk, a bug)
 EXIT_BAD_INPUT = 2       # config, override, argument, data, run directory, checkpoint
 EXIT_HUNG = 3            # the watchdog: no progress for run.watchdog_s
+EXIT_OUT_OF_MEMORY = 4   # training: an allocation failed (device or host)
 EXIT_INTERRUPTED = 130   # Ctrl-C before training started
 
 MAX_REASON = 240         # characters of a nested cause quoted inside a message

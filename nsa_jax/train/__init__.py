@@ -8,9 +8,10 @@ policy), ``step`` (jitted train/eval steps), ``optim`` (AdamW, schedule, decay m
 (orbax manager), ``recovery`` (resume with fall-back past corrupt checkpoints), ``checksum``
 (exact array checksums in each checkpoint), ``inference`` (``load_for_inference``), ``metrics``
 (jsonl, TensorBoard, log lines), ``env`` (env.json), ``feed`` (bounded waits for batches, data
-failures), ``signals`` (SIGTERM/SIGINT: checkpoint and exit 0), ``watchdog`` (heartbeat,
-SIGUSR1 stacks, hang abort), ``files`` (atomic small files), ``errors`` (exceptions and their
-exit statuses). The progress display is :mod:`nsa_jax.progress`.
+failures), ``memory`` (out-of-memory errors explained), ``signals`` (SIGTERM/SIGINT: checkpoint
+and exit 0), ``watchdog`` (heartbeat, SIGUSR1 stacks, hang abort), ``files`` (atomic small
+files), ``errors`` (exceptions and their exit statuses). The progress display is
+:mod:`nsa_jax.progress`.
 
     from nsa_jax.train import load_for_inference
     cfg, model = load_for_inference("runs/tiny-20250101-120000")
@@ -18,7 +19,7 @@ exit statuses). The progress display is :mod:`nsa_jax.progress`.
 from __future__ import annotations
 
 __all__ = ["load_for_inference", "restore_for_inference", "train", "CheckpointError", "CorruptCheckpoint", "DataFailed",
-           "TrainError", "TrainingFailed", "WriteFailed"]
+           "OutOfMemory", "TrainError", "TrainingFailed", "WriteFailed"]
 
 
 def __getattr__(name):  # keep `python -m nsa_jax.train --help` free of jax imports
@@ -28,7 +29,7 @@ def __getattr__(name):  # keep `python -m nsa_jax.train --help` free of jax impo
     if name == "train":
         from nsa_jax.train.loop import train
         return train
-    if name in ("CheckpointError", "CorruptCheckpoint", "DataFailed", "TrainError",
+    if name in ("CheckpointError", "CorruptCheckpoint", "DataFailed", "OutOfMemory", "TrainError",
                 "TrainingFailed", "WriteFailed"):
         from nsa_jax.train import errors
         return getattr(errors, name)

@@ -11,8 +11,16 @@ Exit statuses (every error is one line ``error: ...`` on stderr naming the key o
 * 2 -- bad input: config, override, command-line argument, data (also bad data found
   mid-run, after a checkpoint), run directory, checkpoint or device layout.
 * 3 -- the watchdog: no progress for ``run.watchdog_s`` seconds (stacks dumped).
+* 4 -- out of memory (XLA's ``RESOURCE_EXHAUSTED``, ``MemoryError``), on the device or the host:
+  the line names the device, the step and the config keys that drive memory (``data.seq_len``,
+  ``train.batch_size``, ``train.grad_accum``, ``exec.remat``; :mod:`nsa_jax.train.memory`).
 * 130 -- Ctrl-C before training started. A second SIGTERM/SIGINT during training ends the
   process at once with the signal's default action (status 143 / 130 in a shell).
+
+A fresh run that fails before any step is on record (no checkpoint, no metrics line) removes
+what it wrote at start-up (``config.yaml``, ``env.json``, ...), and ``run.dir`` when it created
+it; a resumed run, or one with a checkpoint, keeps every file
+(:func:`nsa_jax.train.outputs.remove_start_outputs`).
 
 The statuses and the one-line helpers are shared with the other CLIs (:mod:`nsa_jax.errors`).
 """
@@ -37,7 +45,8 @@ outputs (in run.dir, default runs/<config-name>-<timestamp>):
 
 exit status: 0 done, or stopped by SIGTERM/SIGINT after a checkpoint (a second signal exits at
 once); 1 training failed (non-finite steps, data source failed/stalled, disk full); 2 bad input;
-3 watchdog (no progress for run.watchdog_s)
+3 watchdog (no progress for run.watchdog_s); 4 out of memory (lower data.seq_len or
+train.batch_size, raise train.grad_accum, or set exec.remat=block)
 
 examples:
   python -m nsa_jax.train --config configs/tiny.yaml
@@ -116,7 +125,7 @@ def _main(argv: list[str] | None) -> int:
 
     from nsa_jax.config import ConfigError, load_config
     from nsa_jax.data import DataError
-    from nsa_jax.train.errors import TrainError, TrainingFailed
+    from nsa_jax.train.errors import EXIT_OUT_OF_MEMORY, OutOfMemory, TrainError, TrainingFailed
 
     try:
         notes: list[str] = []
@@ -129,6 +138,8 @@ def _main(argv: list[str] | None) -> int:
         return 0
     except (ConfigError, DataError, TrainError) as e:
         return report(one_line(e), EXIT_BAD_INPUT, args.debug)
+    except OutOfMemory as e:
+        return report(one_line(e), EXIT_OUT_OF_MEMORY, args.debug)
     except TrainingFailed as e:
         return report(one_line(e), EXIT_FAILED, args.debug)
     except KeyboardInterrupt:

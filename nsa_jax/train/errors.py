@@ -8,13 +8,16 @@
   non-finite steps, a data source that fails or stalls (:class:`DataFailed`, raised after a
   checkpoint of the last completed step was written), or run outputs that cannot be written
   (:class:`WriteFailed`, e.g. a full disk).
+* :class:`OutOfMemory` (status 4, :data:`EXIT_OUT_OF_MEMORY`): an allocation failed (XLA's
+  ``RESOURCE_EXHAUSTED``, ``MemoryError``); the message names the device and the config keys that
+  drive memory (:mod:`nsa_jax.train.memory`).
 
 Every message is one line naming the config key or path. Exit statuses and the helpers that
 make one-line messages are in :mod:`nsa_jax.errors`, shared by every CLI.
 """
 from __future__ import annotations
 
-from nsa_jax.errors import one_line  # noqa: F401  (re-exported; the helpers live in nsa_jax.errors)
+from nsa_jax.errors import EXIT_OUT_OF_MEMORY, one_line  # noqa: F401  (re-exported)
 
 
 class TrainError(ValueError):
@@ -39,3 +42,8 @@ class DataFailed(TrainingFailed):
 
 class WriteFailed(TrainingFailed):
     """A run output (checkpoint, metrics, heartbeat) could not be written, e.g. a full disk."""
+
+
+class OutOfMemory(TrainingFailed):
+    """An allocation failed (on the device or the host); the one-line message names the device
+    and the config keys that drive memory (:func:`nsa_jax.train.memory.out_of_memory`)."""

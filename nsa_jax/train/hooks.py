@@ -169,6 +169,7 @@ class BadStepGuard:
     def __init__(self, max_bad: int, newest_note):
         self.max_bad, self.newest_note = max_bad, newest_note
         self.unchecked = collections.deque()   # (step, bad_steps on device), in step order
+        self.completed: int | None = None      # the newest step whose result was read back
 
     def push(self, step: int, bad) -> None:
         self.unchecked.append((step, bad))
@@ -179,9 +180,11 @@ class BadStepGuard:
         q = self.unchecked
         while q and (before is None or q[0][0] < before) and (settle or q[0][1].is_ready()):
             step, bad = q.popleft()
-            if int(bad) >= self.max_bad:
+            bad = int(bad)                     # waits for the step (raises if it failed)
+            self.completed = step
+            if bad >= self.max_bad:
                 raise TrainingFailed(
-                    f"{int(bad)} consecutive steps up to step {step} had a non-finite loss or "
+                    f"{bad} consecutive steps up to step {step} had a non-finite loss or "
                     f"gradient (train.max_bad_steps={self.max_bad}); lower train.lr or check "
                     f"the data; {self.newest_note()}")
 

@@ -20,6 +20,13 @@ While it runs (failure handling; the CLI maps the exceptions to exit statuses):
   bad data found mid-run -- stop the run after a checkpoint of the last completed step.
 * Writes: a run output that cannot be written (disk full) raises :class:`WriteFailed` naming it
   and the newest complete checkpoint.
+* Memory: an allocation that fails (XLA's ``RESOURCE_EXHAUSTED``, ``MemoryError``) raises
+  :class:`OutOfMemory` naming the device, the step and the config keys that drive memory
+  (:mod:`~nsa_jax.train.memory`).
+* A fresh run that fails before any step is on record (no checkpoint, no metrics line, no step
+  read back) leaves nothing half-written: the files it wrote at start-up are removed, and the run
+  directory if this invocation created it (:func:`~nsa_jax.train.outputs.remove_start_outputs`;
+  never on resume, never in a directory that existed before).
 * Liveness (:mod:`~nsa_jax.train.watchdog`): ``heartbeat.json`` every step, ``kill -USR1``
   dumps stacks to ``stacks.txt``, ``run.watchdog_s`` aborts a hung run.
 """
@@ -37,12 +44,13 @@ from nsa_jax.errors import warn
 from nsa_jax.progress import Progress
 from nsa_jax.train import mesh as meshlib
 from nsa_jax.train.checkpoint import Checkpointer
-from nsa_jax.train.errors import DataFailed, WriteFailed
+from nsa_jax.train.errors import DataFailed, OutOfMemory, WriteFailed
 from nsa_jax.train.feed import BatchFeed
 from nsa_jax.train.hooks import (BadStepGuard, CheckpointPolicy, Evaluator, Profiler, Reporter,
                                  close_loader)
+from nsa_jax.train.memory import is_out_of_memory, out_of_memory
 from nsa_jax.train.metrics import final_line
-from nsa_jax.train.outputs import open_outputs
+from nsa_jax.train.outputs import is_new_run_dir, open_outputs, remove_start_outputs
 from nsa_jax.train.signals import GracefulStop
 from nsa_jax.train.start import Start, preflight, profile_window, resolve_run_dir  # noqa: F401
 from nsa_jax.train.start import start_notes
@@ -57,34 +65,64 @@ def train(cfg: Config, profile: bool = False, argv: list[str] | None = None,
     (with ``"stopped": "SIGTERM"`` when a signal ended it early). ``notes``: warnings from
     loading the config, printed once every input has been accepted."""
     t0 = time.perf_counter()
-    start = preflight(cfg, profile)
+    try:
+        start = preflight(cfg, profile)
+    except Exception as e:
+        if is_out_of_memory(e):          # e.g. restoring a checkpoint on resume
+            raise out_of_memory(e, cfg, "while loading the run's starting point") from e
+        raise
     if start.done:
         if start.primary:
             print(f"{start.run_dir} is already at step {start.step} >= train.steps="
                   f"{cfg.train.steps}; nothing to do (raise train.steps to train further)",
                   flush=True)
         return {"step": start.step}
+    new_dir, trainer = is_new_run_dir(start), None   # before the Trainer creates it
     try:
-        trainer = Trainer(start, argv, t0)
-    except BaseException:
-        start.loader.close()
+        try:
+            trainer = Trainer(start, argv, t0)
+        except BaseException:
+            start.loader.close()
+            raise
+        if start.primary:            # every input was accepted: now the warnings
+            for note in [*notes, *config_warnings(cfg)]:
+                warn(note)
+        return trainer.run()
+    except Exception as e:
+        if new_dir and (trainer is None or trainer.completed is None):
+            _note_on(e, remove_start_outputs(start.run_dir))
         raise
-    if start.primary:            # every input was accepted: now the warnings
-        for note in [*notes, *config_warnings(cfg)]:
-            warn(note)
-    return trainer.run()
+
+
+def _note_on(e: Exception, note: str | None) -> None:
+    """Append ``note`` (what the clean-up removed) to an out-of-memory message, whose advice is
+    to run again with other settings. Other errors keep their messages: the files went with a
+    run that has nothing to resume."""
+    if note and isinstance(e, OutOfMemory) and len(e.args) == 1:
+        e.args = (f"{e}; {note}",)
 
 
 class Trainer:
     def __init__(self, start: Start, argv, t_launch: float):
         self.s, self.t_launch = start, t_launch
         self.metrics, self.tb = open_outputs(start, argv)
-        self.ckpt = Checkpointer(start.ck_dir, keep=start.cfg.train.ckpt_keep)
+        try:
+            self.ckpt = Checkpointer(start.ck_dir, keep=start.cfg.train.ckpt_keep)
+        except BaseException:
+            if self.tb is not None:
+                self.tb.close()
+            raise
         self.batch_sharding = meshlib.batch_sharding(start.mesh)
         self.progress = Progress(start.cfg.train.steps, start.step, desc="train",
                                  enabled=start.primary)
-        self.watchdog = self.stop = self.policy = self.profiler = None
+        self.watchdog = self.stop = self.policy = self.profiler = self.guard = None
         self.stalled = False
+        self.where = "while starting"       # for an out-of-memory message
+
+    @property
+    def completed(self) -> int | None:
+        """The newest step known to have completed (its result read back), or None."""
+        return self.guard.completed if self.guard is not None else None
 
     def _compile(self):
         s, t = self.s, self.s.cfg.train
@@ -106,6 +144,7 @@ class Trainer:
         self.watchdog.on_signals(self.stop.woken)   # a second signal while blocked in C code
         self.watchdog.beat("compiling", step=s.step)
         state = s.state
+        self.where = "while initialising the train state"
         if state is None:
             state = jax.jit(lambda p: init_state(s.spec, s.tx, t.seed, p),
                             out_shardings=s.shardings)(s.init_params)
@@ -118,6 +157,7 @@ class Trainer:
         say(f"pid {os.getpid()} | heartbeat {self.watchdog.heartbeat_path} | kill -USR1 "
             f"{os.getpid()} writes all stacks to {self.watchdog.stacks_path}")
         t0 = time.perf_counter()
+        self.where = "while compiling the train step"
         step_fn, eval_fn = self._compile()
         say(f"compiled the train step in {time.perf_counter() - t0:.1f}s")
         for note in start_notes(s):
@@ -145,6 +185,7 @@ class Trainer:
                 local = self._next_batch(feed, wait_stop)
                 if local is None:                          # a signal arrived while waiting
                     return self._stopped(done, state)
+                self.where = None                          # in the train step
                 self.profiler.before(step)
                 with jax.profiler.StepTraceAnnotation("train", step_num=step):
                     batch = meshlib.place_batch(local, self.batch_sharding, t.batch_size)
@@ -157,6 +198,11 @@ class Trainer:
         except WriteFailed as e:
             note = self.policy.newest_note() if self.policy else "no step was done"
             raise WriteFailed(f"{e}; {note}") from e
+        except Exception as e:
+            if not is_out_of_memory(e):
+                raise
+            note = self.policy.newest_note() if self.policy else "no checkpoint was written"
+            raise out_of_memory(e, s.cfg, self._where(), note) from e
         finally:
             self._close()
 
@@ -173,8 +219,19 @@ class Trainer:
         if log_step:
             self.reporter.log(step, stats)
             self.guard.check(settle=True)
+        if t.eval_every and step % t.eval_every == 0:
+            self.where = f"in the evaluation at step {step}"
         self.evaluator.maybe(step, state.params, stats)
+        self.where = None
         self.policy.maybe(step, state, stats)
+
+    def _where(self) -> str:
+        """Where the run was for an out-of-memory message. Steps run ahead of the host: a
+        step's failure shows when its result is read, so the failed step is the first one not
+        known to have completed."""
+        if self.where is not None:
+            return self.where
+        return f"in the train step (step {(self.completed or self.s.step) + 1})"
 
     def _next_batch(self, feed, wait_stop):
         try:

@@ -1,11 +1,17 @@
 """The run directory at start-up (first process only): created, unusable checkpoints moved aside,
 ``config.yaml`` (the resolved config), ``env.json`` and a copy of a ``data.tokenizer`` file
 written, ``metrics.jsonl`` cut back to the
-starting step and TensorBoard opened. Every failure is a :class:`TrainError` naming the path."""
+starting step and TensorBoard opened. Every failure is a :class:`TrainError` naming the path.
+
+A fresh run that fails before it has a record of any step (:func:`is_new_run_dir`,
+:func:`remove_start_outputs`) takes those start-up files away again, and the run directory when
+this invocation created it: nothing half-written is left behind."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+from pathlib import Path
 
 import yaml
 
@@ -59,6 +65,63 @@ def _copy_tokenizer(name: str, dst) -> None:
     src = resolve_path(name)
     if src.is_file():
         _write(dst, lambda p: atomic_write_text(p, src.read_text(encoding="utf-8")))
+
+
+# ---- a fresh run that failed before its first step ----------------------------------------
+START_FILES = ("config.yaml", "env.json", RUN_TOKENIZER, "heartbeat.json", "metrics.jsonl")
+# written at start-up (here, and by the Watchdog) before a step is on record; with the empty
+# checkpoints/ (the Checkpointer) and tensorboard/ (a SessionLog.START event)
+
+
+def is_new_run_dir(start) -> bool:
+    """Whether this invocation is about to create ``run.dir`` (call it before
+    :func:`open_outputs`) for a fresh run of one process: only such a directory's start-up files
+    may be removed by :func:`remove_start_outputs`. A resumed run, a directory that exists
+    already (made by hand or by an earlier attempt) and a multi-process run (the directory is
+    shared) are never touched."""
+    return start.nproc == 1 and not start.resumed and not Path(start.run_dir).exists()
+
+
+def has_record(run_dir) -> bool:
+    """Whether ``run_dir`` holds a record of training: anything under ``checkpoints/`` (a
+    checkpoint, or one being written), a metrics line, or a ``corrupt_checkpoints/``."""
+    run_dir = Path(run_dir)
+    ck, metrics = run_dir / "checkpoints", run_dir / "metrics.jsonl"
+    return ((ck.is_dir() and any(ck.iterdir())) or (run_dir / "corrupt_checkpoints").exists()
+            or (metrics.is_file() and metrics.stat().st_size > 0))
+
+
+def remove_start_outputs(run_dir) -> str | None:
+    """After a fresh run in a directory it created (:func:`is_new_run_dir`) failed before any
+    step was on record (:func:`has_record`): remove the files it wrote at start-up
+    (:data:`START_FILES`, their ``.tmp`` siblings, TensorBoard's event files, the empty
+    ``checkpoints/`` and ``tensorboard/``), then ``run_dir`` itself if that left it empty.
+    Anything else -- a ``stacks.txt`` dump, a ``profile/`` trace -- stays, and so does the
+    directory holding it. Returns the note for the error message, or None where the directory
+    holds a record (then nothing is removed) or is gone. Never raises: the error being reported
+    matters more than the clean-up."""
+    run_dir = Path(run_dir)
+    try:
+        if not run_dir.is_dir() or has_record(run_dir):
+            return None
+        names = [*START_FILES, *(f"{n}.tmp" for n in START_FILES)]
+        files = [*(run_dir / n for n in names),
+                 *(run_dir / "tensorboard").glob("events.out.tfevents.*")]
+    except OSError:
+        return None
+    for path in files:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+    for d in (run_dir / "checkpoints", run_dir / "tensorboard", run_dir):
+        with contextlib.suppress(OSError):
+            d.rmdir()                            # only when empty
+    if not run_dir.exists():
+        return f"removed the new run directory {run_dir}"
+    try:
+        left = ", ".join(sorted(p.name for p in run_dir.iterdir()))
+    except OSError:
+        left = "?"
+    return f"removed the files this run wrote to {run_dir} (kept: {left})"
 
 
 def _quarantine(s) -> None:
