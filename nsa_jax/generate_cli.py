@@ -23,18 +23,22 @@ prompt + new tokens past it, caches or prefill too large for memory, a missing o
 checkpoint, an unknown tokenizer) prints one line ``error: ...`` naming the argument on stderr,
 writes nothing to stdout and exits with status 2. When stdout's reader goes away
 (``... | head``) it stops generating and exits with status 1, without a message
-(:mod:`nsa_jax.streams`).
+(:mod:`nsa_jax.streams`). A stdout whose encoding cannot encode some of the text
+(``PYTHONIOENCODING=cp1252``, a Windows console, ``LANG=C``) gets those characters as backslash
+escapes, as Python writes them on stderr, and one ``warning:`` line says so
+(:class:`EncodableOutput`): the text is never lost to a ``UnicodeEncodeError``.
 """
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import math
 import os
 import sys
 
 from nsa_jax.errors import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, OneLineParser,
-                            one_line, parse_args, report)
+                            one_line, parse_args, report, warn)
 from nsa_jax.generate import Timing
 from nsa_jax.request import GiB, HARD_MAX_LEN, RequestError, check_sampling
 from nsa_jax.streams import to_devnull
@@ -65,6 +69,63 @@ class TextStream:
         self.out.flush()
         self.emitted = text
         return text
+
+
+class EncodableOutput:
+    """``out`` for the generated text, where ``out``'s encoding may not cover it
+    (``PYTHONIOENCODING=cp1252``, a Windows console, ``LANG=C``): a character it cannot encode
+    is written as a backslash escape (``\\u6f22``; errors="backslashreplace", what Python's
+    stderr does) instead of ending the run with ``UnicodeEncodeError`` and losing the text.
+    :meth:`note` then warns once on stderr, naming the encoding. A stream with an error handler
+    of its own (``PYTHONIOENCODING=cp1252:replace``) is left to it."""
+
+    def __init__(self, out):
+        self.out = out
+        self.encoding = getattr(out, "encoding", None) or "utf-8"
+        self.replaced, self.example, self._noted = 0, "", False
+        try:
+            codecs.lookup(self.encoding)
+            self._check = getattr(out, "errors", None) in (None, "strict")
+        except LookupError:
+            self._check = False
+
+    def write(self, text: str) -> int:
+        if self._check:
+            try:
+                text.encode(self.encoding)
+            except UnicodeEncodeError:
+                text = self._escape(text)
+        return self.out.write(text)
+
+    def _escape(self, text: str) -> str:
+        """``text`` with every character the encoding cannot encode escaped (and counted)."""
+        bad = [c for c in text if not _encodes(c, self.encoding)]
+        self.replaced += len(bad)
+        if bad and not self.example:
+            self.example = f"{bad[0]!a}"[1:-1]
+        return text.encode(self.encoding, "backslashreplace").decode(self.encoding)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def note(self) -> None:
+        """One ``warning:`` line on stderr if characters were escaped (once per stream)."""
+        if self.replaced and not self._noted:
+            self._noted = True
+            warn(f"stdout's encoding {self.encoding} cannot encode {self.replaced} character(s) "
+                 f"of the text; they were written as backslash escapes (e.g. {self.example}); "
+                 f"set PYTHONIOENCODING=utf-8 to get them as text")
+
+    def __getattr__(self, name):     # fileno, isatty, ...: the wrapped stream's
+        return getattr(self.out, name)
+
+
+def _encodes(c: str, encoding: str) -> bool:
+    try:
+        c.encode(encoding)
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,10 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     from nsa_jax.train.errors import TrainError
 
     names = NAMES | {"prompts": "--prompts-file" if args.prompts_file else "--prompt"}
-    printer = None
+    printer, out = None, EncodableOutput(sys.stdout)
     try:
         run = load_run(args.checkpoint, step=args.step)
-        printer = _Printer(run, prompts, sys.stdout)
+        printer = _Printer(run, prompts, out)
         timing = Timing()
         limit = None if args.memory_limit is None else int(args.memory_limit * GiB)
         ids = run.generate_ids([run.encode(p) for p in prompts], args.max_new_tokens,
@@ -227,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         to_devnull(sys.stdout)
         to_devnull(sys.stderr)
         return EXIT_FAILED
+    finally:
+        out.note()
 
 
 def exit_process(status: int):
