@@ -16,7 +16,10 @@ by the parallel forward, the rest C at a time by ``decode_loop.extend_jit``). Re
 * ``rel_rmse``: the last token's logits against the prefill at once (float32 logits; the two
   paths round differently in bf16).
 
-``--smoke`` shrinks the models and lengths so the script runs on the CPU (not a measurement).
+``--profile`` traces one chunked prefill per model and length (the largest chunk) with
+``jax.profiler`` and records its device time per op (``bench/profile_step.py``'s summariser;
+``profile`` in the JSON, the top ops printed). ``--smoke`` shrinks the models and lengths so the
+script runs on the CPU (not a measurement).
 The table prints last; the JSON holds the device, versions and every record.
 """
 from __future__ import annotations
@@ -51,7 +54,18 @@ def load_model(name: str, smoke: bool):
     return build_model(cfg.model, cfg.nsa, seed=0, exec_cfg=cfg.exec)
 
 
-def measure(model, N: int, chunks: list[int], reps: int) -> list[dict]:
+def profile(dec, toks, chunk: int) -> dict:
+    """One prefill of ``toks`` in chunks of ``chunk`` (compiled already) under the profiler."""
+    import tempfile
+    sys.path.insert(0, str(REPO / "bench"))
+    from profile_step import load_trace, summarise
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            dec.prefill(toks, chunk=chunk).block_until_ready()
+        return summarise(load_trace(d), 1, top=25)
+
+
+def measure(model, N: int, chunks: list[int], reps: int, trace: bool = False) -> list[dict]:
     dec = Decoder(model, 1, N + 64)
     toks = jax.random.randint(jax.random.PRNGKey(N), (1, N), 0, model.mcfg.vocab_size)
     out, want = [], None
@@ -72,6 +86,15 @@ def measure(model, N: int, chunks: list[int], reps: int) -> list[dict]:
                     "ms": ms, "tok_s": N / ms * 1e3, "rel_rmse": err,
                     "compile_s": dec.compile_s - c0, "times_ms": [1e3 * t for t in times]})
         print(json.dumps(out[-1]), flush=True)
+    if trace and out[-1]["chunk"]:
+        prof = profile(dec, toks, out[-1]["chunk"])
+        out[-1]["profile"] = prof
+        print(f"\n== profile: N={N} chunk={out[-1]['chunk']}: device busy "
+              f"{prof['device_busy_ms_per_step']:.1f} ms, span {prof['device_span_ms_per_step']:.1f}"
+              f" ms, {prof['n_kernels_per_step']:.0f} kernels")
+        for o in prof["top_ops"][:25]:
+            print(f"  {o['ms_per_step']:>9.2f} ms {o['share']:>6.1%} x{o['calls_per_step']:<6.0f} "
+                  f"{o['name'][:110]}")
     return out
 
 
@@ -82,6 +105,7 @@ def main(argv=None) -> int:
     p.add_argument("--chunks", nargs="+", type=int, default=[8192, 16384])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", default=None)
+    p.add_argument("--profile", action="store_true")
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args(argv)
     if a.smoke:
@@ -91,7 +115,8 @@ def main(argv=None) -> int:
            "python": platform.python_version(), "smoke": a.smoke, "records": {}}
     for name in a.models:
         model = load_model(name, a.smoke)
-        res["records"][name] = [r for N in a.lengths for r in measure(model, N, a.chunks, a.reps)]
+        res["records"][name] = [r for N in a.lengths
+                                for r in measure(model, N, a.chunks, a.reps, a.profile)]
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
     print(f"\n{res['device']}, jax {res['jax']}; batch 1; ms = median of {a.reps} prefills")
@@ -99,6 +124,7 @@ def main(argv=None) -> int:
           f"{'rel rmse':>9}")
     for name, recs in res["records"].items():
         for r in recs:
+            r = dict(r, profile=None)
             need = "-" if r["need_mib"] is None else f"{r['need_mib']:.0f}"
             print(f"{name:<11} {r['N']:>7} {str(r['chunk'] or 'whole'):>7} {r['ms']:>9.1f} "
                   f"{r['tok_s']:>10.0f} {need:>9} {r['rel_rmse']:>9.2e}")

@@ -263,10 +263,14 @@ class Decoder:
 
     def _exec(self, rows: int, width: int, all_logits: bool):
         """The prefill of ``rows`` rows right-padded to ``width`` tokens."""
-        cache = jax.eval_shape(lambda: init_cache(self.model, rows, self.max_len))
         return self._compiled(("prefill", rows, width, bool(all_logits)), lambda: prefill_jit.lower(
             self.graphdef, self.state, jax.ShapeDtypeStruct((rows, width), jnp.int32),
-            jax.ShapeDtypeStruct((rows,), jnp.int32), cache, bool(all_logits)))
+            jax.ShapeDtypeStruct((rows,), jnp.int32), self._cache_shape(rows),
+            bool(all_logits)))
+
+    def _cache_shape(self, rows: int):
+        """The shapes of a ``rows``-row cache (traced only when a call is compiled)."""
+        return jax.eval_shape(lambda: init_cache(self.model, rows, self.max_len))
 
     def _put_exec(self, part: Cache, rows):
         """Writing the g-row cache ``part`` into rows ``rows`` [g] of the batch cache, lowered
@@ -278,12 +282,11 @@ class Decoder:
 
     def _extend_exec(self, rows: int, width: int, all_logits: bool):
         """A continuation chunk of ``width`` tokens for ``rows`` rows (chunked prefill)."""
-        cache = jax.eval_shape(lambda: init_cache(self.model, rows, self.max_len))
         sds = jax.ShapeDtypeStruct
         logits = None if all_logits else sds((rows, self.model.mcfg.vocab_size), jnp.float32)
         return self._compiled(("extend", rows, width, bool(all_logits)), lambda: extend_jit.lower(
             self.graphdef, self.state, sds((rows, width), jnp.int32), sds((rows,), jnp.int32),
-            sds((), jnp.int32), cache, logits, bool(all_logits)))
+            sds((), jnp.int32), self._cache_shape(rows), logits, bool(all_logits)))
 
     @property
     def chunk_unit(self) -> int:

@@ -100,34 +100,39 @@ def test_chunked_prefill_fills_the_caches_of_one_prefill(attention):
 def test_gpu_chunked_prefill_with_pallas_first_chunk(attention):
     """On the GPU: the first chunk through the Pallas kernels (float32, IEEE dots), the next
     ones through the jax.numpy chunk path, then decode steps: all equal the full Pallas
-    forward; in bfloat16 the chunked prefill's logits are within 5e-3 relative RMSE of the
-    prefill at once."""
+    forward. In bfloat16 both prefills are compared with the float32 forward of the same
+    parameters: the chunked one is as close to it as the prefill at once (within 25%; the two
+    paths round differently, and a near-tie top-n may flip in either)."""
     from nsa_jax.config import ExecConfig, ModelConfig
     from nsa_jax.model import build_model
 
-    for dtype, tol in (("float32", 1e-4), ("bfloat16", 5e-3)):
+    toks = jax.random.randint(jax.random.PRNGKey(1), (2, 300), 0, 256)
+    lengths = [277, 150]
+    rows = np.arange(2)
+    errs = {}
+    for dtype in ("float32", "bfloat16"):
         mcfg = ModelConfig(vocab_size=256, dim=128, n_layers=2, n_heads=4, n_kv_groups=2,
                            head_dim=32, mlp_hidden=256, attention=attention, init_std=0.3,
                            compute_dtype=dtype)
         model = build_model(mcfg, NSAConfig(block_l=32, stride_d=16, sel_block=64, n_sel=4,
                                             window=64), 0, ExecConfig(nsa_impl="pallas"))
-        toks = jax.random.randint(jax.random.PRNGKey(1), (2, 300), 0, 256)
-        lengths = [277, 150]
         dec = Decoder(model, 2, 300)
         got = np.asarray(dec.prefill(toks[:, :277], lengths, all_logits=True, chunk=128))
         if dtype == "float32":
             want = _forward_logits(model, toks)      # highest precision: tests/conftest.py
             for b, n in enumerate(lengths):
-                assert _max_rel(got[b, :n], want[b, :n]) <= tol, b
-            rows = np.arange(2)
+                assert _max_rel(got[b, :n], want[b, :n]) <= 1e-4, b
             for k in range(8):
                 pos = np.asarray(lengths) + k
-                assert _max_rel(np.asarray(dec.step(toks[rows, pos])), want[rows, pos]) <= tol
-        else:
-            once = np.asarray(Decoder(model, 2, 300).prefill(toks[:, :277], lengths,
-                                                             all_logits=True))
-            for b, n in enumerate(lengths):
-                assert rel_err(got[b, :n], once[b, :n]) <= tol, b
+                assert _max_rel(np.asarray(dec.step(toks[rows, pos])), want[rows, pos]) <= 1e-4
+            continue
+        once = np.asarray(Decoder(model, 2, 300).prefill(toks[:, :277], lengths,
+                                                         all_logits=True))
+        for name, x in (("chunked", got), ("once", once)):
+            errs[name] = rel_err(np.concatenate([x[b, :n] for b, n in enumerate(lengths)]),
+                                 np.concatenate([want[b, :n] for b, n in enumerate(lengths)]))
+    print(f"bf16 relative RMSE against the float32 forward ({attention}): {errs}")
+    assert errs["chunked"] <= 1.25 * errs["once"], errs
 
 
 def test_chunk_attention_equals_the_decode_attention_of_each_query():
