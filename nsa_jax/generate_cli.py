@@ -2,12 +2,13 @@
 
     python -m nsa_jax.generate --checkpoint RUN_DIR [--prompt TEXT ... | --prompts-file FILE]
         [--max-new-tokens N] [--max-len N] [--memory-limit GIB] [--temperature T] [--top-k K]
-        [--top-p P] [--seed S] [--steps-per-call N] [--step STEP]
+        [--top-p P] [--seed S] [--steps-per-call N] [--prefill-chunk N] [--step STEP]
 
 Loads the run (:func:`nsa_jax.inference.load_run`: ``config.yaml``, the newest usable checkpoint,
 the tokenizer ``data.tokenizer``) and generates every prompt in one batch
 (:func:`nsa_jax.generate.generate_batch`): prompts are right-padded to a bucketed width and prefilled with the
-parallel (training-kernel) forward, in row groups when the whole batch does not fit in memory,
+parallel (training-kernel) forward, in row groups when the whole batch does not fit in memory
+and in chunks when one prompt does not (``--prefill-chunk`` forces a chunk length),
 then decoded for all rows, ``--steps-per-call`` tokens per jitted call (sampling and model
 steps in one call, :meth:`nsa_jax.decode.Decoder.decode`; it splits the work into calls and
 does not change the sampling). A row stops at EOS (not printed) or after N tokens. With one
@@ -161,13 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per row sampled in one jitted call (default 16): larger N pays "
                         "the per-call host cost less often (faster decoding), but text streams "
                         "N tokens at a time; 1 = one call per token. The sampling is the same")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="prefill each prompt N tokens at a time (a multiple of nsa.sel_block, 64 "
+                        "for dense; default: at once, or in the largest chunk that fits when a "
+                        "prompt's prefill does not fit in memory at once)")
     p.add_argument("--debug", action="store_true", help="show tracebacks with errors")
     return p
 
 
 NAMES = {"max_new_tokens": "--max-new-tokens", "max_len": "--max-len",
          "memory_limit": "--memory-limit", "steps_per_call": "--steps-per-call",
-         "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
+         "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed",
+         "prefill_chunk": "--prefill-chunk"}
 
 
 def _check_args(a) -> str | None:
@@ -178,6 +184,8 @@ def _check_args(a) -> str | None:
                 f"float32 up to 2**24), got {a.max_len}")
     if a.memory_limit is not None and not (math.isfinite(a.memory_limit) and a.memory_limit > 0):
         return f"--memory-limit: must be a finite number > 0 (GiB), got {a.memory_limit}"
+    if a.prefill_chunk is not None and a.prefill_chunk < 1:   # its multiple: once the run is known
+        return f"--prefill-chunk: must be a positive number of tokens, got {a.prefill_chunk}"
     try:                             # the Python API's own check, before the run is loaded
         check_sampling(a.temperature, a.top_k, a.top_p, a.seed, a.steps_per_call)
     except RequestError as e:
@@ -266,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                                temperature=args.temperature, top_k=args.top_k,
                                top_p=args.top_p, seed=args.seed, max_len=args.max_len,
                                memory_limit=limit, steps_per_call=args.steps_per_call,
+                               prefill_chunk=args.prefill_chunk,
                                on_token=printer.on_token,
                                on_done=printer.on_done, timing=timing)
         sys.stderr.write(f"{args.checkpoint}: {run.cfg.name}, attention="

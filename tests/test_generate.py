@@ -84,6 +84,7 @@ def test_text_stream_never_splits_utf8():
     (["--checkpoint", "x", "--memory-limit", "inf"], "--memory-limit: must be a finite number"),
     (["--checkpoint", "x", "--seed", str(2 ** 64)], "--seed: must be an integer in"),
     (["--checkpoint", "x", "--top-k", "-1"], "--top-k"),
+    (["--checkpoint", "x", "--prefill-chunk", "0"], "--prefill-chunk: must be a positive"),
     (["--prompt", "hi"], "--checkpoint"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(argv, needle, capsys):
@@ -285,6 +286,25 @@ def _cache_row_bytes(run_dir, max_len):
     _, model = load_for_inference(run_dir)
     weights = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model)))
     return weights + decoder_copy_bytes(model), cache_bytes(jax.eval_shape(lambda: init_cache(model, 1, max_len)))
+
+
+def test_cli_prefill_in_chunks_prints_the_same_text(tiny_run, capsys):
+    """``--prefill-chunk`` (32 = the tiny run's nsa.sel_block) prefills a 40-token prompt in two
+    chunks and prints the greedy text of a prefill at once; a length that is not a multiple of
+    the unit is one line naming the flag."""
+    prompt = " ".join(["the history of science and water"] * 6)
+    argv = ["--checkpoint", str(tiny_run), "--prompt", prompt, "--max-new-tokens", "10",
+            "--temperature", "0"]
+    assert main(argv) == 0
+    once = capsys.readouterr()
+    assert main(argv + ["--prefill-chunk", "32"]) == 0
+    chunked = capsys.readouterr()
+    assert chunked.out == once.out and len(once.out) > len(prompt)
+    assert "in chunks of 32 tokens" in chunked.err and "in chunks" not in once.err
+    assert main(argv + ["--prefill-chunk", "48"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err.strip() == ("error: --prefill-chunk: must be a positive "
+                                                 "multiple of 32 tokens for this model, got 48")
 
 
 @pytest.mark.parametrize("case", ["empty file", "prompt past context", "new tokens past cache",
