@@ -166,7 +166,7 @@ def dense_chunk_attention(q, k, v, t, key_block: int = 1024, q_block: int | None
     k, v [B,G,S,D] holding tokens 0..t -> [B,C,Hq,D] in q.dtype.
 
     An online softmax over key blocks of ``key_block`` (the cache length is padded to a multiple
-    of it with masked keys), queries in blocks of :func:`query_block` (C, ``q_block``): the
+    of it with masked keys; blocks past a query block's last position are skipped), queries in blocks of :func:`query_block` (C, ``q_block``): the
     scores held at once are [B,G,Qb,h,key_block], not [B,G,C,h,S]."""
     S = k.shape[2]
     kb = min(key_block, S)
@@ -179,7 +179,8 @@ def dense_chunk_attention(q, k, v, t, key_block: int = 1024, q_block: int | None
 
 
 def _dense_block(q, k, v, t, kb: int, nb: int):
-    """:func:`dense_chunk_attention` of one query block over nb key blocks of kb."""
+    """:func:`dense_chunk_attention` of one query block over the first of nb key blocks of kb
+    that hold a key at or before its last query."""
     B, C, Hq, D = q.shape
     G = k.shape[1]
     qg = _group(q, G)
@@ -202,6 +203,7 @@ def _dense_block(q, k, v, t, kb: int, nb: int):
         a = jnp.exp(m - m_new)
         return m_new, l * a + p.sum(-1), o * a[..., None] + _mix(p, vv)
 
-    m, l, o = jax.lax.fori_loop(0, nb, body, (m0, l0, o0))
+    last = jnp.minimum(nb, jnp.max(t) // kb + 1)   # key blocks past the last query: all masked
+    m, l, o = jax.lax.fori_loop(0, last, body, (m0, l0, o0))
     o = o / jnp.where(l > 0, l, 1.0)[..., None]
     return _heads(o).astype(q.dtype)
