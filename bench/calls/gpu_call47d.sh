@@ -13,7 +13,7 @@ timeout 240 python3 -m nsa_jax.train --config configs/nsa_125m.yaml data.source=
   data.seq_len=262144 train.batch_size=16 train.steps=2 train.eval_every=0 run.dir="$R/oom" > "$R/oom.out" 2>&1
 echo "oom train exit $?; run dir left: $(ls -A "$R/oom" 2>&1 | tr '\n' ' ')" | tee -a "$log"
 grep -v "^warning" "$R/oom.out" | tail -3 | cut -c1-900 | tee -a "$log"
-P="The history of science and the history of water and the history of the people who lived by the river"
+P="The history of science and the history of water and the history of the people who lived by the river, and the rivers that ran to the sea, and the sea that ran to the sky, and the sky above the river"
 timeout 120 python3 -m nsa_jax.generate --checkpoint "$R/tiny" --prompt "$P" --max-new-tokens 12 --temperature 0 \
   > "$R/g1.out" 2> "$R/g1.err"; echo "generate at once exit $?" | tee -a "$log"
 timeout 120 python3 -m nsa_jax.generate --checkpoint "$R/tiny" --prompt "$P" --max-new-tokens 12 --temperature 0 \
