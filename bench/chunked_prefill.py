@@ -90,8 +90,8 @@ def measure(model, N: int, chunks: list[int], reps: int, trace: bool = False) ->
         prof = profile(dec, toks, out[-1]["chunk"])
         out[-1]["profile"] = prof
         print(f"\n== profile: N={N} chunk={out[-1]['chunk']}: device busy "
-              f"{prof['device_busy_ms_per_step']:.1f} ms, span {prof['device_span_ms_per_step']:.1f}"
-              f" ms, {prof['n_kernels_per_step']:.0f} kernels")
+              f"{prof['device_busy_ms_per_step']:.1f} ms, span "
+              f"{prof['device_span_ms_per_step']:.1f} ms, {prof['n_kernels_per_step']:.0f} kernels")
         for o in prof["top_ops"][:25]:
             print(f"  {o['ms_per_step']:>9.2f} ms {o['share']:>6.1%} x{o['calls_per_step']:<6.0f} "
                   f"{o['name'][:110]}")

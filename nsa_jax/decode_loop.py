@@ -1,6 +1,7 @@
 """The jitted calls of decoding: prefill (and a chunked prefill's continuation chunks), one
-decode step, and ``steps`` decode steps with sampling in one call (:func:`decode_loop_jit`). :class:`nsa_jax.decode.Decoder` drives them (and
-re-exports them from :mod:`nsa_jax.decode`); the cache layout is :mod:`nsa_jax.decode`'s.
+decode step, and ``steps`` decode steps with sampling in one call (:func:`decode_loop_jit`).
+:class:`nsa_jax.decode.Decoder` drives them (and re-exports them from :mod:`nsa_jax.decode`); the
+cache layout is :mod:`nsa_jax.decode`'s.
 
 Why a loop in one call: a host loop of ``sample`` + ``step`` per token pays the per-call host
 cost (dispatch, the copy of the ids to the host, the sync) on every token, and the device idles

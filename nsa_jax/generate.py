@@ -103,10 +103,10 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
     memory); where not even one row's prefill fits at once, one row at a time in chunks
     (``prefill_chunk`` tokens, default the largest that fits: :func:`nsa_jax.request.
     fit_prefill`; each chunk after the first attends over the cache the earlier ones filled,
-    :mod:`nsa_jax.nsa.chunked`). Then all rows decode together, ``steps_per_call`` tokens per jitted call
-    (:meth:`nsa_jax.decode.Decoder.decode`; the last call is shortened to the tokens left, so
-    at most two call lengths compile). A row that samples ``eos_id`` is done: it keeps stepping
-    with the batch but its tokens are discarded; decoding stops after the call in which every
+    :mod:`nsa_jax.nsa.chunked`). Then all rows decode together, ``steps_per_call`` tokens per
+    jitted call (:meth:`nsa_jax.decode.Decoder.decode`; the last call is shortened to the tokens
+    left, so at most two call lengths compile). A row that samples ``eos_id`` is done: it keeps
+    stepping with the batch but its tokens are discarded; decoding stops after the call in which every
     row is done. One PRNG key per token is split from ``seed`` and drawn over all rows (batch 1
     reproduces :func:`generate_ids`). The ids do not depend on ``steps_per_call`` (the key
     sequence and the sampling math are the same; see :func:`nsa_jax.decode_loop.decode_loop_jit`

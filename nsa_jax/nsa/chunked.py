@@ -166,8 +166,9 @@ def dense_chunk_attention(q, k, v, t, key_block: int = 1024, q_block: int | None
     k, v [B,G,S,D] holding tokens 0..t -> [B,C,Hq,D] in q.dtype.
 
     An online softmax over key blocks of ``key_block`` (the cache length is padded to a multiple
-    of it with masked keys; blocks past a query block's last position are skipped), queries in blocks of :func:`query_block` (C, ``q_block``): the
-    scores held at once are [B,G,Qb,h,key_block], not [B,G,C,h,S]."""
+    of it with masked keys; blocks past a query block's last position are skipped), queries in
+    blocks of :func:`query_block` (C, ``q_block``): the scores held at once are
+    [B,G,Qb,h,key_block], not [B,G,C,h,S]."""
     S = k.shape[2]
     kb = min(key_block, S)
     nb = -(-S // kb)
