@@ -195,8 +195,9 @@ def fit_prefill(dec, width: int, free: int | None, longest: int,
                 chunk: int | None = None) -> tuple[int, int | None]:
     """(rows per prefill group, chunk) for prompts padded to ``width``: :func:`fit_rows` at the
     whole width; when not even one row fits, one row at a time in the largest chunk of
-    :func:`chunk_sizes` that fits (``Decoder.prefill_rows`` with ``chunk``); when none does,
-    :func:`fit_rows`'s error. A given ``chunk`` is used as is (rows: as many as fit with it)."""
+    :func:`chunk_sizes` that fits (``Decoder.prefill_rows`` with ``chunk``; found by a binary
+    search, since each length tried compiles); when none does, an error naming the smallest's
+    need. A given ``chunk`` is used as is (rows: as many as fit with it)."""
     from nsa_jax.decode import cache_bytes
 
     if chunk is not None:
@@ -209,10 +210,22 @@ def fit_prefill(dec, width: int, free: int | None, longest: int,
             raise
     caches = cache_bytes(dec.cache)
     left = free - caches
-    for c in sizes:
-        need = dec.prefill_bytes(1, width, chunk=c)
-        if need is None or need <= left:
-            return 1, c
+
+    def probe(c):
+        n = dec.prefill_bytes(1, width, chunk=c)    # compiles two calls per length tried
+        return n, n is None or n <= left
+
+    c = sizes[-1]
+    need, ok = probe(c)
+    if ok:        # a binary search (the need shrinks with the chunk): log2(len(sizes)) more tries
+        lo, hi = 0, len(sizes) - 1                  # sizes[hi] fits
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if probe(sizes[mid])[1]:
+                hi = mid
+            else:
+                lo = mid + 1
+        return 1, sizes[hi]
     fit = (free - need) * dec.batch // caches if caches else 0
     if 1 <= fit < dec.batch:          # fewer rows would leave the smallest chunk room: say so
         raise RequestError("prompts", f"{dec.batch} prompts' KV caches ({gib(caches)}) leave "

@@ -204,6 +204,14 @@ def test_fit_prefill_chunks_only_where_one_row_does_not_fit():
     assert fit_prefill(dec, 128, 1000 + 1279, 100) == (1, 64)        # the largest chunk
     assert fit_prefill(dec, 128, 1000 + 200, 100) == (1, 16)
     assert fit_prefill(dec, 128, 1000 + 2560, 100, chunk=32) == (2, 32)   # as asked
+    tried = []
+
+    def counted(g, w, chunk):
+        tried.append(chunk)
+        return need(g, w, chunk)
+    wide = _fake(1, 1000, counted)                                   # 16 chunk lengths
+    assert fit_prefill(wide, 1 << 20, 1000 + 10 * 4096, 100) == (1, 4096)
+    assert tried[0] is None and tried[1] == 16 and len(tried) <= 2 + 4, tried   # binary search
     with pytest.raises(RequestError) as e:                           # not even the smallest
         fit_prefill(_fake(1, 1000, need), 128, 1000 + 159, 100)
     assert e.value.arg == "prompts" and "even in chunks of 16 tokens" in str(e.value)
