@@ -45,8 +45,8 @@ def query_block(C: int, most: int | None = None) -> int:
 
 
 def _by_query_blocks(fn, qb: int, *xs):
-    """fn over query blocks of ``qb``: xs [B,C,...] (or [C] for positions) -> fn's [B,C,...]
-    output, the blocks one after another (``lax.map``). fn gets the block's xs and its index."""
+    """``fn(i, *block's xs)`` over the query blocks i of ``qb`` queries, one after another
+    (``lax.map``): xs [B,C,...] (or [C] for positions) -> fn's outputs put back as [B,C,...]."""
     C = xs[0].shape[1]
     if qb >= C:
         return fn(jnp.int32(0), *xs)
@@ -116,8 +116,8 @@ def _nsa_block(q, lc: dict, span, t, gates, cfg: NSAConfig):
     """:func:`nsa_chunk_attention` of one query block."""
     B, C, Hq, Dk = q.shape
     br = cfg.branches
-    G = next(lc[k] for k in ("k_cmp", "k_slc") if k in lc).shape[1] if (
-        "k_cmp" in lc or "k_slc" in lc) else span[0].shape[1]
+    keys = [lc[k] for k in ("k_cmp", "k_slc") if k in lc] + ([span[0]] if span else [])
+    G = keys[0].shape[1]
     qg = _group(q, G)
     scale = 1.0 / math.sqrt(Dk)
     o_cmp = o_slc = o_win = None
