@@ -28,6 +28,7 @@ CASES = [
     ("nsa", dict(branches=("cmp",)), (32,), None),
     ("nsa", dict(window=40), (16,), None),        # the window longer than a chunk
     ("nsa", dict(window=40), (32,), 8),
+    ("nsa", dict(window=200), (32,), None),       # the window past max_len: a ring of max_len
     ("dense", {}, (64,), None),
     ("dense", {}, (64,), 8),
 ]
@@ -36,7 +37,7 @@ LENGTHS = [70, 5, 32, 47]          # one row ends inside the first chunk, one on
 
 @pytest.mark.parametrize("attention,nsa,chunks,q_block", CASES,
                          ids=["nsa", "nsa-qb8", "nsa-l=d", "nsa-slc-win", "nsa-cmp", "nsa-w>chunk",
-                              "nsa-w>chunk-qb8", "dense", "dense-qb8"])
+                              "nsa-w>chunk-qb8", "nsa-w>max_len", "dense", "dense-qb8"])
 def test_chunked_prefill_equals_the_forward_and_then_decodes(attention, nsa, chunks, q_block,
                                                              monkeypatch):
     """Every prompt position's logits, each row's last-token logits, and 12 decode steps after
