@@ -183,6 +183,11 @@ def chunk_unit(model) -> int:
     return model.ncfg.sel_block if model.mcfg.attention == "nsa" else 64
 
 
+def chunk_ok(chunk, unit: int) -> bool:
+    """A prefill chunk length: a positive integer multiple of ``unit`` (:func:`chunk_unit`)."""
+    return int(chunk) == chunk and chunk >= unit and chunk % unit == 0
+
+
 _EXECS: dict = {}      # AOT-compiled prefill and decode calls, shared by Decoders of one model
 _EXECS_MAX = 32
 
@@ -294,11 +299,10 @@ class Decoder:
         return chunk_unit(self.model)
 
     def _check_chunk(self, chunk: int) -> int:
-        chunk = int(chunk)
-        u = self.chunk_unit
-        if chunk < u or chunk % u:
-            raise DecodeError(f"chunk must be a positive multiple of {u} tokens, got {chunk}")
-        return chunk
+        if not chunk_ok(chunk, self.chunk_unit):
+            raise DecodeError(f"chunk must be a positive multiple of {self.chunk_unit} tokens, "
+                              f"got {chunk}")
+        return int(chunk)
 
     def prefill_bytes(self, rows: int, width: int, all_logits: bool = False,
                       chunk: int | None = None) -> int | None:

@@ -240,9 +240,9 @@ def fit_prefill(dec, width: int, free: int | None, longest: int,
 def check_chunk(chunk, unit: int) -> None:
     """``prefill_chunk``: None (chunks only where a prompt's prefill does not fit at once) or a
     positive multiple of the model's chunk unit (``Decoder.chunk_unit``)."""
-    if chunk is None:
-        return
-    if int(chunk) != chunk or chunk < unit or chunk % unit:
+    from nsa_jax.decode import chunk_ok
+
+    if chunk is not None and not chunk_ok(chunk, unit):
         raise RequestError("prefill_chunk", f"must be a positive multiple of {unit} tokens for "
                                             f"this model, got {chunk}")
 
