@@ -322,13 +322,18 @@ class NSAAttention(_StepWeights, nnx.Module):
     def _extend(self, x, positions, cache: kvcache.LayerCache):
         """A continuation chunk of a chunked prefill (x [B,C,dim] at ``positions`` [C] =
         cache.start + 0..C-1): its tokens into the caches (``cache_update.extend_nsa``), then
-        its queries over them (:func:`nsa_jax.nsa.chunked.nsa_chunk_attention`, jax.numpy on
-        every backend)."""
+        its queries over them: the Pallas kernels with a query offset where ``exec.nsa_impl``
+        resolves to ``pallas`` (:func:`nsa_jax.pallas.chunk.nsa_chunk_pallas`), else
+        :func:`nsa_jax.nsa.chunked.nsa_chunk_attention` (jax.numpy)."""
         B, C, _ = x.shape
         q, k_c, v_c, k_s, v_s, k_w, v_w, gates = self.project_raw(x, positions)
         kv, span = cache_update.extend_nsa(cache.kv, cache.start, cache.n, self.ncfg,
                                            self.compress_kv, k_c, v_c, k_s, v_s, k_w, v_w)
-        o = nsa_chunk_attention(q, kv, span, positions, gates, self.ncfg)
+        if resolve_nsa_impl(self.xcfg.nsa_impl) == "pallas":
+            from nsa_jax.pallas.chunk import nsa_chunk_pallas
+            o = nsa_chunk_pallas(q, kv, span, positions, gates, self.ncfg, self.xcfg.kernel)
+        else:
+            o = nsa_chunk_attention(q, kv, span, positions, gates, self.ncfg)
         out = self.wo(o.reshape(B, C, -1).astype(self.dtype))
         return out, dataclasses.replace(cache, kv=kv)
 
@@ -392,7 +397,11 @@ class DenseAttention(_StepWeights, nnx.Module):
         if cache is not None and cache.start is not None:    # a chunked prefill's continuation
             q, k, v = self.project(x, positions)
             kv = cache_update.extend_dense(cache.kv, cache.start, cache.n, k, v)
-            o = dense_chunk_attention(q, kv["k"], kv["v"], positions)
+            if resolve_nsa_impl(self.xcfg.nsa_impl) == "pallas":   # as NSA's continuation
+                from nsa_jax.pallas.chunk import dense_chunk_pallas
+                o = dense_chunk_pallas(q, kv["k"], kv["v"], positions, self.xcfg.kernel)
+            else:
+                o = dense_chunk_attention(q, kv["k"], kv["v"], positions)
             return self.wo(o.reshape(B, S, -1)), dataclasses.replace(cache, kv=kv)
         if cache is not None and S == 1:
             t = cache.pos

@@ -99,8 +99,8 @@ def test_chunked_prefill_fills_the_caches_of_one_prefill(attention):
 @pytest.mark.gpu
 @pytest.mark.parametrize("attention", ["nsa", "dense"])
 def test_gpu_chunked_prefill_with_pallas_first_chunk(attention):
-    """On the GPU: the first chunk through the Pallas kernels (float32, IEEE dots), the next
-    ones through the jax.numpy chunk path, then decode steps: all equal the full Pallas
+    """On the GPU: every chunk through the Pallas kernels (float32, IEEE dots; the continuation
+    chunks with a query offset, ``pallas.chunk``), then decode steps: all equal the full Pallas
     forward. In bfloat16 both prefills are compared with the float32 forward of the same
     parameters: the chunked one is as close to it as the prefill at once (within 25%; the two
     paths round differently, and a near-tie top-n may flip in either)."""
@@ -169,6 +169,65 @@ def test_chunk_attention_equals_the_decode_attention_of_each_query():
         want = dense_decode_attention(q[:, j], k, v, t[j])
         np.testing.assert_allclose(np.asarray(got[:, j]), np.asarray(want), rtol=2e-5,
                                    atol=2e-5, err_msg=str(j))
+
+
+# (nsa overrides, chunk start, ring length W, cache length S): l=8, d=4, l'=16 unless overridden
+PALLAS_CASES = [
+    (dict(window=12), 64, 12, 128),
+    (dict(window=12), 16, 12, 128),                  # span keys before token 0 (W > start)
+    (dict(window=40), 16, 40, 128),                  # the window longer than the chunk
+    (dict(block_l=4, stride_d=4, sel_block=8, n_sel=3, window=5, n_init=0, n_local=1), 24, 5,
+     128),
+    (dict(branches=("slc", "win")), 48, 16, 128),
+    (dict(branches=("cmp",)), 32, 16, 128),
+    (dict(window=12), 384, 12, 512),    # 32 selection blocks: wider than the rows' top-n bucket
+]
+
+
+@pytest.mark.parametrize("nsa,start,W,S", PALLAS_CASES,
+                         ids=["start>W", "start<W", "w>chunk", "l=d", "slc-win", "cmp", "Ts=32"])
+def test_pallas_chunk_equals_the_jax_numpy_chunk(nsa, start, W, S):
+    """The Pallas continuation chunk (the training kernels with a query offset, interpret mode)
+    equals the jax.numpy one in float32, NSA over random caches with h = 3 heads per group, and
+    dense over a cache longer than the chunk's last position."""
+    from nsa_jax.pallas.chunk import dense_chunk_pallas, nsa_chunk_pallas
+    cfg = NSAConfig(**{**dict(block_l=8, stride_d=4, sel_block=16, n_sel=4), **nsa})
+    B, G, h, D, C = 2, 2, 3, 8, 32
+    ks = jax.random.split(jax.random.PRNGKey(start), 8)
+    q = jax.random.normal(ks[0], (B, C, G * h, D))
+    Tc = cfg.num_cmp_blocks(S)
+    lc = {n: jax.random.normal(k, (B, G, Tc if "cmp" in n else S, D)) for n, k in
+          zip(("k_cmp", "v_cmp", "k_slc", "v_slc"), ks[1:5])}
+    kw, vw = (jax.random.normal(k, (B, G, W + C, D)) for k in ks[5:7])
+    gates = jax.nn.sigmoid(jax.random.normal(ks[7], (B, C, G * h, 3)))
+    t = start + jnp.arange(C)
+    span = (kw, vw, start - W + jnp.arange(W + C))
+    want = nsa_chunk_attention(q, lc, span, t, gates, cfg)
+    got = nsa_chunk_pallas(q, lc, span, t, gates, cfg)
+    assert rel_err(got, want) <= 2e-5 and _max_rel(np.asarray(got), np.asarray(want)) <= 2e-5
+    want = dense_chunk_attention(q, lc["k_slc"], lc["v_slc"], t)
+    got = dense_chunk_pallas(q, lc["k_slc"], lc["v_slc"], t)
+    assert _max_rel(np.asarray(got), np.asarray(want)) <= 2e-5
+
+
+@pytest.mark.parametrize("attention", ["nsa", "dense"])
+def test_chunked_prefill_on_pallas_equals_the_forward(attention):
+    """With ``exec.nsa_impl = "pallas"`` (interpret mode here) every chunk of a chunked prefill
+    runs on the Pallas kernels and every prompt position's logits equal the full forward of the
+    same parameters on the reference (float32)."""
+    from nsa_jax.config import ExecConfig, ModelConfig
+    from nsa_jax.model import build_model
+    from test_decode import SMALL
+    mcfg = ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_groups=2, head_dim=8,
+                       mlp_hidden=64, attention=attention, init_std=0.3)
+    model = build_model(mcfg, NSAConfig(**SMALL), 0, ExecConfig(nsa_impl="pallas"))
+    B, T, P = len(LENGTHS), 90, max(LENGTHS)
+    toks = jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, 97)
+    want = _forward_logits(build_model(mcfg, NSAConfig(**SMALL), 0), toks)
+    got = np.asarray(Decoder(model, B, T).prefill(toks[:, :P], LENGTHS, all_logits=True,
+                                                  chunk=16 if attention == "nsa" else 64))
+    for b, n in enumerate(LENGTHS):
+        assert _max_rel(got[b, :n], want[b, :n]) <= 1e-4, b
 
 
 def test_chunk_argument_errors_and_memory():

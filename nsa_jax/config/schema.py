@@ -211,7 +211,9 @@ class MeshConfig:
 class ExecConfig:
     """How to run the model: never changes what it computes (beyond float rounding), so a run
     may resume under other choices."""
-    nsa_impl: Literal["auto", "reference", "pallas"] = "auto"  # auto: pallas on GPU, else reference
+    # training and prefill (auto: pallas on GPU, else reference); "pallas" also runs a chunked
+    # prefill's continuation chunks on the Pallas kernels, for NSA and dense models (pallas.chunk)
+    nsa_impl: Literal["auto", "reference", "pallas"] = "auto"
     # auto: cudnn on GPU, else xla; packed documents: the Pallas document-local kernel on GPU
     # unless "xla" (masked, O(T^2) memory)
     dense_impl: Literal["auto", "xla", "cudnn"] = "auto"

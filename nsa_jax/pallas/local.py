@@ -74,10 +74,11 @@ def _visible(t, kpos, st, w: int, T: int, keys_first: bool = False):
         & (kpos < T)[None, :]
 
 
-def _key_tiles(qt, st, bq: int, bk: int, w: int, T: int):
-    """(first key tile, number of key tiles) that can hold a key visible to query tile qt."""
-    lo = jnp.maximum(jnp.maximum(jnp.min(st), qt * bq - (w - 1)), 0)
-    hi = jnp.minimum(qt * bq + bq, T)
+def _key_tiles(qt, st, bq: int, bk: int, w: int, T: int, off=0):
+    """(first key tile, number of key tiles) that can hold a key visible to query tile qt (its
+    first query at position ``off + qt * bq``; T keys)."""
+    lo = jnp.maximum(jnp.maximum(jnp.min(st), off + qt * bq - (w - 1)), 0)
+    hi = jnp.minimum(off + qt * bq + bq, T)
     k0 = idiv(lo, bk)
     return k0, idiv(hi + (bk - 1), bk) - k0
 
@@ -89,25 +90,30 @@ def _q_program(T: int, bq: int):
 
 
 # ---- forward -----------------------------------------------------------------------------------
-def _fwd_kernel(start_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, h, bq, bk, w, scale, prec):
-    T, Dv = q_ref.shape[1], v_ref.shape[-1]
+def _fwd_kernel(start_ref, *refs, h, bq, bk, w, scale, prec, offset=False):
+    if offset:    # query row i is at key position off + i (a continuation chunk)
+        off_ref, q_ref, k_ref, v_ref, o_ref, lse_ref = refs
+        off = off_ref[0]
+    else:
+        (q_ref, k_ref, v_ref, o_ref, lse_ref), off = refs, 0
+    T, Tk, Dv = q_ref.shape[1], k_ref.shape[1], v_ref.shape[-1]
     hd, b, qt = _q_program(T, bq)
     g = idiv(hd, h)
     t, ok = _rows(qt, bq, T)
     rows = pl.ds(qt * bq, bq)
     q = load(q_ref.at[b, rows, hd, :], ok[:, None])
-    st = load(start_ref.at[b, rows], ok, other=T)  # padding rows: start T, see nothing
-    k0, nk = _key_tiles(qt, st, bq, bk, w, T)
+    st = load(start_ref.at[b, rows], ok, other=Tk)  # padding rows: start past the keys, see none
+    k0, nk = _key_tiles(qt, st, bq, bk, w, Tk, off)
     c = scale * LOG2E
 
     def body(i, carry):
         m, lsum, acc = carry
         kpos = (k0 + i) * bk + jnp.arange(bk)
-        kok = kpos < T
+        kok = kpos < Tk
         k = load(k_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
         v = load(v_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
-        s = jnp.where(_visible(t, kpos, st, w, T), dot(q, k, trans_b=True, precision=prec),
-                      NEG_INF)
+        s = jnp.where(_visible(off + t, kpos, st, w, Tk),
+                      dot(q, k, trans_b=True, precision=prec), NEG_INF)
         m, alpha, p, lsum = softmax_step(m, lsum, s, c)
         return m, lsum, acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
 
@@ -120,21 +126,26 @@ def _fwd_kernel(start_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, h, bq, bk, w,
 
 
 def local_forward(q, k, v, start, window: int | None, bs: BlockSizes, scale: float,
-                  interpret: bool, *, choices: KernelChoices | None = None):
+                  interpret: bool, *, choices: KernelChoices | None = None, offset=None):
     """q [B,T,Hq,Dk], k/v [B,T,G,D] (power-of-two head dims >= 16), start int32 [B,T] -> o float32
-    [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of the scaled logits)."""
+    [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of the scaled logits).
+
+    ``offset`` (int32 [1], traced; forward only): query row i sits at key position offset + i
+    of k/v [B,Tk,G,D] (Tk >= offset + T), and ``start`` / ``window`` apply at that position: a
+    continuation chunk's queries over keys before them (``pallas.chunk``)."""
     B, T, Hq, _ = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     kern = functools.partial(_fwd_kernel, h=Hq // G, bq=bs.win_q, bk=bs.win_keys,
-                             w=_span(window, T), scale=scale,
-                             prec=dot_precision(q.dtype, interpret, choices))
+                             w=_span(window, k.shape[1]), scale=scale,
+                             prec=dot_precision(q.dtype, interpret, choices),
+                             offset=offset is not None)
     return pl.pallas_call(
         kern, grid=(Hq, B, cdiv(T, bs.win_q)),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
         compiler_params=compiler_params(bs.num_warps, bs.num_stages),
         interpret=interpret, name="nsa_local_fwd",
-    )(start, q, k, v)
+    )(start, *(() if offset is None else (jnp.asarray(offset, jnp.int32).reshape(1),)), q, k, v)
 
 
 # ---- backward: dQ ------------------------------------------------------------------------------

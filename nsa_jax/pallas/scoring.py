@@ -47,6 +47,9 @@ from nsa_jax.pallas.common import (LOG2E, MIN_DOT, NEG_INF, POS_INF, BlockSizes,
 from nsa_jax.pallas.compressed import _load_rows, _num_visible, _rows, _tile_rows
 
 
+BIG_POS = 2 ** 30  # past every position (a masked query row's position in a minimum)
+
+
 def _overlap(i, j, d: int, l: int, l_sel: int):
     """|[i*d, i*d+l) ∩ [j*l', (j+1)*l')| / d, broadcasting int arrays i and j (Eq. 9)."""
     lo = jnp.maximum(i * d, j * l_sel)
@@ -233,7 +236,8 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
         qmask = q_ok & (st_q == cur)
         lo = jnp.min(jnp.where(qmask, lo_q, Tc))
         n_vis = _num_visible(jnp.max(jnp.where(qmask, rel_q, -1)), d, l, Tc)
-        n_full = idiv(_num_visible(jnp.min(jnp.where(qmask, rel_q, T)), d, l, Tc), step)
+        # (the sentinel exceeds every position: a continuation chunk's rel exceeds T)
+        n_full = idiv(_num_visible(jnp.min(jnp.where(qmask, rel_q, BIG_POS)), d, l, Tc), step)
         scores(ok & (st_r == cur), qmask, rel, lo, n_vis, n_full)
         return jnp.min(jnp.where(q_ok & (st_q > cur), st_q, T))
 
@@ -241,15 +245,17 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
 
 
 def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool,
-                     *, choices: KernelChoices | None = None, seg=None):
+                     *, choices: KernelChoices | None = None, seg=None, Ts: int | None = None):
     """Group-shared selection-block importance [B,T,G,Ts] (Eq. 9-10) from the compressed
     attention's lse; equals ``reference.block_scores(reference.cmp_probs(q, kc))``. The tile
     layout follows ``choices.score_heads`` (``score_layout``); the general path's float32 dots
     use ``choices.score_dot``. ``seg``: packed rows (``compressed.cmp_forward``); the scores
-    are then over each query's document-relative blocks."""
+    are then over each query's document-relative blocks. ``Ts``: score columns (default
+    ``cfg.num_sel_blocks(T)``; a continuation chunk, whose ``seg.rel`` places its queries past
+    T, scores every block of the cache: ``pallas.chunk``)."""
     B, T, Hq, Dk = q.shape
     Tc, G = kc.shape[1], kc.shape[2]
-    Ts = cfg.num_sel_blocks(T)
+    Ts = cfg.num_sel_blocks(T) if Ts is None else Ts
     h = Hq // G
     if Tc == 0:
         return jnp.zeros((B, T, G, Ts), jnp.float32)

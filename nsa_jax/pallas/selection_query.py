@@ -86,12 +86,14 @@ def _sub_tile(k_ref, v_ref, q, b, g, t, base, valid, sub, bk: int, l_sel: int, p
 
 # ---- forward ---------------------------------------------------------------------------------
 def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub, scale, prec,
-                packed=False):
+                packed=False, offset=False):
     if packed:
-        st_ref, o_ref, lse_ref = refs
-    else:
-        o_ref, lse_ref = refs
+        st_ref, *refs = refs
+    if offset:
+        off_ref, *refs = refs
+    o_ref, lse_ref = refs
     (t, g, b), row_ok, head, dk_, q = _query_rows(q_ref, h)
+    pos = t + off_ref[0] if offset else t     # the query's key position (causal mask)
     hp, Dv = q.shape[0], v_ref.shape[-1]
     dv_ = jnp.arange(Dv)
     c = scale * LOG2E
@@ -100,7 +102,8 @@ def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub,
     def step(i, carry):
         m, l, acc = carry
         j, base, sub, _ = _step_block(idx_ref, b, t, g, i, n_sub, l_sel, start)
-        kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, t, base, j >= 0, sub, bk, l_sel, prec)
+        kmask, k, v, s = _sub_tile(k_ref, v_ref, q, b, g, pos, base, j >= 0, sub, bk, l_sel,
+                                   prec)
         s = jnp.where(kmask[None, :], s, NEG_INF)
         m, alpha, p, l = softmax_step(m, l, s, c)
         return m, l, acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
@@ -114,9 +117,11 @@ def _fwd_kernel(q_ref, k_ref, v_ref, idx_ref, *refs, h, n_sel, l_sel, bk, n_sub,
 
 
 def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, interpret: bool, *,
-                choices: KernelChoices | None = None, seg=None):
+                choices: KernelChoices | None = None, seg=None, offset=None):
     """-> o float32 [B,T,Hq,Dv], lse2 float32 [B,T,Hq] (base-2 log-sum-exp of scaled logits,
-    +inf for a row with no visible key). ``seg``: packed rows' layout (document-relative idx)."""
+    +inf for a row with no visible key). ``seg``: packed rows' layout (document-relative idx).
+    ``offset`` (int32 [1], traced; unpacked): query row t sits at key position offset + t of
+    k/v [B,Tk,G,D] (a continuation chunk over the selection cache, ``pallas.chunk``)."""
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     h = Hq // G
@@ -124,14 +129,16 @@ def sel_forward(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float, inte
     kernel = functools.partial(_fwd_kernel, h=h, n_sel=idx.shape[-1], l_sel=cfg.sel_block,
                                bk=bk, n_sub=n_sub, scale=scale,
                                prec=dot_precision(q.dtype, interpret, choices),
-                               packed=seg is not None)
+                               packed=seg is not None, offset=offset is not None)
+    extra = (() if seg is None else (seg.start,)) + \
+        (() if offset is None else (jnp.asarray(offset, jnp.int32).reshape(1),))
     return pl.pallas_call(
         kernel, grid=(T, G, B),
         out_shape=[jax.ShapeDtypeStruct((B, T, Hq, Dv), jnp.float32),
                    jax.ShapeDtypeStruct((B, T, Hq), jnp.float32)],
         compiler_params=compiler_params(bs.sel_warps, bs.sel_stages),
         interpret=interpret, name="nsa_sel_fwd",
-    )(q, k, v, idx, *(() if seg is None else (seg.start,)))
+    )(q, k, v, idx, *extra)
 
 
 # ---- backward: dQ (and dK/dV in "atomic" mode) -------------------------------------------------

@@ -194,10 +194,13 @@ def _buckets(T: int, tsp: int, l_sel: int):
     return out
 
 
-def topn_pallas(scores, cfg: NSAConfig, interpret: bool, rel=None, bs: BlockSizes | None = None):
+def topn_pallas(scores, cfg: NSAConfig, interpret: bool, rel=None, bs: BlockSizes | None = None,
+                *, full_width: bool = False):
     """scores [B,T,G,Ts] -> int32 [B,T,G,n_sel] (== ``semantics.topn_from_scores``); ``rel``
     int32 [B,T]: packed rows' document-relative positions (None: t). ``bs``: the program's
-    tile (``topn_elems`` scores, ``topn_warps``; None = defaults)."""
+    tile (``topn_elems`` scores, ``topn_warps``; None = defaults). ``full_width``: one bucket
+    of all Ts columns, for positions ``rel`` past the row index (a continuation chunk,
+    ``pallas.chunk``), where the buckets by row index would be too narrow."""
     bs = bs or BlockSizes()
     B, T, G, Ts = scores.shape
     tsp = next_pow2(Ts)
@@ -207,7 +210,7 @@ def topn_pallas(scores, cfg: NSAConfig, interpret: bool, rel=None, bs: BlockSize
     N = B * T * G
     sc = scores.reshape(N, Ts).astype(jnp.float32)
     ids = jnp.zeros((N, cfg.n_sel), jnp.int32)   # every row is written by its bucket
-    for t0, t1, width in _buckets(T, tsp, cfg.sel_block):
+    for t0, t1, width in [(0, T, tsp)] if full_width else _buckets(T, tsp, cfg.sel_block):
         rows = max(1, min(64, bs.topn_elems // width))
         n_bucket = (t1 - t0) * G
         if _tournament(width, t0, Ts, cfg, rel is not None):
