@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 
 from nsa_jax.nsa import semantics
