@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax import export
 from jax._src.pallas.triton import lowering as triton_lowering
 
+import nsa_jax.pallas.chunk as pchunk  # noqa: E402
 import nsa_jax.pallas.decode as pdecode
 import nsa_jax.pallas.local as plocal
 import nsa_jax.pallas.nsa as pnsa
@@ -101,7 +102,7 @@ def decode_route(shape: str = "125m", T: int = 65536, B: int = 8, dtype=jnp.bflo
 @contextlib.contextmanager
 def compiled():
     """The kernel entry points pick compiled (not interpret) kernels on this machine too."""
-    saved = {m: m.use_interpret for m in (pnsa, pdecode, plocal)}
+    saved = {m: m.use_interpret for m in (pnsa, pdecode, plocal, pchunk)}
     for m in saved:
         m.use_interpret = lambda: False
     try:

@@ -543,6 +543,27 @@ def test_topn_tournament_equals_semantics(bs, monkeypatch):
     assert not bad, f"tournament top-n differs from lax.top_k's rule for: {bad}"
 
 
+@pytest.mark.parametrize("start", [16, 48, 4800])
+def test_topn_full_width_at_positions_past_the_rows(start):
+    """``topn_pallas(full_width=True)`` (a continuation chunk's top-n: 40 query rows at
+    positions start + i over 600 blocks, one 1,024-column bucket) == ``lax.top_k``'s rule on the
+    tournament cases, one batch row per kind: from start 48 = (n_init + n_local) l' on the
+    tournament kernel reading each row's position, below it on the rounds kernel."""
+    from nsa_jax.nsa import semantics
+    from nsa_jax.pallas.topn import topn_pallas
+    cfg = dataclasses.replace(TINY, n_sel=6, n_init=1, n_local=2)
+    T, G, Ts = 40, 2, 600
+    rng = np.random.default_rng(start)
+    scores = jnp.asarray(np.stack([_tour_scores(kind, rng, (T, G, Ts))
+                                   for kind in TOUR_KINDS]).astype(np.float32))
+    rel = jnp.broadcast_to(start + jnp.arange(T, dtype=jnp.int32), (len(TOUR_KINDS), T))
+    want = np.asarray(semantics.topn_from_scores(scores, rel[:, :, None], cfg))
+    got = np.asarray(jax.jit(lambda x, r: topn_pallas(x, cfg, True, r, full_width=True))(
+        scores, rel))
+    bad = [kind for i, kind in enumerate(TOUR_KINDS) if not np.array_equal(got[i], want[i])]
+    assert not bad, f"full-width top-n differs from lax.top_k's rule for: {bad}"
+
+
 @pytest.mark.parametrize("T,cfg,packed,bs,distinct", [
     (700, TINY, False, None, False),       # Ts = 44 -> width buckets 16, 32, 64; B = 2 rows
     (700, TINY, True, None, False),        # packed: the same buckets, document-relative t

@@ -268,6 +268,32 @@ def test_topn_kernel_lowers_to_triton():
     assert names == {"nsa_topn"}, names
 
 
+def test_chunk_kernels_lower_to_triton():
+    """A chunked prefill's continuation chunk (``pallas.chunk``, 125M heads, 1,024 queries at
+    start 4,096 over 64k caches): the compressed forward, scores, top-n (the tournament and the
+    rounds kernel, the two sides of the 1,024-column bucket's ``lax.cond``), the query-major
+    selection forward and the local forward with query offsets lower; and dense's local
+    forward."""
+    from nsa_jax.pallas.chunk import dense_chunk_pallas, nsa_chunk_pallas
+    C, Sk, W = 1024, 65536, CFG.window
+    Tc = CFG.num_cmp_blocks(Sk)
+
+    def f(q, kc, vc, ks, vs, kw, vw, gates):
+        lc = {"k_cmp": kc, "v_cmp": vc, "k_slc": ks, "v_slc": vs}
+        t = 4096 + jnp.arange(C)
+        return nsa_chunk_pallas(q, lc, (kw, vw, t[0] - W + jnp.arange(W + C)), t, gates, CFG)
+    shapes = (S(B, C, G * h, D), S(B, G, Tc, D), S(B, G, Tc, D), S(B, G, Sk, D), S(B, G, Sk, D),
+              S(B, G, W + C, D), S(B, G, W + C, D), S(B, C, G * h, 3))
+    names = triton_kernels(f, *shapes)
+    assert names == {"nsa_cmp_fwd", "nsa_cmp_scores", "nsa_topn", "nsa_sel_fwd",
+                     "nsa_local_fwd"}, names
+    text = triton_ir.lower_for_cuda(f, *shapes)
+    assert text.count('name = "nsa_topn"') == 2, text.count('name = "nsa_topn"')
+    names = triton_kernels(lambda q, k, v: dense_chunk_pallas(q, k, v, 4096 + jnp.arange(C)),
+                           S(B, C, G * h, D), S(B, G, Sk, D), S(B, G, Sk, D))
+    assert names == {"nsa_local_fwd"}, names
+
+
 def test_bench_triton_ir_is_location_free_and_repeatable():
     """bench/triton_ir.py's premise: the IR it writes names every kernel of a route, carries no
     source locations (a code move alone must not change it) and is the same on a second lowering,
