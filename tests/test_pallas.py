@@ -546,9 +546,9 @@ def test_topn_tournament_equals_semantics(bs, monkeypatch):
 @pytest.mark.parametrize("start", [16, 48, 4800])
 def test_topn_full_width_at_positions_past_the_rows(start):
     """``topn_pallas(full_width=True)`` (a continuation chunk's top-n: 40 query rows at
-    positions start + i over 600 blocks, one 1,024-column bucket) == ``lax.top_k``'s rule on the
-    tournament cases, one batch row per kind: from start 48 = (n_init + n_local) l' on the
-    tournament kernel reading each row's position, below it on the rounds kernel."""
+    positions start + i over 600 blocks, one 1,024-column bucket on the rounds kernel) ==
+    ``lax.top_k``'s rule on the tournament cases, one batch row per kind, with the forced
+    blocks overlapping (start 16) or not."""
     from nsa_jax.nsa import semantics
     from nsa_jax.pallas.topn import topn_pallas
     cfg = dataclasses.replace(TINY, n_sel=6, n_init=1, n_local=2)

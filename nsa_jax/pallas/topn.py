@@ -108,8 +108,8 @@ TOUR_MAX_WIDTH = 2048  # widest bucket that takes it: its first pass is unrolled
 BIG = 2 ** 30         # id of an empty pick (sorts after every block id)
 
 
-def _tour_kernel(sc_ref, *refs, rows, width, t0, n_bucket, T, G, n_sel, n_init, n_local, l_sel,
-                 packed=False):
+def _tour_kernel(sc_ref, _ids_in, ids_ref, *, rows, width, t0, n_bucket, T, G, n_sel, n_init,
+                 n_local, l_sel):
     """Top-n of unpacked rows whose forced blocks are all distinct candidates (every row of the
     bucket has cur = t // l' >= n_init + n_local), as a tournament over segments of ``SEG``
     columns. The picks come in the order of ``lax.top_k`` (higher score first, ties to the lower
@@ -122,21 +122,13 @@ def _tour_kernel(sc_ref, *refs, rows, width, t0, n_bucket, T, G, n_sel, n_init, 
     n_segments + ``SEG`` values instead of every column of the row (the rounds kernel's max,
     argmin and mask over the whole row). The chosen ids are written ascending through a rank
     count over the n_sel picks (a [n_sel] x [n_sel] comparison, not a prefix scan over the
-    row). ``packed``: the positions come from ``rel`` [B,T] (refs start with it), every one
-    of them with its forced blocks distinct candidates (the caller checks)."""
-    if packed:
-        rel_ref, _ids_in, ids_ref = refs
-    else:
-        _ids_in, ids_ref = refs
+    row)."""
     N, Ts = sc_ref.shape
     b = pl.program_id(1)
     i = pl.program_id(0) * rows + jnp.arange(rows)
     r_ok = i < n_bucket
     r_safe = b * (T * G) + t0 * G + jnp.where(r_ok, i, 0)
-    t = idiv(r_safe, G) - b * T
-    if packed:
-        t = load(rel_ref.at[b, t], r_ok)
-    cur = idiv(t, l_sel)                                             # [rows]
+    cur = idiv(idiv(r_safe, G) - b * T, l_sel)                       # [rows]
     nseg = width // SEG
     kk = jnp.arange(SEG)
     sidx = jnp.arange(nseg)
@@ -217,56 +209,26 @@ def topn_pallas(scores, cfg: NSAConfig, interpret: bool, rel=None, bs: BlockSize
         return semantics.topn_from_scores(scores, pos, cfg)
     N = B * T * G
     sc = scores.reshape(N, Ts).astype(jnp.float32)
-    if full_width:
-        return _full_width(sc, rel, cfg, interpret, bs, B, T, G, tsp).reshape(B, T, G, cfg.n_sel)
     ids = jnp.zeros((N, cfg.n_sel), jnp.int32)   # every row is written by its bucket
-    for t0, t1, width in _buckets(T, tsp, cfg.sel_block):
-        ids = _bucket(sc, rel, ids, cfg, interpret, bs, B, T, G, t0, t1, width,
-                      _tournament(width, t0, Ts, cfg, rel is not None))
+    for t0, t1, width in [(0, T, tsp)] if full_width else _buckets(T, tsp, cfg.sel_block):
+        rows = max(1, min(64, bs.topn_elems // width))
+        n_bucket = (t1 - t0) * G
+        if _tournament(width, t0, Ts, cfg, rel is not None):
+            rows = bs.topn_tour_rows or rows
+            kern = functools.partial(
+                _tour_kernel, rows=rows, width=width, t0=t0, n_bucket=n_bucket, T=T, G=G,
+                n_sel=cfg.n_sel, n_init=cfg.n_init, n_local=cfg.n_local, l_sel=cfg.sel_block)
+        else:
+            kern = functools.partial(
+                _topn_kernel, rows=rows, width=width, t0=t0, n_bucket=n_bucket, T=T, G=G,
+                k=min(cfg.n_sel, Ts), n_sel=cfg.n_sel, n_init=cfg.n_init, n_local=cfg.n_local,
+                l_sel=cfg.sel_block, packed=rel is not None)
+        extra = () if rel is None else (rel,)
+        ids = pl.pallas_call(
+            kern, grid=(pl.cdiv(n_bucket, rows), B),
+            out_shape=jax.ShapeDtypeStruct((N, cfg.n_sel), jnp.int32),
+            input_output_aliases={1 + len(extra): 0},
+            compiler_params=compiler_params(bs.topn_warps, 1), interpret=interpret,
+            name="nsa_topn",
+        )(sc, *extra, ids)
     return ids.reshape(B, T, G, cfg.n_sel)
-
-
-def _full_width(sc, rel, cfg: NSAConfig, interpret: bool, bs: BlockSizes, B: int, T: int,
-                G: int, width: int):
-    """``topn_pallas(full_width=True)``: all rows in one bucket of ``width`` columns, on the
-    tournament kernel when every position in ``rel`` has its forced blocks distinct candidates
-    (decided on the device: ``lax.cond``), else on the rounds kernel."""
-    N, Ts = sc.shape
-    ids = jnp.zeros((N, cfg.n_sel), jnp.int32)
-    rounds = functools.partial(_bucket, sc, rel, ids, cfg, interpret, bs, B, T, G, 0, T, width)
-    n_f = cfg.n_init + cfg.n_local
-    # the tournament's static conditions (width, n_sel), for rows that all start past n_f blocks
-    if rel is None or not _tournament(width, n_f * cfg.sel_block, Ts, cfg, False):
-        return rounds(False)
-    return lax.cond(jnp.min(rel) >= n_f * cfg.sel_block, lambda: rounds(True),
-                    lambda: rounds(False))
-
-
-def _bucket(sc, rel, ids, cfg: NSAConfig, interpret: bool, bs: BlockSizes, B: int, T: int,
-            G: int, t0: int, t1: int, width: int, tour: bool):
-    """The top-n of the rows of queries [t0, t1) (positions ``rel`` or the row index) over
-    ``width`` columns, into their rows of ``ids`` [N, n_sel] (the tournament kernel if
-    ``tour``)."""
-    N, Ts = sc.shape
-    rows = max(1, min(64, bs.topn_elems // width))
-    n_bucket = (t1 - t0) * G
-    if tour:
-        rows = bs.topn_tour_rows or rows
-        kern = functools.partial(
-            _tour_kernel, rows=rows, width=width, t0=t0, n_bucket=n_bucket, T=T, G=G,
-            n_sel=cfg.n_sel, n_init=cfg.n_init, n_local=cfg.n_local, l_sel=cfg.sel_block,
-            packed=rel is not None)
-    else:
-        kern = functools.partial(
-            _topn_kernel, rows=rows, width=width, t0=t0, n_bucket=n_bucket, T=T, G=G,
-            k=min(cfg.n_sel, Ts), n_sel=cfg.n_sel, n_init=cfg.n_init, n_local=cfg.n_local,
-            l_sel=cfg.sel_block, packed=rel is not None)
-    extra = () if rel is None else (rel,)
-    ids = pl.pallas_call(
-        kern, grid=(pl.cdiv(n_bucket, rows), B),
-        out_shape=jax.ShapeDtypeStruct((N, cfg.n_sel), jnp.int32),
-        input_output_aliases={1 + len(extra): 0},
-        compiler_params=compiler_params(bs.topn_warps, 1), interpret=interpret,
-        name="nsa_topn",
-    )(sc, *extra, ids)
-    return ids
