@@ -1,0 +1,130 @@
+"""Tile settings of a chunked prefill's continuation chunk on the Pallas kernels (``nsa_jax/pallas/
+chunk.py``): one continuation chunk of one layer, timed alone for each setting.
+
+    PYTHONPATH=. python bench/chunk_tiles.py [--start 49152] [--chunk 16384] [--cache 65600]
+        [--reps 10] [--out F.json] [--smoke]
+
+Shape: the 125M model's heads (12 query heads, 2 KV groups, 64-wide), batch 1, bf16, random
+caches of ``--cache`` tokens, the chunk's queries at positions start .. start + chunk - 1
+(configs/nsa_125m.yaml's NSA settings). For each setting (a ``BlockSizes`` override, listed in
+``DENSE`` and ``NSA``) the median wall time of ``--reps`` jitted calls after one that compiles,
+each synchronised on its output; dense and NSA outputs are checked against the first
+setting's (all settings compute the same attention). The table prints last; the JSON holds the
+device, versions and every record. ``--smoke`` shrinks the shape for the CPU (interpret mode; not
+a measurement).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from nsa_jax.config import load_config  # noqa: E402
+from nsa_jax.pallas.chunk import dense_chunk_pallas, nsa_chunk_pallas  # noqa: E402
+from nsa_jax.pallas.common import BlockSizes  # noqa: E402
+
+# (name, BlockSizes fields over BlockSizes.for_shape's defaults)
+DENSE = [
+    ("default", {}),
+    ("q128", dict(win_q=128)),
+    ("q128 w8", dict(win_q=128, num_warps=8)),
+    ("q128 k128 w8", dict(win_q=128, win_keys=128, num_warps=8)),
+    ("k128", dict(win_keys=128)),
+    ("s3", dict(num_stages=3)),
+    ("q128 s3", dict(win_q=128, num_stages=3)),
+]
+NSA = [
+    ("default", {}),
+    ("sel w1", dict(sel_warps=1)),
+    ("sel w4", dict(sel_warps=4)),
+    ("sel s3", dict(sel_stages=3)),
+    ("sel k32 w1 s3", dict(sel_q_keys=32, sel_warps=1, sel_stages=3)),
+]
+
+
+def _time(fn, args, reps: int):
+    out = fn(*args)
+    jax.block_until_ready(out)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return out, statistics.median(times), times
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--start", type=int, default=49152)
+    p.add_argument("--chunk", type=int, default=16384)
+    p.add_argument("--cache", type=int, default=65600)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--out", default=None)
+    p.add_argument("--smoke", action="store_true")
+    a = p.parse_args(argv)
+    cfg = load_config(REPO / "configs" / "nsa_125m.yaml").nsa
+    if a.smoke:
+        a.start, a.chunk, a.cache, a.reps = 128, 64, 256, 1
+    B, Hq, G, D, C, S = 1, 12, 2, 64, a.chunk, a.cache
+    Tc = cfg.num_cmp_blocks(S)
+    W = cfg.window
+    ks = jax.random.split(jax.random.PRNGKey(0), 8)
+    bf = jnp.bfloat16
+    q = jax.random.normal(ks[0], (B, C, Hq, D), bf)
+    lc = {"k_cmp": jax.random.normal(ks[1], (B, G, Tc, D), bf),
+          "v_cmp": jax.random.normal(ks[2], (B, G, Tc, D), bf),
+          "k_slc": jax.random.normal(ks[3], (B, G, S, D), bf),
+          "v_slc": jax.random.normal(ks[4], (B, G, S, D), bf)}
+    kw, vw = (jax.random.normal(k, (B, G, W + C, D), bf) for k in ks[5:7])
+    gates = jax.nn.sigmoid(jax.random.normal(ks[7], (B, C, Hq, 3))).astype(bf)
+    t = a.start + jnp.arange(C, dtype=jnp.int32)
+    span = (kw, vw, t[0] - W + jnp.arange(W + C))
+    base = BlockSizes.for_shape(Hq // G, D, 2)
+    records = []
+    for kind, settings in (("dense", DENSE), ("nsa", NSA)):
+        ref = None
+        for name, over in settings:
+            bs = dataclasses.replace(base, **over)
+            if kind == "dense":
+                fn = jax.jit(lambda q, k, v, t, bs=bs: dense_chunk_pallas(q, k, v, t,
+                                                                          block_sizes=bs))
+                args = (q, lc["k_slc"], lc["v_slc"], t)
+            else:
+                fn = jax.jit(lambda q, lc, span, t, g, bs=bs: nsa_chunk_pallas(
+                    q, lc, span, t, g, cfg, block_sizes=bs))
+                args = (q, lc, span, t, gates)
+            out, ms, times = _time(fn, args, a.reps)
+            out = np.asarray(out, np.float32)
+            if ref is None:
+                ref = out
+            diff = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+            records.append(dict(kind=kind, name=name, settings=over, ms=ms, times_ms=times,
+                                max_rel_diff_vs_default=diff))
+            print(json.dumps(records[-1]), flush=True)
+    info = dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
+                python=platform.python_version(), smoke=a.smoke, start=a.start, chunk=C,
+                cache=S, records=records)
+    if a.out:
+        Path(a.out).write_text(json.dumps(info, indent=1))
+    print(f"\n{info['device']}, jax {info['jax']}; 125M heads, B=1, bf16, chunk {C} at start "
+          f"{a.start} over a {S}-token cache; ms = median of {a.reps}")
+    print(f"{'kind':6} {'setting':16} {'ms':>9} {'max rel diff':>13}")
+    for r in records:
+        print(f"{r['kind']:6} {r['name']:16} {r['ms']:9.3f} {r['max_rel_diff_vs_default']:13.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
