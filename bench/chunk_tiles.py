@@ -2,7 +2,7 @@
 chunk.py``): one continuation chunk of one layer, timed alone for each setting.
 
     PYTHONPATH=. python bench/chunk_tiles.py [--start 49152] [--chunk 16384] [--cache 65600]
-        [--reps 10] [--out F.json] [--smoke]
+        [--reps 10] [--out F.json] [--only-default] [--smoke]
 
 Shape: the 125M model's heads (12 query heads, 2 KV groups, 64-wide), batch 1, bf16, random
 caches of ``--cache`` tokens, the chunk's queries at positions start .. start + chunk - 1
@@ -72,6 +72,7 @@ def main(argv=None) -> int:
     p.add_argument("--cache", type=int, default=65600)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out", default=None)
+    p.add_argument("--only-default", action="store_true", help="time the default setting only")
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args(argv)
     cfg = load_config(REPO / "configs" / "nsa_125m.yaml").nsa
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
     records = []
     for kind, settings in (("dense", DENSE), ("nsa", NSA)):
         ref = None
-        for name, over in settings:
+        for name, over in settings[:1] if a.only_default else settings:
             bs = dataclasses.replace(base, **over)
             if kind == "dense":
                 fn = jax.jit(lambda q, k, v, t, bs=bs: dense_chunk_pallas(q, k, v, t,

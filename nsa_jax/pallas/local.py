@@ -83,6 +83,18 @@ def _key_tiles(qt, st, bq: int, bk: int, w: int, T: int, off=0):
     return k0, idiv(hi + (bk - 1), bk) - k0
 
 
+def _full_tiles(qt, st, bq: int, bk: int, w: int, off, k0, nk):
+    """Key tiles [f0, f1) inside [k0, k0 + nk) whose every key every row of query tile qt (at
+    positions off + qt*bq ..) sees: past the latest document start and the last row's window
+    edge, up to the first row's position; f0 = f1 where there are none. The forward walks them
+    without a mask (the rest of its tiles keep it)."""
+    p0 = off + qt * bq
+    lo = jnp.maximum(jnp.max(st), p0 + bq - 1 - (w - 1))    # first key all rows see
+    f0 = jnp.maximum(idiv(lo + (bk - 1), bk), k0)
+    f1 = jnp.minimum(idiv(p0 + 1, bk), k0 + nk)               # tiles ending at or before p0
+    return f0, jnp.maximum(f1, f0)
+
+
 def _q_program(T: int, bq: int):
     """(head, batch, query tile) on grid (Hq, B, n_tiles); tiles last to first (without a window
     the last tiles of a long document are the longest programs: they start first)."""
@@ -104,20 +116,30 @@ def _fwd_kernel(start_ref, *refs, h, bq, bk, w, scale, prec, offset=False):
     q = load(q_ref.at[b, rows, hd, :], ok[:, None])
     st = load(start_ref.at[b, rows], ok, other=Tk)  # padding rows: start past the keys, see none
     k0, nk = _key_tiles(qt, st, bq, bk, w, Tk, off)
+    f0, f1 = _full_tiles(qt, st, bq, bk, w, off, k0, nk)
     c = scale * LOG2E
 
-    def body(i, carry):
+    def body(kt, carry, masked=True):
         m, lsum, acc = carry
-        kpos = (k0 + i) * bk + jnp.arange(bk)
+        kpos = kt * bk + jnp.arange(bk)
         kok = kpos < Tk
-        k = load(k_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
-        v = load(v_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
-        s = jnp.where(_visible(off + t, kpos, st, w, Tk),
-                      dot(q, k, trans_b=True, precision=prec), NEG_INF)
+        if masked:
+            k = load(k_ref.at[b, pl.ds(kt * bk, bk), g, :], kok[:, None])
+            v = load(v_ref.at[b, pl.ds(kt * bk, bk), g, :], kok[:, None])
+        else:           # a full tile lies before the first row's position: inside the keys
+            k, v = k_ref[b, pl.ds(kt * bk, bk), g, :], v_ref[b, pl.ds(kt * bk, bk), g, :]
+        s = dot(q, k, trans_b=True, precision=prec)
+        if masked:
+            s = jnp.where(_visible(off + t, kpos, st, w, Tk), s, NEG_INF)
         m, alpha, p, lsum = softmax_step(m, lsum, s, c)
         return m, lsum, acc * alpha[:, None] + dot(p.astype(v.dtype), v, precision=prec)
 
-    m, lsum, acc = lax.fori_loop(0, nk, body, softmax_init(bq, Dv))
+    if Tk < bk:       # no full tile (and an unmasked load of bk keys would not fit the keys)
+        f0 = f1 = k0
+    carry = lax.fori_loop(k0, f0, body, softmax_init(bq, Dv))
+    if Tk >= bk:
+        carry = lax.fori_loop(f0, f1, functools.partial(body, masked=False), carry)
+    m, lsum, acc = lax.fori_loop(f1, k0 + nk, body, carry)
     l_safe, lse = softmax_finish(m, lsum)
     t_st = jnp.where(ok, t, T)  # masked rows -> out of bounds (dropped)
     dv_ = jnp.arange(Dv)
