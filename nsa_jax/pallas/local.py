@@ -95,6 +95,19 @@ def _full_tiles(qt, st, bq: int, bk: int, w: int, off, k0, nk):
     return f0, jnp.maximum(f1, f0)
 
 
+def _full_query_tiles(last_ref, b, kt, bk: int, bq: int, w: int, T: int, q0, nq):
+    """Query tiles [q0 + e0, q0 + e1) (as offsets e0 <= e1 in [0, nq]) whose every row sees every
+    key of key tile kt: each row at or past its last key, inside T, inside the first key's
+    document (up to ``last_ref``, that document's last token) and within the window of the first
+    key (rows past the last key and inside the first key's document put the whole key tile in
+    that document and inside T). The dK/dV kernel walks them without a mask."""
+    k_first, k_last = kt * bk, kt * bk + (bk - 1)
+    dl = last_ref[b, jnp.minimum(k_first, T - 1)]
+    lo = jnp.clip(idiv(k_last + (bq - 1), bq) - q0, 0, nq)
+    hi = jnp.minimum(jnp.minimum(idiv(dl + 1, bq), idiv(k_first + w, bq)), T // bq) - q0
+    return lo, jnp.clip(hi, lo, nq)
+
+
 def _q_program(T: int, bq: int):
     """(head, batch, query tile) on grid (Hq, B, n_tiles); tiles last to first (without a window
     the last tiles of a long document are the longest programs: they start first)."""
@@ -183,18 +196,26 @@ def _dq_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_ref, delta_re
                                       b, rows, hd, ok, cdt)
     st = load(start_ref.at[b, rows], ok, other=T)
     k0, nk = _key_tiles(qt, st, bq, bk, w, T)
+    f0, f1 = _full_tiles(qt, st, bq, bk, w, 0, k0, nk) if T >= bk else (k0, k0)
     c = scale * LOG2E
 
-    def body(i, dq):
-        kpos = (k0 + i) * bk + jnp.arange(bk)
-        kok = kpos < T
-        k = load(k_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
-        v = load(v_ref.at[b, pl.ds((k0 + i) * bk, bk), g, :], kok[:, None])
-        p = probs(dot(q, k, trans_b=True, precision=prec), _visible(t, kpos, st, w, T), lse, c)
+    def body(kt, dq, masked=True):
+        kpos = kt * bk + jnp.arange(bk)
+        if masked:
+            kok = kpos < T
+            k = load(k_ref.at[b, pl.ds(kt * bk, bk), g, :], kok[:, None])
+            v = load(v_ref.at[b, pl.ds(kt * bk, bk), g, :], kok[:, None])
+            vis = _visible(t, kpos, st, w, T)
+        else:           # a full tile (the forward's rule): no bounds mask, no visibility mask
+            k, v, vis = k_ref[b, pl.ds(kt * bk, bk), g, :], v_ref[b, pl.ds(kt * bk, bk), g, :], None
+        p = probs(dot(q, k, trans_b=True, precision=prec), vis, lse, c)
         ds = dscores(p, do, v, gs, delta, prec)
         return dq + dot(ds.astype(cdt), k, precision=prec)
 
-    dq = lax.fori_loop(0, nk, body, jnp.zeros((bq, Dk), jnp.float32))
+    dq = lax.fori_loop(k0, f0, body, jnp.zeros((bq, Dk), jnp.float32))
+    if T >= bk:
+        dq = lax.fori_loop(f0, f1, functools.partial(body, masked=False), dq)
+    dq = lax.fori_loop(f1, k0 + nk, body, dq)
     t_st = jnp.where(ok, t, T)
     dk_ = jnp.arange(Dk)
     store(dq_ref.at[b, t_st[:, None], hd, dk_[None, :]], dq * scale, ok[:, None])
@@ -217,8 +238,9 @@ def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
     hi = jnp.minimum(last_ref[b, s_last] + 1, s_last + w)
     q0 = idiv(kt * bk, bq)
     nq = idiv(hi + (bq - 1), bq) - q0
+    e0, e1 = _full_query_tiles(last_ref, b, kt, bk, bq, w, T, q0, nq)
 
-    def step(it, carry):
+    def step(it, carry, masked=True):
         # One loop over (query tile, head) pairs, not a head loop nested in a tile loop: Triton
         # pipelines only innermost loops, so the next pair's q / dO loads are in flight while
         # this pair's dots run, across tile boundaries too (the tiled selection dK/dV's
@@ -227,8 +249,10 @@ def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
         qt = q0 + i
         t, ok = _rows(qt, bq, T)
         rows = pl.ds(qt * bq, bq)
-        st = load(start_ref.at[b, rows], ok, other=T)
-        vis_t = _visible(t, kpos, st, w, T, keys_first=True)
+        vis_t = None
+        if masked:
+            st = load(start_ref.at[b, rows], ok, other=T)
+            vis_t = _visible(t, kpos, st, w, T, keys_first=True)
         dk, dv = carry
         hd = g * h + (it - i * h)
         q, do, gs, lse, delta = grad_rows(q_ref, do_ref, gs_ref, lse_ref, delta_ref,
@@ -237,8 +261,10 @@ def _dkv_kernel(start_ref, last_ref, q_ref, k_ref, v_ref, do_ref, gs_ref, lse_re
         s_t = dot(k, q, trans_b=True, precision=prec)   # raw; scaled in the exponent
         return dkv_accumulate_t(dk, dv, s_t, vis_t, q, do, v, gs, lse, delta, prec, cdt, c)
 
-    dk, dv = lax.fori_loop(0, nq * h, step, (jnp.zeros((bk, Dk), jnp.float32),
-                                             jnp.zeros((bk, Dv), jnp.float32)))
+    carry = lax.fori_loop(0, e0 * h, step, (jnp.zeros((bk, Dk), jnp.float32),
+                                            jnp.zeros((bk, Dv), jnp.float32)))
+    carry = lax.fori_loop(e0 * h, e1 * h, functools.partial(step, masked=False), carry)
+    dk, dv = lax.fori_loop(e1 * h, nq * h, step, carry)
     k_st = jnp.where(kok, kpos, T)  # masked rows -> out of bounds (dropped)
     dk_, dv_ = jnp.arange(Dk), jnp.arange(Dv)
     store(dk_ref.at[b, k_st[:, None], g, dk_[None, :]], dk * scale, kok[:, None])
