@@ -36,7 +36,8 @@ import jax.numpy as jnp
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
-from nsa_jax.pallas.common import BlockSizes, choices_or_default, pad_dim, padded_dims, use_interpret
+from nsa_jax.pallas.common import (BlockSizes, choices_or_default, pad_dim, padded_dims,
+                                   use_interpret)
 from nsa_jax.pallas.compressed import cmp_forward
 from nsa_jax.pallas.local import local_forward
 from nsa_jax.pallas.scoring import cmp_block_scores
