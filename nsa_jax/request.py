@@ -176,7 +176,8 @@ def check_memory(model, prompts, cache_len: int, free: int | None) -> None:
     if B * row > free:
         raise RequestError("prompts", f"{B} prompts need {gib(B * row)} of KV cache at "
                                       f"{cache_len} tokens per row, {gib(free)} free: at "
-                                      f"most {free // row} prompts fit")
+                                      f"most {free // row} prompts fit (by their KV caches "
+                                      f"alone; the prefill needs memory on top)")
 
 
 def chunk_sizes(dec, width: int) -> list[int]:

@@ -185,7 +185,7 @@ def test_check_memory_names_what_does_not_fit():
     check_memory(model, prompts, 192, None)                       # unknown: no check
     check_memory(model, prompts, 192, 3 * row(192))
     arg, msg = _arg(check_memory, model, prompts, 192, 3 * row(192) - 1)
-    assert arg == "prompts" and "at most 2 prompts fit" in msg
+    assert arg == "prompts" and "at most 2 prompts fit (by their KV caches alone" in msg, msg
     assert _arg(check_memory, model, prompts, 192, row(192) - 1)[0] == "max_new_tokens"
     assert _arg(check_memory, model, prompts, 192, row(64) - 1)[0] == "prompts"
 
