@@ -4,11 +4,11 @@ chunk.py``): one continuation chunk of one layer, timed alone for each setting.
     PYTHONPATH=. python bench/chunk_tiles.py [--start 49152] [--chunk 16384] [--cache 65600]
         [--reps 10] [--out F.json] [--only-default] [--smoke]
 
-Shape: the 125M model's heads (12 query heads, 2 KV groups, 64-wide), batch 1, bf16, random
-caches of ``--cache`` tokens, the chunk's queries at positions start .. start + chunk - 1
-(configs/nsa_125m.yaml's NSA settings). For each setting (a ``BlockSizes`` override, listed in
-``DENSE`` and ``NSA``) the median wall time of ``--reps`` jitted calls after one that compiles,
-each synchronised on its output; dense and NSA outputs are checked against the first
+Shape: the 125M model's heads (``harness.SHAPES["125m"]``: 12 query heads, 2 KV groups,
+64-wide), batch 1, bf16, random caches of ``--cache`` tokens, the chunk's queries at positions
+start .. start + chunk - 1, ``harness.CFG`` (the 125M configs' NSA settings). For each setting (a
+``BlockSizes`` override, listed in ``DENSE`` and ``NSA``) the median wall time of ``--reps``
+jitted calls (``harness.timed``: after the compiling call and 3 warm-up calls); dense and NSA outputs are checked against the first
 setting's (all settings compute the same attention). The table prints last; the JSON holds the
 device, versions and every record. ``--smoke`` shrinks the shape for the CPU (interpret mode; not
 a measurement).
@@ -19,19 +19,16 @@ import argparse
 import dataclasses
 import json
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import CFG, SHAPES, timed  # noqa: E402
 
-from nsa_jax.config import load_config  # noqa: E402
 from nsa_jax.pallas.chunk import dense_chunk_pallas, nsa_chunk_pallas  # noqa: E402
 from nsa_jax.pallas.common import BlockSizes  # noqa: E402
 
@@ -54,17 +51,6 @@ NSA = [
 ]
 
 
-def _time(fn, args, reps: int):
-    out = fn(*args)
-    jax.block_until_ready(out)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - t0) * 1e3)
-    return out, statistics.median(times), times
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--start", type=int, default=49152)
@@ -75,10 +61,10 @@ def main(argv=None) -> int:
     p.add_argument("--only-default", action="store_true", help="time the default setting only")
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args(argv)
-    cfg = load_config(REPO / "configs" / "nsa_125m.yaml").nsa
+    cfg = CFG
     if a.smoke:
         a.start, a.chunk, a.cache, a.reps = 128, 64, 256, 1
-    B, Hq, G, D, C, S = 1, 12, 2, 64, a.chunk, a.cache
+    (Hq, G, D), B, C, S = SHAPES["125m"], 1, a.chunk, a.cache
     Tc = cfg.num_cmp_blocks(S)
     W = cfg.window
     ks = jax.random.split(jax.random.PRNGKey(0), 8)
@@ -106,12 +92,12 @@ def main(argv=None) -> int:
                 fn = jax.jit(lambda q, lc, span, t, g, bs=bs: nsa_chunk_pallas(
                     q, lc, span, t, g, cfg, block_sizes=bs))
                 args = (q, lc, span, t, gates)
-            out, ms, times = _time(fn, args, a.reps)
-            out = np.asarray(out, np.float32)
+            out = np.asarray(fn(*args), np.float32)
+            ms = timed(fn, [args], a.reps)
             if ref is None:
                 ref = out
             diff = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
-            records.append(dict(kind=kind, name=name, settings=over, ms=ms, times_ms=times,
+            records.append(dict(kind=kind, name=name, settings=over, ms=ms,
                                 max_rel_diff_vs_default=diff))
             print(json.dumps(records[-1]), flush=True)
     info = dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
