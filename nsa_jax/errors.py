@@ -27,6 +27,14 @@ EXIT_INTERRUPTED = 130   # Ctrl-C before training started
 MAX_REASON = 240         # characters of a nested cause quoted inside a message
 
 
+def byte_size(n: int) -> str:
+    """Bytes in binary units for a message, e.g. ``6.4 TiB``, ``1.50 GiB``, ``12.0 MiB``."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{n} B"
+
+
 def one_line(e: BaseException) -> str:
     """An exception's message on one line (for ``error: ...`` lines)."""
     return " ".join(str(e).split()) or type(e).__name__

@@ -8,6 +8,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from nsa_jax.errors import byte_size as gib  # bytes in a message
+
 # RoPE angles are computed from float32 positions (nsa_jax.nsa.rope), which are exact integers
 # only up to 2**24: past that, neighbouring positions get the same rotation.
 HARD_MAX_LEN = 1 << 24
@@ -41,14 +43,6 @@ def bucket(n: int) -> int:
     n = max(int(n), 1)
     step = max(64, 1 << max(0, (n - 1).bit_length() - 3))
     return -(-n // step) * step
-
-
-def gib(n: int) -> str:
-    """Bytes in binary units, e.g. ``1.50 GiB``, ``12.0 MiB``."""
-    for unit, size in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.{2 if unit == 'GiB' else 1}f} {unit}"
-    return f"{n} B"
 
 
 def _mem_available() -> int | None:

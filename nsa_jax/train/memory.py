@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from nsa_jax.errors import MAX_REASON
+from nsa_jax.errors import MAX_REASON, byte_size
 from nsa_jax.train.errors import OutOfMemory
 
 _XLA_ERRORS = ("JaxRuntimeError", "XlaRuntimeError")   # the class's name across jaxlib releases
@@ -80,12 +80,6 @@ def _reason(e: BaseException) -> str:
         line = f"{type(e).__name__}: {line}" if line else type(e).__name__
     m = re.search(r"(\d{4,}) bytes", line)
     if m:
-        line = line.rstrip(".") + f" ({_size(int(m.group(1)))})"
+        line = line.rstrip(".") + f" ({byte_size(int(m.group(1)))})"
     return line if len(line) <= MAX_REASON else line[:MAX_REASON - 3] + "..."
 
-
-def _size(n: int) -> str:
-    for unit, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"
