@@ -181,15 +181,25 @@ PALLAS_CASES = [
     (dict(branches=("slc", "win")), 48, 16, 128),
     (dict(branches=("cmp",)), 32, 16, 128),
     (dict(window=12), 384, 12, 512),    # 32 selection blocks: wider than the rows' top-n bucket
+    (dict(window=12), 64, 12, 512),     # 32 blocks of which the chunk sees 6: the 16-wide bucket
 ]
+PALLAS_IDS = ["start>W", "start<W", "w>chunk", "l=d", "slc-win", "cmp", "Ts=32", "Ts=32-narrow"]
+# the block-major selection forward (what "auto" takes at bf16 and h <= 8) on the cases where
+# the selection runs; float32 here, so "auto" would take the query-major one
+BLOCK_CASES = [c for c, i in zip(PALLAS_CASES, PALLAS_IDS) if i not in ("cmp", "start<W")]
 
 
-@pytest.mark.parametrize("nsa,start,W,S", PALLAS_CASES,
-                         ids=["start>W", "start<W", "w>chunk", "l=d", "slc-win", "cmp", "Ts=32"])
-def test_pallas_chunk_equals_the_jax_numpy_chunk(nsa, start, W, S):
+@pytest.mark.parametrize("sel_fwd,nsa,start,W,S",
+                         [("query", *c) for c in PALLAS_CASES]
+                         + [("block", *c) for c in BLOCK_CASES],
+                         ids=[f"query-{i}" for i in PALLAS_IDS]
+                         + [f"block-{i}" for i in PALLAS_IDS if i not in ("cmp", "start<W")])
+def test_pallas_chunk_equals_the_jax_numpy_chunk(sel_fwd, nsa, start, W, S):
     """The Pallas continuation chunk (the training kernels with a query offset, interpret mode)
-    equals the jax.numpy one in float32, NSA over random caches with h = 3 heads per group, and
-    dense over a cache longer than the chunk's last position."""
+    equals the jax.numpy one in float32, NSA over random caches with h = 3 heads per group
+    (the selection on the query-major or the block-major forward), and dense over a cache
+    longer than the chunk's last position."""
+    from nsa_jax.nsa.options import KernelChoices
     from nsa_jax.pallas.chunk import dense_chunk_pallas, nsa_chunk_pallas
     cfg = NSAConfig(**{**dict(block_l=8, stride_d=4, sel_block=16, n_sel=4), **nsa})
     B, G, h, D, C = 2, 2, 3, 8, 32
@@ -203,8 +213,10 @@ def test_pallas_chunk_equals_the_jax_numpy_chunk(nsa, start, W, S):
     t = start + jnp.arange(C)
     span = (kw, vw, start - W + jnp.arange(W + C))
     want = nsa_chunk_attention(q, lc, span, t, gates, cfg)
-    got = nsa_chunk_pallas(q, lc, span, t, gates, cfg)
+    got = nsa_chunk_pallas(q, lc, span, t, gates, cfg, choices=KernelChoices(sel_fwd=sel_fwd))
     assert rel_err(got, want) <= 2e-5 and _max_rel(np.asarray(got), np.asarray(want)) <= 2e-5
+    if sel_fwd == "block":   # the dense chunk has no selection: checked once, with "query"
+        return
     want = dense_chunk_attention(q, lc["k_slc"], lc["v_slc"], t)
     got = dense_chunk_pallas(q, lc["k_slc"], lc["v_slc"], t)
     assert _max_rel(np.asarray(got), np.asarray(want)) <= 2e-5

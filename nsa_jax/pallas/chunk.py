@@ -12,10 +12,14 @@ The training kernels take the chunk with its queries' positions moved past their
   already read a query's position from ``SegmentLayout.rel`` and its first compressed slot
   from ``cmp_lo``, so the cache's compressed keys are the slots 0.. and no kernel changes;
   the scores cover every selection block of the cache (``Ts``);
-* top-n (Eq. 11): ``topn.topn_pallas`` at positions r, in one bucket of the cache's Ts columns
-  (its row buckets assume position <= row index);
-* selection: the query-major gather forward with ``offset`` (key position start + t for the
-  causal mask of the query's own block) over the selection cache;
+* top-n (Eq. 11): ``topn.topn_upto`` at positions r, in one bucket of the narrowest power of
+  two of columns that holds the chunk's last position's candidates, picked on the device among
+  static widths (the training buckets assume position <= row index; the cache's Ts columns
+  would make every chunk pay for the last one's);
+* selection: the gather forward with ``offset`` (key position start + t for the causal mask of
+  the query's own block) over the selection cache: the block-major one
+  (``selection_block.sel_forward_block``) where the training's rule takes it (``nsa.block_forward``:
+  groups of <= 8 heads in 16-bit), else the query-major one;
 * window: the document-local kernel with ``offset`` = W over the span of the ring's last W tokens
   and the chunk's own (``cache_update.extend_nsa``), the span's keys before token 0 outside the
   "document" (``start`` = max(0, W - start)).
@@ -41,8 +45,10 @@ from nsa_jax.pallas.common import (BlockSizes, choices_or_default, pad_dim, padd
 from nsa_jax.pallas.compressed import cmp_forward
 from nsa_jax.pallas.local import local_forward
 from nsa_jax.pallas.scoring import cmp_block_scores
+from nsa_jax.pallas.nsa import block_forward
+from nsa_jax.pallas.selection_block import sel_forward_block
 from nsa_jax.pallas.selection_query import sel_forward
-from nsa_jax.pallas.topn import topn_pallas
+from nsa_jax.pallas.topn import topn_upto
 
 
 def offset_layout(B: int, C: int, start, Tc: int, d: int) -> semantics.SegmentLayout:
@@ -92,9 +98,10 @@ def nsa_chunk_pallas(q, lc: dict, span, t, gates, cfg: NSAConfig,
         Ts = ks.shape[1] // cfg.sel_block
         scores = cmp_block_scores(qp, kc, lse_c, cfg, bs, scale, interpret, choices=ch, seg=lay,
                                   Ts=Ts)
-        ids = topn_pallas(scores, cfg, interpret, lay.rel, bs, full_width=True)
-        o_s, _ = sel_forward(qp, ks, vs, ids, cfg, bs, scale, interpret, choices=ch,
-                             offset=start)
+        ids = topn_upto(scores, cfg, interpret, lay.rel, start + (C - 1),
+                        cfg.sel_block + C - 1, bs)
+        fwd = sel_forward_block if block_forward(ch, Hq // G, q.dtype) else sel_forward
+        o_s, _ = fwd(qp, ks, vs, ids, cfg, bs, scale, interpret, choices=ch, offset=start)
         o_slc = o_s[..., :Dv]
     if "win" in br:
         k_w, v_w, _ = span

@@ -88,6 +88,20 @@ def select_blocks_pallas(q, k_cmp, cfg: NSAConfig, block_sizes: BlockSizes | Non
                        _block_sizes(q, k_cmp.shape[2], block_sizes))
 
 
+def _small(h: int | None, dtype) -> bool:
+    """Groups where "auto" takes the block-major forward: h <= ``SEL_FWD_BLOCK_MAX_H`` heads
+    and a 16-bit dtype (either None: unknown, so no)."""
+    return (h is not None and h <= SEL_FWD_BLOCK_MAX_H and dtype is not None
+            and jnp.dtype(dtype).itemsize == 2)
+
+
+def block_forward(choices: KernelChoices | None, h: int | None, dtype) -> bool:
+    """The gather forward is the block-major one (``sel_forward_block``): ``choices.sel_fwd``
+    "block", or "auto" on a group of ``_small`` heads (``selection_kernels``)."""
+    ch = choices_or_default(choices)
+    return ch.sel_fwd == "block" or (ch.sel_fwd == "auto" and _small(h, dtype))
+
+
 def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = None,
                       dtype=None):
     """(forward, backward) of the selection branch by ``choices.sel_impl``: "auto" takes the
@@ -108,10 +122,8 @@ def selection_kernels(choices: KernelChoices | None, T: int, h: int | None = Non
     tiled = ch.sel_impl == "tiled" or (ch.sel_impl == "auto" and T <= ch.sel_tiled_max_t)
     if tiled:
         return sel_tiled_forward, sel_tiled_backward
-    small = (h is not None and h <= SEL_FWD_BLOCK_MAX_H and dtype is not None
-             and jnp.dtype(dtype).itemsize == 2)
-    block = ch.sel_fwd == "block" or (ch.sel_fwd == "auto" and small)
-    block_dq = ch.sel_dq == "block" or (ch.sel_dq == "auto" and block and small
+    block = block_forward(ch, h, dtype)
+    block_dq = ch.sel_dq == "block" or (ch.sel_dq == "auto" and block and _small(h, dtype)
                                         and not atomic_mode(ch))
     return ((sel_forward_block if block else sel_forward),
             (sel_backward_block if block_dq else sel_backward))

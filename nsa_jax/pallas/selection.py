@@ -244,7 +244,7 @@ def num_ranges(Ts: int, packed: bool) -> int:
     return 2 * Ts - 1 if packed else Ts
 
 
-def slot_keys(idx, T: int, Ts: int, doc_start=None, l_sel: int = 0):
+def slot_keys(idx, T: int, Ts: int, doc_start=None, l_sel: int = 0, pos0=0):
     """The key range each (query, slot) entry of the inverted index is listed under: int32
     [B,T,G,n], ``num_ranges`` where the slot is unused or its block starts past the query (no
     key of it is visible: the entry would add nothing, and leaving it out keeps every listed
@@ -252,9 +252,11 @@ def slot_keys(idx, T: int, Ts: int, doc_start=None, l_sel: int = 0):
     selected ids (``l_sel`` = l'; 0 keeps blocks past the query).
     Packed (``doc_start`` [B,T], idx document-relative): with p = start + idx*l' the block's
     first key and J = floor(p / l'), the aligned block J when the keys the query sees,
-    [p, min(p + l', t + 1)), lie in it, else Ts + J (the range from p across (J + 1) l')."""
+    [p, min(p + l', t + 1)), lie in it, else Ts + J (the range from p across (J + 1) l').
+    ``pos0`` (unpacked; int or traced int32): row t's key position is pos0 + t (a continuation
+    chunk's queries over a longer cache)."""
     nr = num_ranges(Ts, doc_start is not None)
-    tpos = jnp.arange(T, dtype=jnp.int32)[None, :, None, None]
+    tpos = jnp.arange(T, dtype=jnp.int32)[None, :, None, None] + pos0
     if doc_start is None:
         ok = (idx >= 0) & (idx < Ts)
         if l_sel:
@@ -290,7 +292,7 @@ def _count_below(rows, nv: int):
 
 
 def inverted_index(idx, T: int, Ts: int, chunk: int, l_sel: int, doc_start=None,
-                   slots: bool = False):
+                   slots: bool = False, pos0=0):
     """Block -> query index of a selection, split into work items of <= ``chunk`` queries.
 
     idx [B,T,G,n] (block ids, -1 unused) -> (meta int32 [NC, 5] rows (b, g, base, start,
@@ -306,11 +308,13 @@ def inverted_index(idx, T: int, Ts: int, chunk: int, l_sel: int, doc_start=None,
 
     ``slots``: qt holds t*n + i instead of t, where i < n is the entry's slot (its position in
     idx's last axis), so a kernel can write a result per (query, slot) (``selection_block``).
+    ``pos0`` (unpacked): query row t sits at key position pos0 + t (``slot_keys``); qt holds
+    rows, Ts counts the key blocks (a continuation chunk's cache: more than T / l').
     """
     B, _, G, n = idx.shape
     packed = doc_start is not None
     nr = num_ranges(Ts, packed)
-    jkey = slot_keys(idx, T, Ts, doc_start, l_sel)
+    jkey = slot_keys(idx, T, Ts, doc_start, l_sel, pos0)
     TN = T * n
     # entry e = t*n + slot, in (b, g) rows, sorted by (range, e): one stable sort of the flat
     # (row, range) keys carrying e. Flat, so XLA hands it to CUB's radix sort (a batch of rows it

@@ -60,20 +60,28 @@ from nsa_jax.pallas.selection import (block_kv, causal_parts, dkv_rows, inverted
 
 
 def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_sub, scale, prec,
-                      approx, packed=False, part=None):
+                      approx, packed=False, part=None, offset=False):
     """``part``: the entries of each item this launch takes (``selection.item_part``): "diag"
     with the causal mask, "rest" without any, None all with the mask. The refs after q, k, v
-    are the aliased outputs of the launch before (or the -inf lse start), then po, plse."""
+    are the aliased outputs of the launch before (or the -inf lse start), then po, plse.
+    ``offset`` (unpacked): the first ref after the index is int32 [1], the key position of
+    query row 0 (a continuation chunk: row t sits at key position offset + t)."""
     if packed:
         pt_ref, *refs = refs
+    off = None
+    if offset:
+        off_ref, *refs = refs
+        off = off_ref[0]
     q_ref, k_ref, v_ref = refs[:3]
     po_ref, plse_ref = refs[-2:]
     b, g, base, start, count, qi, head = work_item(meta_ref, h, rows)
-    start, count = item_part(ot_ref, b, g, base, start, count, n_slots, l_sel, part)
+    # the diagonal entries by query row: the block's first key in rows is base - offset
+    start, count = item_part(ot_ref, b, g, base if off is None else base - off, start, count,
+                             n_slots, l_sel, part)
     run = functools.partial(
         _fwd_item, ot_ref, pt_ref if packed else None, q_ref, k_ref, v_ref, po_ref, plse_ref, b,
         g, base, start, count, qi, head, h=h, rows=rows, n_slots=n_slots, l_sel=l_sel, bk=bk,
-        n_sub=n_sub, scale=scale, prec=prec, approx=approx, masked=part != "rest")
+        n_sub=n_sub, scale=scale, prec=prec, approx=approx, masked=part != "rest", off=off)
     if part == "diag":   # most items have no diagonal entry: nothing loaded
         pl.when(count > 0)(run)
     else:
@@ -81,9 +89,11 @@ def _fwd_block_kernel(meta_ref, ot_ref, *refs, h, rows, n_slots, l_sel, bk, n_su
 
 
 def _fwd_item(ot_ref, pt_ref, q_ref, k_ref, v_ref, po_ref, plse_ref, b, g, base, start, count,
-              qi, head, *, h, rows, n_slots, l_sel, bk, n_sub, scale, prec, approx, masked):
+              qi, head, *, h, rows, n_slots, l_sel, bk, n_sub, scale, prec, approx, masked,
+              off=None):
     """One work item's entries [start, start + count) (module docstring); ``masked`` False:
-    no causal mask (every row sees the whole block)."""
+    no causal mask (every row sees the whole block); ``off``: query row t's key position is
+    off + t (None: t)."""
     packed = pt_ref is not None
     Dk, Dv = q_ref.shape[-1], v_ref.shape[-1]
     bq = rows // h
@@ -117,7 +127,8 @@ def _fwd_item(ot_ref, pt_ref, q_ref, k_ref, v_ref, po_ref, plse_ref, b, g, base,
         for sub, (k, v, kpos, kcol) in enumerate(kv):
             s = dot(q, k, trans_b=True, precision=prec)
             if masked:   # else every key of the block is visible to every row
-                s = jnp.where(item_mask(kcol, kpos, t, p0, l_sel), s, NEG_INF)
+                pos = t if off is None else t + off
+                s = jnp.where(item_mask(kcol, kpos, pos, p0, l_sel), s, NEG_INF)
             if sub == 0:
                 m, p, lsum = softmax_first(s, c)
                 acc = dot(p.astype(v.dtype), v, precision=prec)
@@ -174,15 +185,15 @@ def slot_passes(idx_shape, Hq: int, D: int, dtype, choices: KernelChoices | None
     return [(edges[i], edges[i + 1]) for i in range(p)]
 
 
-def _pass_index(idx, T, Ts, chunk, seg, l_sel):
+def _pass_index(idx, T, Ts, chunk, seg, l_sel, pos0=0):
     """The block -> query index (slot payloads) of one slot group."""
     return inverted_index(idx, T, Ts, chunk, l_sel, None if seg is None else seg.start,
-                          slots=True)
+                          slots=True, pos0=pos0)
 
 
 def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float,
                       interpret: bool, *, choices: KernelChoices | None = None, seg=None,
-                      return_index: bool = False):
+                      return_index: bool = False, offset=None):
     """Same contract as ``selection.sel_forward``: -> o float32 [B,T,Hq,Dv], lse2 float32
     [B,T,Hq] (module docstring for the schedule); with ``return_index`` also the block -> query
     indices it built, one per slot pass (``sel_backward_block(index=...)`` reuses them instead
@@ -191,19 +202,26 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
     one more rounding of each block's partial output), in float32 otherwise. Slots run in
     passes (``slot_passes``, bounded by ``choices.sel_partial_mib``): each pass's partials are
     merged before the next pass starts (an optimization barrier orders them), the running
-    result entering the next pass's merge as one more partial."""
+    result entering the next pass's merge as one more partial.
+    ``offset`` (int32 scalar, traced; unpacked, forward only): query row t sits at key position
+    offset + t of k / v [B,S,G,D] (S >= offset + T), ids count the blocks of k: a continuation
+    chunk of a chunked prefill (``pallas.chunk``), as ``selection.sel_forward(offset=)``."""
     B, T, Hq, Dk = q.shape
     G, Dv = k.shape[2], v.shape[-1]
     h = Hq // G
     bk, n_sub = sel_sub_tiles(cfg.sel_block, bs.sel_keys)
-    Ts = cfg.num_sel_blocks(T)
+    if offset is not None and (seg is not None or return_index):
+        raise ValueError("sel_forward_block: offset is for unpacked rows, forward only")
+    Ts = cfg.num_sel_blocks(T if offset is None else k.shape[1])
+    pos0 = 0 if offset is None else jnp.asarray(offset, jnp.int32)
+    off_in = () if offset is None else (jnp.reshape(pos0, (1,)),)
     rows, chunk = item_tiles(bs, h)
     packed = seg is not None
     pdt = stored_dtype(q.dtype)
     o = lse = None
     indices = []
     for lo, hi in slot_passes(idx.shape, Hq, max(Dk, Dv), q.dtype, choices):
-        index = _pass_index(idx[..., lo:hi], T, Ts, chunk, seg, cfg.sel_block)
+        index = _pass_index(idx[..., lo:hi], T, Ts, chunk, seg, cfg.sel_block, pos0)
         meta, *extra = index
         N = hi - lo
         if o is not None:   # the previous pass's partials are merged (and freed) first
@@ -215,15 +233,16 @@ def sel_forward_block(q, k, v, idx, cfg: NSAConfig, bs: BlockSizes, scale: float
             kern = functools.partial(_fwd_block_kernel, h=h, rows=rows, n_slots=N,
                                      l_sel=cfg.sel_block, bk=bk, n_sub=n_sub, scale=scale,
                                      prec=dot_precision(q.dtype, interpret, choices),
-                                     approx=not interpret, packed=packed, part=part)
-            n_in = len(extra) + 4
+                                     approx=not interpret, packed=packed, part=part,
+                                     offset=offset is not None)
+            n_in = len(extra) + len(off_in) + 4
             aliases = {n_in: 1} if len(outs) == 1 else {n_in: 0, n_in + 1: 1}
             outs = pl.pallas_call(
                 kern, grid=(meta.shape[0],), out_shape=out_shape,
                 input_output_aliases=aliases,
                 compiler_params=compiler_params(bs.num_warps, bs.num_stages),
                 interpret=interpret, name="nsa_sel_fwd_block",
-            )(meta, *extra, q, k, v, *outs)
+            )(meta, *extra, *off_in, q, k, v, *outs)
         po, plse = outs
         o, lse = merge_partials(po.reshape(B, T, N, Hq, Dv), plse.reshape(B, T, N, Hq),
                                 None if o is None else (o, lse))

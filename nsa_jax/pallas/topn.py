@@ -232,3 +232,34 @@ def topn_pallas(scores, cfg: NSAConfig, interpret: bool, rel=None, bs: BlockSize
             name="nsa_topn",
         )(sc, *extra, ids)
     return ids.reshape(B, T, G, cfg.n_sel)
+
+
+def topn_upto(scores, cfg: NSAConfig, interpret: bool, rel, last, min_last: int,
+              bs: BlockSizes | None = None):
+    """``topn_pallas(scores, ..., rel, full_width=True)`` for rows whose positions ``rel`` are
+    at most ``last`` (int32 scalar, traced; >= ``min_last``, static): the bucket is the
+    narrowest power of two of columns that holds every candidate (floor(last / l') + 1, at
+    least ``min_last``'s), picked on the device by ``lax.switch`` among the static widths
+    from ``min_last``'s up to Ts padded. A continuation chunk's scores (``pallas.chunk``) have
+    a column per block of the whole cache, of which a chunk ending at ``last`` sees the first
+    floor(last / l') + 1; the rows kernel's work is proportional to its width."""
+    B, T, G, Ts = scores.shape
+    tsp = next_pow2(Ts)
+    need0 = min_last // cfg.sel_block + 1
+    widths = []
+    w = max(next_pow2(need0), next_pow2(cfg.n_sel), MIN_WIDTH)
+    while w < tsp:
+        widths.append(w)
+        w *= 2
+    widths.append(tsp)
+    if len(widths) == 1 or tsp > MAX_ROW:
+        return topn_pallas(scores, cfg, interpret, rel, bs, full_width=True)
+
+    def branch(w):
+        return lambda sc: topn_pallas(sc[..., :min(w, Ts)], cfg, interpret, rel, bs,
+                                      full_width=True)
+
+    need = jnp.asarray(last, jnp.int32) // cfg.sel_block + 1
+    k = jnp.sum((jnp.asarray(widths[:-1], jnp.int32) < need).astype(jnp.int32))
+    return lax.switch(k, [branch(w) for w in widths], scores)
+
