@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python bench/chunked_prefill.py [--models nsa_125m dense_125m]
         [--lengths 32768 65536] [--chunks 8192 16384] [--reps 3] [--out F.json] [--smoke]
+        [--no-whole] [--set KEY=VALUE ...]
 
 For each model (configs/<model>.yaml, random parameters, the config's dtype) and prompt length
 N (batch 1, a random prompt), a :class:`nsa_jax.decode.Decoder` of N + 64 tokens prefills the
@@ -14,7 +15,7 @@ by the parallel forward, the rest C at a time by ``decode_loop.extend_jit``). Re
 * ``ms``: median wall time of ``--reps`` prefills after one that compiles (each synchronised on
   its logits), ``tok_s`` = N / that;
 * ``rel_rmse``: the last token's logits against the prefill at once (float32 logits; the two
-  paths round differently in bf16).
+  paths round differently in bf16); None with ``--no-whole`` (no prefill at once).
 
 ``--profile`` traces one chunked prefill per model and length (the largest chunk) with
 ``jax.profiler`` and records its device time per op (``bench/profile_step.py``'s summariser;
@@ -46,8 +47,9 @@ SMOKE_MODEL = {"n_layers": 2, "dim": 64, "n_heads": 4, "n_kv_groups": 2, "head_d
                "mlp_hidden": 128, "vocab_size": 512}
 
 
-def load_model(name: str, smoke: bool):
+def load_model(name: str, smoke: bool, overrides=()):
     sets = [f"model.{k}={v}" for k, v in SMOKE_MODEL.items()] if smoke else []
+    sets += list(overrides)
     if smoke:
         sets.append("model.compute_dtype=float32")
     cfg = load_config(REPO / "configs" / f"{name}.yaml", sets)
@@ -65,11 +67,12 @@ def profile(dec, toks, chunk: int) -> dict:
         return summarise(load_trace(d), 1, top=25)
 
 
-def measure(model, N: int, chunks: list[int], reps: int, trace: bool = False) -> list[dict]:
+def measure(model, N: int, chunks: list[int], reps: int, trace: bool = False,
+            whole: bool = True) -> list[dict]:
     dec = Decoder(model, 1, N + 64)
     toks = jax.random.randint(jax.random.PRNGKey(N), (1, N), 0, model.mcfg.vocab_size)
     out, want = [], None
-    for c in [None] + [c for c in chunks if c < N]:
+    for c in [None] * whole + [c for c in chunks if c < N]:
         c0 = dec.compile_s
         need = dec.prefill_bytes(1, N, chunk=c)
         logits = np.asarray(dec.prefill(toks, chunk=c))         # compiles (ahead of time)
@@ -79,9 +82,10 @@ def measure(model, N: int, chunks: list[int], reps: int, trace: bool = False) ->
             dec.prefill(toks, chunk=c).block_until_ready()
             times.append(time.perf_counter() - t0)
         ms = 1e3 * statistics.median(times)
-        if want is None:
+        if want is None and c is None:
             want = logits
-        err = float(np.sqrt(np.mean((logits - want) ** 2)) / np.sqrt(np.mean(want ** 2)))
+        err = None if want is None else float(
+            np.sqrt(np.mean((logits - want) ** 2)) / np.sqrt(np.mean(want ** 2)))
         out.append({"N": N, "chunk": c, "need_mib": None if need is None else need / 2**20,
                     "ms": ms, "tok_s": N / ms * 1e3, "rel_rmse": err,
                     "compile_s": dec.compile_s - c0, "times_ms": [1e3 * t for t in times]})
@@ -107,16 +111,22 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--no-whole", action="store_true",
+                   help="skip the prefill at once (its compile is ~75 s at 64k on an H200); "
+                        "rel_rmse is then not measured")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides for every model (e.g. exec.kernel.sel_fwd=query)")
     a = p.parse_args(argv)
     if a.smoke:
         a.lengths, a.chunks, a.reps = [256], [64, 128], 1
     d = jax.devices()[0]
     res = {"device": getattr(d, "device_kind", d.platform), "jax": jax.__version__,
-           "python": platform.python_version(), "smoke": a.smoke, "records": {}}
+           "python": platform.python_version(), "smoke": a.smoke, "set": a.set, "records": {}}
     for name in a.models:
-        model = load_model(name, a.smoke)
+        model = load_model(name, a.smoke, a.set)
         res["records"][name] = [r for N in a.lengths
-                                for r in measure(model, N, a.chunks, a.reps, a.profile)]
+                                for r in measure(model, N, a.chunks, a.reps, a.profile,
+                                                 not a.no_whole)]
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
     print(f"\n{res['device']}, jax {res['jax']}; batch 1; ms = median of {a.reps} prefills")
@@ -127,7 +137,8 @@ def main(argv=None) -> int:
             r = dict(r, profile=None)
             need = "-" if r["need_mib"] is None else f"{r['need_mib']:.0f}"
             print(f"{name:<11} {r['N']:>7} {str(r['chunk'] or 'whole'):>7} {r['ms']:>9.1f} "
-                  f"{r['tok_s']:>10.0f} {need:>9} {r['rel_rmse']:>9.2e}")
+                  f"{r['tok_s']:>10.0f} {need:>9} "
+                  f"{'-' if r['rel_rmse'] is None else format(r['rel_rmse'], '.2e'):>9}")
     return 0
 
 

@@ -182,8 +182,10 @@ PALLAS_CASES = [
     (dict(branches=("cmp",)), 32, 16, 128),
     (dict(window=12), 384, 12, 512),    # 32 selection blocks: wider than the rows' top-n bucket
     (dict(window=12), 64, 12, 512),     # 32 blocks of which the chunk sees 6: the 16-wide bucket
+    (dict(window=12), 240, 12, 512),    # rows that see 16 blocks (16 wide) and 17 (32 wide)
 ]
-PALLAS_IDS = ["start>W", "start<W", "w>chunk", "l=d", "slc-win", "cmp", "Ts=32", "Ts=32-narrow"]
+PALLAS_IDS = ["start>W", "start<W", "w>chunk", "l=d", "slc-win", "cmp", "Ts=32", "Ts=32-narrow",
+              "Ts=32-mixed"]
 # the block-major selection forward (what "auto" takes at bf16 and h <= 8) on the cases where
 # the selection runs; float32 here, so "auto" would take the query-major one
 BLOCK_CASES = [c for c, i in zip(PALLAS_CASES, PALLAS_IDS) if i not in ("cmp", "start<W")]
