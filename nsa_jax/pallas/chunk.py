@@ -12,10 +12,10 @@ The training kernels take the chunk with its queries' positions moved past their
   already read a query's position from ``SegmentLayout.rel`` and its first compressed slot
   from ``cmp_lo``, so the cache's compressed keys are the slots 0.. and no kernel changes;
   the scores cover every selection block of the cache (``Ts``);
-* top-n (Eq. 11): ``topn.topn_upto`` at positions r, each row in the narrowest power of two
-  of columns that holds its candidates, picked in the kernel among static widths (the training
-  buckets assume position <= row index; the cache's Ts columns would make every row pay for
-  the last position's);
+* top-n (Eq. 11): ``topn.topn_upto`` at positions r, in one bucket of the narrowest power of
+  two of columns that holds the chunk's last position's candidates, picked on the device among
+  static widths (the training buckets assume position <= row index; the cache's Ts columns
+  would make every chunk pay for the last one's);
 * selection: the gather forward with ``offset`` (key position start + t for the causal mask of
   the query's own block) over the selection cache: the block-major one
   (``selection_block.sel_forward_block``) where the training's rule takes it (``nsa.block_forward``:
@@ -98,7 +98,8 @@ def nsa_chunk_pallas(q, lc: dict, span, t, gates, cfg: NSAConfig,
         Ts = ks.shape[1] // cfg.sel_block
         scores = cmp_block_scores(qp, kc, lse_c, cfg, bs, scale, interpret, choices=ch, seg=lay,
                                   Ts=Ts)
-        ids = topn_upto(scores, cfg, interpret, lay.rel, cfg.sel_block, bs)
+        ids = topn_upto(scores, cfg, interpret, lay.rel, start + (C - 1),
+                        cfg.sel_block + C - 1, bs)
         fwd = sel_forward_block if block_forward(ch, Hq // G, q.dtype) else sel_forward
         o_s, _ = fwd(qp, ks, vs, ids, cfg, bs, scale, interpret, choices=ch, offset=start)
         o_slc = o_s[..., :Dv]

@@ -48,17 +48,16 @@ MIN_WIDTH = 16  # narrowest bucket (columns) of the unpacked row buckets
 
 
 def _topn_kernel(sc_ref, *refs, rows, width, t0, n_bucket, T, G, k, n_sel, n_init, n_local,
-                 l_sel, packed=False, pid=None):
+                 l_sel, packed=False):
     """Rows (b, t, g) with t0*G <= t*G + g < t0*G + n_bucket of batch row b = program_id(1);
-    scores of columns [0, width). ``pid``: the program ids (0, 1), given by a caller that runs
-    this inside a branch (interpret mode reads program ids at the kernel's top level only)."""
+    scores of columns [0, width)."""
     if packed:
         rel_ref, _ids_in, ids_ref = refs
     else:
         _ids_in, ids_ref = refs
     N, Ts = sc_ref.shape
-    p0, b = pid if pid is not None else (pl.program_id(0), pl.program_id(1))
-    i = p0 * rows + jnp.arange(rows)
+    b = pl.program_id(1)
+    i = pl.program_id(0) * rows + jnp.arange(rows)
     r_ok = i < n_bucket
     r_safe = b * (T * G) + t0 * G + jnp.where(r_ok, i, 0)
     j = jnp.arange(width)
@@ -235,50 +234,32 @@ def topn_pallas(scores, cfg: NSAConfig, interpret: bool, rel=None, bs: BlockSize
     return ids.reshape(B, T, G, cfg.n_sel)
 
 
-
-def _topn_upto_kernel(sc_ref, rel_ref, ids_in, ids_ref, *, widths, T, G, l_sel, **kw):
-    """One (b, t, g) row per program: the rows kernel (``_topn_kernel``) at the narrowest of
-    ``widths`` that holds the row's candidates, floor(rel / l') + 1 columns, picked by a branch
-    in the kernel (no host round trip, unlike a ``lax.switch`` in XLA)."""
-    r, b = pl.program_id(0), pl.program_id(1)
-    need = lax.div(rel_ref[b, lax.div(r, G)], l_sel) + 1
-    k = sum((need > w).astype(jnp.int32) for w in widths[:-1])
-    lax.switch(k, [functools.partial(_topn_kernel, sc_ref, rel_ref, ids_in, ids_ref, rows=1,
-                                     width=w, t0=0, T=T, G=G, l_sel=l_sel, packed=True,
-                                     pid=(r, b), **kw)
-                   for w in widths])
-
-
-def topn_upto(scores, cfg: NSAConfig, interpret: bool, rel, min_last: int,
+def topn_upto(scores, cfg: NSAConfig, interpret: bool, rel, last, min_last: int,
               bs: BlockSizes | None = None):
-    """``topn_pallas(scores, ..., rel, full_width=True)`` with each row's bucket as narrow as
-    its position allows: the rows kernel at the narrowest power of two of columns that holds
-    floor(rel / l') + 1 candidates, chosen per row in the kernel among the static widths from
-    ``min_last``'s (a lower bound of every position, static) up to Ts padded. A continuation
-    chunk's scores (``pallas.chunk``) have a column per block of the whole cache, of which a
-    query at position r sees the first floor(r / l') + 1; the rows kernel's work is
-    proportional to its width."""
-    bs = bs or BlockSizes()
+    """``topn_pallas(scores, ..., rel, full_width=True)`` for rows whose positions ``rel`` are
+    at most ``last`` (int32 scalar, traced; >= ``min_last``, static): the bucket is the
+    narrowest power of two of columns that holds every candidate (floor(last / l') + 1, at
+    least ``min_last``'s), picked on the device by ``lax.switch`` among the static widths
+    from ``min_last``'s up to Ts padded. A continuation chunk's scores (``pallas.chunk``) have
+    a column per block of the whole cache, of which a chunk ending at ``last`` sees the first
+    floor(last / l') + 1; the rows kernel's work is proportional to its width."""
     B, T, G, Ts = scores.shape
     tsp = next_pow2(Ts)
+    need0 = min_last // cfg.sel_block + 1
     widths = []
-    w = max(next_pow2(min_last // cfg.sel_block + 1), next_pow2(cfg.n_sel), MIN_WIDTH)
+    w = max(next_pow2(need0), next_pow2(cfg.n_sel), MIN_WIDTH)
     while w < tsp:
         widths.append(w)
         w *= 2
     widths.append(tsp)
     if len(widths) == 1 or tsp > MAX_ROW:
         return topn_pallas(scores, cfg, interpret, rel, bs, full_width=True)
-    N = B * T * G
-    kern = functools.partial(
-        _topn_upto_kernel, widths=tuple(widths), T=T, G=G, l_sel=cfg.sel_block,
-        n_bucket=T * G, k=min(cfg.n_sel, Ts), n_sel=cfg.n_sel, n_init=cfg.n_init,
-        n_local=cfg.n_local)
-    ids = pl.pallas_call(
-        kern, grid=(T * G, B),
-        out_shape=jax.ShapeDtypeStruct((N, cfg.n_sel), jnp.int32),
-        input_output_aliases={2: 0},
-        compiler_params=compiler_params(bs.topn_warps, 1), interpret=interpret,
-        name="nsa_topn",
-    )(scores.reshape(N, Ts).astype(jnp.float32), rel, jnp.zeros((N, cfg.n_sel), jnp.int32))
-    return ids.reshape(B, T, G, cfg.n_sel)
+
+    def branch(w):
+        return lambda sc: topn_pallas(sc[..., :min(w, Ts)], cfg, interpret, rel, bs,
+                                      full_width=True)
+
+    need = jnp.asarray(last, jnp.int32) // cfg.sel_block + 1
+    k = jnp.sum((jnp.asarray(widths[:-1], jnp.int32) < need).astype(jnp.int32))
+    return lax.switch(k, [branch(w) for w in widths], scores)
+
