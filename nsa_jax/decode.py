@@ -14,7 +14,7 @@ Caches of ablated branches are not allocated (the compressed cache is kept while
 since selection scores come from it).
 
 How tokens enter the caches (prefill fills, decode appends, φ emission) lives in
-:mod:`nsa_jax.cache_update`.
+:mod:`nsa_jax.cache_update`; the memory the decoder's calls need, in :mod:`nsa_jax.decode_memory`.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from flax import nnx
 
 from nsa_jax.decode_loop import (StaticGraph, decode_loop_jit, extend_jit, flat_state,
                                 prefill_jit, put_rows_jit, step_jit)
+from nsa_jax.decode_memory import CallBytes, cache_bytes  # noqa: F401 (cache_bytes re-exported)
 from nsa_jax.nsa import NSAConfig
 from nsa_jax.nsa.decoding import SYNC_SLOTS
 
@@ -117,10 +118,6 @@ def init_cache(model, batch: int, max_len: int) -> Cache:
     return {"pos": jnp.zeros((batch,), jnp.int32), "layers": layers}
 
 
-def cache_bytes(cache: Cache) -> int:
-    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(cache["layers"]))
-
-
 # ---- the driver -----------------------------------------------------------------------------
 def inference_state(model):
     """The model's parameters in its compute dtype (bfloat16 models: cast once, not every step).
@@ -192,11 +189,7 @@ _EXECS: dict = {}      # AOT-compiled prefill and decode calls, shared by Decode
 _EXECS_MAX = 32
 
 
-def _tree_bytes(tree) -> int:
-    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(tree))
-
-
-class Decoder:
+class Decoder(CallBytes):
     """Jitted prefill + decode for one model and fixed (batch, max_len).
 
     >>> dec = Decoder(model, batch=2, max_len=512)
@@ -304,28 +297,20 @@ class Decoder:
                               f"got {chunk}")
         return int(chunk)
 
-    def prefill_bytes(self, rows: int, width: int, all_logits: bool = False,
-                      chunk: int | None = None) -> int | None:
-        """Device bytes one prefill call of ``rows`` x ``width`` tokens needs beyond the weights
-        and the batch cache (its g-row cache, inputs, logits and XLA temporaries), from the
-        compiled call's memory analysis; None where the backend gives none. With ``chunk``
-        (< width): the larger of a first chunk's prefill and a continuation chunk's call.
-        Compiles the calls (once; counted in ``compile_s``)."""
-        self._check_shape(rows, width)
-        runs = [self._exec(rows, width, all_logits)]
-        if chunk is not None and self._check_chunk(chunk) < width:
-            runs = [self._exec(rows, chunk, all_logits), self._extend_exec(rows, chunk, all_logits)]
-        need = 0
-        for run in runs:
-            m = run.memory_analysis()
-            if m is None:
-                return None
-            args = m.argument_size_in_bytes - _tree_bytes(self.state)
-            if rows == self.batch:          # the batch cache itself is the argument, donated
-                args -= cache_bytes(self.cache)
-            need = max(need, int(args + m.output_size_in_bytes - m.alias_size_in_bytes
-                                 + m.temp_size_in_bytes))
-        return need
+    def _decode_exec(self, logits, key, done, *, steps, temperature, top_k, top_p, vocab_limit,
+                     eos_id, feed_last):
+        """The compiled decode loop (:func:`nsa_jax.decode_loop.decode_loop_jit`) for these
+        arguments' shapes and sampling settings: one executable per (shapes, settings), shared
+        by :meth:`decode` and :meth:`decode_bytes`."""
+        statics = dict(steps=steps, temperature=float(temperature), top_k=int(top_k),
+                       top_p=float(top_p),
+                       vocab_limit=None if vocab_limit is None else int(vocab_limit),
+                       eos_id=None if eos_id is None else int(eos_id), feed_last=bool(feed_last))
+        return self._compiled(
+            ("decode", self.batch, logits.shape, key.shape, str(key.dtype),
+             tuple(sorted(statics.items()))),
+            lambda: decode_loop_jit.lower(self._step_g, self._step_leaves, self.cache,
+                                          logits, key, done, **statics))
 
     def _check_shape(self, rows: int, width: int) -> None:
         if not 1 <= rows <= self.batch:
@@ -467,15 +452,9 @@ class Decoder:
         done = (jnp.zeros((self.batch,), bool) if done is None
                 else jnp.asarray(done, bool).reshape(self.batch))
         key = key if isinstance(key, jax.Array) else jnp.asarray(key)
-        statics = dict(steps=steps, temperature=float(temperature), top_k=int(top_k),
-                       top_p=float(top_p),
-                       vocab_limit=None if vocab_limit is None else int(vocab_limit),
-                       eos_id=None if eos_id is None else int(eos_id), feed_last=bool(feed_last))
-        run = self._compiled(
-            ("decode", self.batch, logits.shape, key.shape, str(key.dtype),
-             tuple(sorted(statics.items()))),
-            lambda: decode_loop_jit.lower(self._step_g, self._step_leaves, self.cache,
-                                          logits, key, done, **statics))
+        run = self._decode_exec(logits, key, done, steps=steps, temperature=temperature,
+                                top_k=top_k, top_p=top_p, vocab_limit=vocab_limit,
+                                eos_id=eos_id, feed_last=feed_last)
         ids, logits, self.cache, key, done = run(self._step_leaves, self.cache, logits, key,
                                                  done)
         self.steps += fed

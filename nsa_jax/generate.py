@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from nsa_jax.request import (GiB, HARD_MAX_LEN, RequestError, bucket, check_chunk,  # noqa: F401
-                             check_memory, check_request, check_sampling, fit_prefill, fit_rows,
-                             free_memory)
+                             check_decode, check_memory, check_request, check_sampling,
+                             fit_prefill, fit_rows, free_memory)
 from nsa_jax.sampling import filter_logits, sample  # noqa: F401
 
 _CLI = ("main", "build_parser", "read_prompts", "TextStream")
@@ -39,6 +39,9 @@ class Timing:
     counts the tokens those calls sampled, over all rows (rows already done included: they step
     with the batch). A generation of one call reports that call's rate without its compilation
     instead, marked as such: it still holds the first run's set-up, so it understates the rate.
+    Decode calls compiled ahead by the memory check (before the prefill: :func:`nsa_jax.request.
+    check_decode`) are charged their compile seconds as if they had compiled in their first call
+    (``first_step_s`` and ``first_compile_s``, or ``decode_compile_s``), not to the prefill.
     """
     rows: int = 0
     width: int = 0
@@ -116,8 +119,9 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
     ``max_len``: the context, tokens per row (prompt + new); default prompt + new (at most
     :data:`HARD_MAX_LEN`). The cache holds :func:`bucket` (longest prompt + new) tokens, capped
     at ``max_len``. Requests that cannot run raise :class:`RequestError` before any cache is
-    allocated or prefill runs (memory: :func:`free_memory` with ``memory_limit``, in bytes;
-    sampling: :func:`nsa_jax.request.check_sampling`).
+    allocated or prefill runs (memory: :func:`free_memory` with ``memory_limit``, in bytes,
+    against the KV caches, the prefill and the decode calls, :func:`nsa_jax.request.
+    check_decode`; sampling: :func:`nsa_jax.request.check_sampling`).
 
     ``on_token(row, id)`` is called for every kept id, in token order (rows in order within a
     token), as soon as the call that sampled it returns; ``on_done(row, ids)`` once per row when
@@ -149,6 +153,8 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
         g = min(max(int(rows_per_group), 1), B)
     else:
         g, chunk = fit_prefill(dec, width, free, longest, chunk)
+    ahead = check_decode(dec, max_new_tokens, k, free, temperature=temperature, top_k=top_k,
+                         top_p=top_p, vocab_limit=vocab_limit, eos_id=eos_id)
     tokens = np.zeros((B, width), np.int32)
     for b, p in enumerate(prompts):
         tokens[b, :len(p)] = p
@@ -166,9 +172,10 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
         parts.append(dec.prefill_rows(rows, tokens[rows[0]:rows[-1] + 1],
                                       lengths[rows[0]:rows[-1] + 1], chunk=chunk))
     logits = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=0)
+    del parts                   # the groups' logits: not held beside the decode calls' own
     logits.block_until_ready()
     t.prefill_s = time.perf_counter() - t0 - (dec.compile_s - compile0)
-    t.prefill_compile_s = dec.compile_s
+    t.prefill_compile_s = dec.compile_s - sum(ahead.values())
 
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B
@@ -197,12 +204,13 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
                     if on_done is not None:
                         on_done(b, out[b])
         dt = time.perf_counter() - t1
+        compile_s = dec.compile_s - compile1
+        early = ahead.pop((n, not last), 0.0)       # compiled by check_decode, before prefill
         if i == 0:
-            t.first_steps, t.first_step_s = n, dt
-            t.first_compile_s = dec.compile_s - compile1
+            t.first_steps, t.first_step_s = n, dt + early
+            t.first_compile_s = compile_s + early
         else:
-            compile_s = dec.compile_s - compile1
-            t.decode_compile_s += compile_s
+            t.decode_compile_s += compile_s + early
             t.decode_s += dt - compile_s
             t.decode_tokens += B * n
         i += n

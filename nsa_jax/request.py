@@ -1,6 +1,7 @@
-"""What a generation request may ask: the context (:data:`HARD_MAX_LEN`), the KV caches and the
-prefill workspace against free memory (:func:`free_memory`). A request that cannot run raises
-:class:`RequestError` naming the argument, before any cache is allocated or prefill runs."""
+"""What a generation request may ask: the context (:data:`HARD_MAX_LEN`), the KV caches, the
+prefill workspace and the decode calls' own memory against free memory (:func:`free_memory`). A
+request that cannot run raises :class:`RequestError` naming the argument, before any cache is
+allocated or prefill runs."""
 from __future__ import annotations
 
 import math
@@ -270,3 +271,70 @@ def fit_rows(dec, width: int, free: int | None, longest: int, chunk: int | None 
                                           f"{gib(max(left, 0))} the KV caches leave free")
         g = -(-g // 2)
 
+
+def decode_calls(max_new_tokens: int, steps_per_call: int) -> list[tuple[int, bool]]:
+    """The (steps, feed_last) of the decode calls :func:`nsa_jax.generate.generate_batch` makes
+    for ``max_new_tokens`` tokens per row, each shape once: calls of ``steps_per_call`` tokens
+    that feed their last ids, then a last call of the tokens left that does not."""
+    k = int(steps_per_call)
+    full = [(k, True)] if max_new_tokens > k else []
+    return full + [((max_new_tokens - 1) % k + 1, False)]
+
+
+def decode_need(dec, calls, sampling: dict) -> tuple[int | None, dict]:
+    """(the largest ``Decoder.decode_bytes`` of ``calls`` with the ``sampling`` settings, None
+    where the backend gives no memory analysis; each call's compile seconds). Compiles the
+    calls: the executables ``Decoder.decode`` runs later."""
+    need, compiled = 0, {}
+    for steps, feed_last in calls:
+        c0 = dec.compile_s
+        n = dec.decode_bytes(steps, feed_last=feed_last, **sampling)
+        compiled[(steps, feed_last)] = dec.compile_s - c0
+        if n is None:
+            return None, compiled
+        need = max(need, n)
+    return need, compiled
+
+
+def check_decode(dec, max_new_tokens: int, steps_per_call: int, free: int | None,
+                 **sampling) -> dict:
+    """Refuse before the prefill when the decode calls of a generation (:func:`decode_calls`)
+    do not fit in what the batch's KV caches leave of ``free`` bytes: the largest call's
+    ``Decoder.decode_bytes`` (its logits, ids, sampling temporaries such as top-p's sort over
+    the vocabulary, and the model step's temporaries) with ``sampling`` (temperature, top_k,
+    top_p, vocab_limit, eos_id as ``Decoder.decode`` gets them). It grows with the batch
+    (logits, sampling: [B, V] each) and, far less, with the steps per call (the ids [B, steps]):
+    the error names ``steps_per_call`` where calls of 1 step fit and the part that grows with
+    the steps is most of the need (probed by compiling the 1-step calls), else the prompts,
+    with the count that fits (at most: the need scaled by rows). Returns each call's compile
+    seconds ({(steps, feed_last): s}: its executable is compiled here, for the caller's
+    timing); None ``free``: no check, nothing compiled."""
+    from nsa_jax.decode import cache_bytes
+
+    if free is None:
+        return {}
+    need, compiled = decode_need(dec, decode_calls(max_new_tokens, steps_per_call), sampling)
+    caches = cache_bytes(dec.cache)
+    left = free - caches
+    if need is None or need <= left:
+        return compiled
+    B, k = dec.batch, min(int(steps_per_call), max_new_tokens)
+    fit = free * B // (caches + need)
+    if k > 1:
+        one = decode_need(dec, decode_calls(max_new_tokens, 1), sampling)[0]
+        if one is not None and one <= left and need - one > one:
+            raise RequestError("steps_per_call", f"decoding {B} prompt(s) {k} tokens per call "
+                                                 f"needs {gib(need)}, more than the "
+                                                 f"{gib(max(left, 0))} the KV caches leave of "
+                                                 f"{gib(free)} free; 1 token per call needs "
+                                                 f"{gib(one)}: a smaller {{steps_per_call}} "
+                                                 f"fits (at {k}, at most {fit} prompts fit)")
+    if fit < 1:
+        raise RequestError("prompts", f"decoding {B} prompt(s) {k} tokens per call needs "
+                                      f"{gib(need)} beside {gib(caches)} of KV caches, more "
+                                      f"than the {gib(max(free, 0))} free: not even one prompt "
+                                      f"fits")
+    raise RequestError("prompts", f"{B} prompts' KV caches ({gib(caches)}) leave "
+                                  f"{gib(max(left, 0))} of {gib(free)} free, and decoding them "
+                                  f"{k} tokens per call needs {gib(need)}: at most {fit} "
+                                  f"prompts fit")

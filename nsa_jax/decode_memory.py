@@ -1,0 +1,76 @@
+"""Device bytes of a :class:`nsa_jax.decode.Decoder`'s calls beyond the weights and the batch
+cache, from XLA's memory analysis of the compiled calls (the very executables the decoder then
+runs): what ``generate``'s memory checks (:mod:`nsa_jax.request`) compare with free memory."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def tree_bytes(tree) -> int:
+    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def cache_bytes(cache) -> int:
+    """Bytes of a decoder cache's per-layer arrays (:func:`nsa_jax.decode.init_cache`)."""
+    return tree_bytes(cache["layers"])
+
+
+class CallBytes:
+    """The :class:`nsa_jax.decode.Decoder` methods that size its calls (a mixin: they use its
+    compiled-call lookups ``_exec``, ``_extend_exec`` and ``_decode_exec``)."""
+
+    def prefill_bytes(self, rows: int, width: int, all_logits: bool = False,
+                      chunk: int | None = None) -> int | None:
+        """Device bytes one prefill call of ``rows`` x ``width`` tokens needs beyond the weights
+        and the batch cache (its g-row cache, inputs, logits and XLA temporaries), from the
+        compiled call's memory analysis; None where the backend gives none. With ``chunk``
+        (< width): the larger of a first chunk's prefill and a continuation chunk's call.
+        Compiles the calls (once; counted in ``compile_s``)."""
+        self._check_shape(rows, width)
+        runs = [self._exec(rows, width, all_logits)]
+        if chunk is not None and self._check_chunk(chunk) < width:
+            runs = [self._exec(rows, chunk, all_logits), self._extend_exec(rows, chunk, all_logits)]
+        need = 0
+        for run in runs:
+            m = run.memory_analysis()
+            if m is None:
+                return None
+            args = m.argument_size_in_bytes - tree_bytes(self.state)
+            if rows == self.batch:          # the batch cache itself is the argument, donated
+                args -= cache_bytes(self.cache)
+            need = max(need, int(args + m.output_size_in_bytes - m.alias_size_in_bytes
+                                 + m.temp_size_in_bytes))
+        return need
+
+    def decode_bytes(self, steps: int, *, temperature: float = 1.0, top_k: int = 0,
+                     top_p: float = 1.0, vocab_limit: int | None = None,
+                     eos_id: int | None = None, feed_last: bool = True,
+                     key=None) -> int | None:
+        """Device bytes one :meth:`decode` call of ``steps`` tokens per row with these sampling
+        settings needs beyond the weights and the batch cache (which it donates): its inputs
+        (logits [B,V], key, done), outputs (ids [B,steps], logits, key, done) and XLA
+        temporaries (the sampling's, e.g. top-p's sort over the vocabulary, and the model
+        step's), from the compiled call's memory analysis; None where the backend gives none.
+        The inputs are counted from their shapes, not as the analysis' argument size less the
+        state: the step state's arrays the call does not read (the unfused projections) are
+        pruned from its arguments. ``key``: an array or ShapeDtypeStruct of the key
+        :meth:`decode` will get (default: a ``jax.random.PRNGKey``'s). Compiles the very
+        executable :meth:`decode` then runs (once; counted in ``compile_s``)."""
+        steps = int(steps)
+        if steps < 1:
+            from nsa_jax.decode import DecodeError
+            raise DecodeError(f"steps must be >= 1, got {steps}")
+        sds = jax.ShapeDtypeStruct
+        if key is None:
+            key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+        logits = sds((self.batch, self.model.mcfg.vocab_size), jnp.float32)
+        key, done = sds(key.shape, key.dtype), sds((self.batch,), jnp.bool_)
+        run = self._decode_exec(logits, key, done, steps=steps, temperature=temperature,
+                                top_k=top_k, top_p=top_p, vocab_limit=vocab_limit,
+                                eos_id=eos_id, feed_last=feed_last)
+        m = run.memory_analysis()
+        if m is None:
+            return None
+        args = tree_bytes((logits, key, done))      # the state and the donated cache: not new
+        return int(args + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes)
