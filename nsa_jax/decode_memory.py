@@ -28,20 +28,29 @@ class CallBytes:
         (< width): the larger of a first chunk's prefill and a continuation chunk's call.
         Compiles the calls (once; counted in ``compile_s``)."""
         self._check_shape(rows, width)
-        runs = [self._exec(rows, width, all_logits)]
+        runs = [(self._exec(rows, width, all_logits), self._prefill_inputs(rows, width))]
         if chunk is not None and self._check_chunk(chunk) < width:
-            runs = [self._exec(rows, chunk, all_logits), self._extend_exec(rows, chunk, all_logits)]
+            logits = 0 if all_logits else rows * self.model.mcfg.vocab_size * 4
+            runs = [(self._exec(rows, chunk, all_logits), self._prefill_inputs(rows, chunk)),
+                    (self._extend_exec(rows, chunk, all_logits),
+                     self._prefill_inputs(rows, chunk) + 4 + logits)]   # + start, logits
         need = 0
-        for run in runs:
+        for run, args in runs:
             m = run.memory_analysis()
             if m is None:
                 return None
-            args = m.argument_size_in_bytes - tree_bytes(self.state)
-            if rows == self.batch:          # the batch cache itself is the argument, donated
-                args -= cache_bytes(self.cache)
             need = max(need, int(args + m.output_size_in_bytes - m.alias_size_in_bytes
                                  + m.temp_size_in_bytes))
         return need
+
+    def _prefill_inputs(self, rows: int, width: int) -> int:
+        """Bytes of a prefill call's inputs other than the state: tokens [rows,width] and
+        lengths [rows] (int32), and a g-row cache (rows < batch; the batch cache itself, passed
+        and donated where rows = batch, is not new). Counted from their shapes, not as the
+        analysis' argument size less the state: XLA drops the state's arrays a call does not
+        read (the decode step's fused weights, in a prefill) from its arguments."""
+        cache = 0 if rows == self.batch else tree_bytes(self._cache_shape(rows))
+        return rows * width * 4 + rows * 4 + cache
 
     def decode_bytes(self, steps: int, *, temperature: float = 1.0, top_k: int = 0,
                      top_p: float = 1.0, vocab_limit: int | None = None,

@@ -12,6 +12,7 @@ from flax import nnx
 
 from nsa_jax.config import ModelConfig
 from nsa_jax.decode import Decoder, cache_bytes
+from nsa_jax.decode_memory import tree_bytes
 from nsa_jax.generate import generate_batch, main
 from nsa_jax.model import build_model
 from nsa_jax.nsa import NSAConfig
@@ -190,3 +191,21 @@ def test_cli_refuses_a_decode_call_that_does_not_fit(tiny_run, tmp_path, capsys,
         "decoding them 8 tokens per call needs" in err[0] and "prompts fit" in err[0]), err[0]
     assert main(argv + [limit(decode)]) == 0
     assert capsys.readouterr().out.count("=== prompt") == 3
+
+
+def test_prefill_bytes_counts_the_inputs_the_call_takes_beyond_the_state():
+    """The prefill's need holds its new inputs (tokens, lengths; a g-row cache below the batch)
+    on top of what the analysis says it writes and holds: XLA drops the state arrays a prefill
+    does not read (the decode step's fused weights) from its arguments, so "argument size less
+    the whole state" came out below the tokens alone (a review measured 3,072 B too little)."""
+    model = _lm(97)
+    dec = Decoder(model, 2, 64)
+    B, width = 2, 48
+    for rows in (B, 1):
+        need = dec.prefill_bytes(rows, width)
+        m = dec._exec(rows, width, False).memory_analysis()
+        written = m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+        inputs = rows * width * 4 + rows * 4
+        if rows < B:
+            inputs += tree_bytes(dec._cache_shape(rows))     # the g-row cache, every array
+        assert need == written + inputs, (rows, need, written, inputs)
