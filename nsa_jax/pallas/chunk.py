@@ -44,8 +44,8 @@ from nsa_jax.pallas.common import (BlockSizes, choices_or_default, pad_dim, padd
                                    use_interpret)
 from nsa_jax.pallas.compressed import cmp_forward
 from nsa_jax.pallas.local import local_forward
-from nsa_jax.pallas.scoring import cmp_block_scores
 from nsa_jax.pallas.nsa import block_forward
+from nsa_jax.pallas.scoring import cmp_block_scores
 from nsa_jax.pallas.selection_block import sel_forward_block
 from nsa_jax.pallas.selection_query import sel_forward
 from nsa_jax.pallas.topn import topn_upto

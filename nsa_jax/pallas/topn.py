@@ -242,7 +242,11 @@ def topn_upto(scores, cfg: NSAConfig, interpret: bool, rel, last, min_last: int,
     least ``min_last``'s), picked on the device by ``lax.switch`` among the static widths
     from ``min_last``'s up to Ts padded. A continuation chunk's scores (``pallas.chunk``) have
     a column per block of the whole cache, of which a chunk ending at ``last`` sees the first
-    floor(last / l') + 1; the rows kernel's work is proportional to its width."""
+    floor(last / l') + 1; the rows kernel's work is proportional to its width. XLA reads the
+    switch's index on the host (a round trip per call); picking the width per row inside the
+    kernel instead compiled for 110 s and was no faster (bench/NOTES.md, forty-ninth session).
+    On an H200 at 64k the narrow buckets and the block-major selection forward took a chunked
+    prefill 192.2 -> 157.0 ms at C = 16,384 and 261.2 -> 250.6 at C = 4,096 (same call)."""
     B, T, G, Ts = scores.shape
     tsp = next_pow2(Ts)
     need0 = min_last // cfg.sel_block + 1
