@@ -5,12 +5,10 @@
 # directory holding that tree's nsa_jax and bench), one process each.
 #   bash bench/calls/gpu_call49a.sh [OLD_TREE]
 set -u
-export OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; t0=$SECONDS; log="$OUT/run.log"; rc=0
+source bench/calls/call_lib.sh
 old=${1:-}
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1 | tee "$log"
-timeout "${TEST_S:-200}" python3 -m pytest -m gpu -p no:cacheprovider -v -s -W ignore::DeprecationWarning -rfE \
-  tests/test_chunked_prefill.py >> "$log" 2>&1 || rc=1
-echo "  (GPU tests done at $((SECONDS - t0)) s)" | tee -a "$log"
+call_start
+gpu_tests tests/test_chunked_prefill.py
 timeout "${BENCH_S:-280}" env PYTHONPATH=. python3 bench/chunked_prefill.py --models nsa_125m --lengths 65536 \
   --chunks 4096 16384 --reps 3 --profile --out "$OUT/chunked_new.json" > "$OUT/new.log" 2>&1 || rc=1
 echo "  (new tree done at $((SECONDS - t0)) s)" | tee -a "$log"

@@ -4,12 +4,10 @@
 # this tree with the query-major selection forward (the top-n change alone), and the tree before ($1).
 #   bash bench/calls/gpu_call49b.sh [OLD_TREE]
 set -u
-export OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; t0=$SECONDS; log="$OUT/run.log"; rc=0
+source bench/calls/call_lib.sh
 old=${1:-}
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1 | tee "$log"
-timeout "${TEST_S:-200}" python3 -m pytest -m gpu -p no:cacheprovider -v -s -W ignore::DeprecationWarning -rfE \
-  tests/test_chunked_prefill.py >> "$log" 2>&1 || rc=1
-echo "  (GPU tests done at $((SECONDS - t0)) s)" | tee -a "$log"
+call_start
+gpu_tests tests/test_chunked_prefill.py
 run() {  # name, extra args
   local name=$1; shift
   timeout "${BENCH_S:-150}" env PYTHONPATH=. python3 bench/chunked_prefill.py --models nsa_125m --lengths 65536 \

@@ -3,9 +3,9 @@
 # this tree (with a trace at C = 4,096) then the tree before ($1, with this tree's bench script), one process each.
 #   bash bench/calls/gpu_call49c.sh [OLD_TREE]
 set -u
-export OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; t0=$SECONDS; log="$OUT/run.log"; rc=0
+source bench/calls/call_lib.sh
 old=${1:-}
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1 | tee "$log"
+call_start
 timeout "${BENCH_S:-200}" env PYTHONPATH=. python3 bench/chunked_prefill.py --models nsa_125m --lengths 65536 \
   --no-whole --reps 7 --chunks 16384 4096 --profile --out "$OUT/chunked_new.json" > "$OUT/new.log" 2>&1 || rc=1
 echo "  (new done at $((SECONDS - t0)) s)" | tee -a "$log"

@@ -4,8 +4,8 @@
 # (B = 64, 2,048-token prompts, a 4,096-token cache, 16 steps per call).
 #   bash bench/calls/gpu_call49d.sh
 set -u
-export OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1; t0=$SECONDS; log="$OUT/run.log"; rc=0
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1 | tee "$log"
+source bench/calls/call_lib.sh
+call_start
 timeout "${TEST_S:-130}" python3 -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning -rfE \
   tests/test_decode_memory.py >> "$log" 2>&1 || rc=1
 echo "  (tests done at $((SECONDS - t0)) s)" | tee -a "$log"

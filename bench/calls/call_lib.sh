@@ -1,0 +1,14 @@
+# Shared by the device-call scripts that source it (forty-ninth session on): the call's set-up and the GPU tests.
+#   source bench/calls/call_lib.sh; call_start; gpu_tests tests/test_x.py ...
+# call_start: OUT (default /tmp/nsa_call), the log $OUT/run.log opened with the GPU's name and driver, t0 and rc.
+call_start() {
+  export OUT=${OUT:-/tmp/nsa_call}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1
+  t0=$SECONDS; log="$OUT/run.log"; rc=0
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1 | tee "$log"
+}
+# gpu_tests FILE...: the -m gpu tests of FILE... (verbose, with prints) into the log, capped at TEST_S (200) s.
+gpu_tests() {
+  timeout "${TEST_S:-200}" python3 -m pytest -m gpu -p no:cacheprovider -v -s -W ignore::DeprecationWarning -rfE \
+    "$@" >> "$log" 2>&1 || rc=1
+  echo "  (GPU tests done at $((SECONDS - t0)) s)" | tee -a "$log"
+}
