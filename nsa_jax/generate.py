@@ -41,7 +41,8 @@ class Timing:
     instead, marked as such: it still holds the first run's set-up, so it understates the rate.
     Decode calls compiled ahead by the memory check (before the prefill: :func:`nsa_jax.request.
     check_decode`) are charged their compile seconds as if they had compiled in their first call
-    (``first_step_s`` and ``first_compile_s``, or ``decode_compile_s``), not to the prefill.
+    (``first_step_s`` and ``first_compile_s``, or ``decode_compile_s``; a call that never runs,
+    EOS having ended every row, to ``decode_compile_s``), not to the prefill.
     """
     rows: int = 0
     width: int = 0
@@ -214,6 +215,7 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, *,
             t.decode_s += dt - compile_s
             t.decode_tokens += B * n
         i += n
+    t.decode_compile_s += sum(ahead.values())     # compiled ahead for calls an EOS made moot
     t.kept_tokens = sum(len(o) for o in out)
     return out
 

@@ -327,7 +327,7 @@ def check_decode(dec, max_new_tokens: int, steps_per_call: int, free: int | None
                                                  f"needs {gib(need)}, more than the "
                                                  f"{gib(max(left, 0))} the KV caches leave of "
                                                  f"{gib(free)} free; 1 token per call needs "
-                                                 f"{gib(one)}: a smaller {{steps_per_call}} "
+                                                 f"{gib(one)}: a {{steps_per_call}} below {k} "
                                                  f"fits (at {k}, at most {fit} prompts fit)")
     if fit < 1:
         raise RequestError("prompts", f"decoding {B} prompt(s) {k} tokens per call needs "

@@ -48,8 +48,10 @@ def test_decode_bytes_counts_logits_and_sampling_and_grows_with_batch_and_top_p(
             assert isinstance(n, int), n
             need[B, top_p] = n
         assert need[B, 1.0] >= 2 * B * V * 4                   # logits in + logits out
-        assert need[B, 0.9] >= need[B, 1.0] + B * V * 4          # + the sort over V
-        assert need[B, 1.0] != cache_bytes(dec.cache)
+        # + the sort over V: so on the CPU backend, where the suite runs; XLA's GPU buffer
+        # assignment can place a sort this small inside the step's temporaries
+        # (bench/NOTES.md, forty-ninth session, call 4)
+        assert need[B, 0.9] >= need[B, 1.0] + B * V * 4
     assert need[8, 1.0] >= need[2, 1.0] + 6 * 2 * V * 4           # 6 more rows of logits
     assert need[8, 0.9] - need[8, 1.0] > need[2, 0.9] - need[2, 1.0]
 
@@ -76,12 +78,10 @@ def test_decode_runs_the_executable_decode_bytes_compiled():
     np.testing.assert_array_equal(np.asarray(ids), np.asarray(want))
 
 
-def test_generate_compiles_its_decode_calls_only_before_the_prefill(monkeypatch):
-    """With memory to check, generate_batch compiles each decode call shape (steps per call,
-    the shorter last one) before the first prefill, and none after; the timing still charges
-    those compile seconds to the decode calls, not to the prefill."""
+def _spy(monkeypatch):
+    """(events, seconds): every compile of a Decoder call ("compile", kind) and every
+    ``prefill_rows`` in order; the compile seconds per kind of call."""
     from nsa_jax import decode as D
-    from nsa_jax.generate import Timing
 
     events, seconds = [], {"prefill": 0.0, "decode": 0.0}
     compiled, prefill_rows = D.Decoder._compiled, D.Decoder.prefill_rows
@@ -100,6 +100,16 @@ def test_generate_compiles_its_decode_calls_only_before_the_prefill(monkeypatch)
 
     monkeypatch.setattr(D.Decoder, "_compiled", spy_compiled)
     monkeypatch.setattr(D.Decoder, "prefill_rows", spy_prefill)
+    return events, seconds
+
+
+def test_generate_compiles_its_decode_calls_only_before_the_prefill(monkeypatch):
+    """With memory to check, generate_batch compiles each decode call shape (steps per call,
+    the shorter last one) before the first prefill, and none after; the timing still charges
+    those compile seconds to the decode calls, not to the prefill."""
+    from nsa_jax.generate import Timing
+
+    events, seconds = _spy(monkeypatch)
     model = _lm(97)
     t = Timing()
     generate_batch(model, [[1, 2, 3], [4, 5]], 7, steps_per_call=3, top_p=0.6875, seed=2,
@@ -109,6 +119,24 @@ def test_generate_compiles_its_decode_calls_only_before_the_prefill(monkeypatch)
     assert ("compile", "decode") not in events[first:], events
     assert 0 < t.first_compile_s < t.first_step_s and t.decode_compile_s > 0
     assert t.prefill_compile_s == pytest.approx(seconds["prefill"]) and seconds["prefill"] > 0
+    assert t.first_compile_s + t.decode_compile_s == pytest.approx(seconds["decode"])
+
+
+def test_compile_seconds_of_a_call_an_eos_made_moot_are_still_counted(monkeypatch):
+    """The memory check compiles the shorter last call before the prefill; when EOS ends the
+    generation after the first call, that call never runs, and its compile seconds still go
+    to ``decode_compile_s``: first + decode compile = every decode compile second."""
+    from nsa_jax.generate import Timing
+
+    model = _lm(97)
+    eos = generate_batch(model, [[1, 2, 3]], 1, temperature=0.0)[0][0]    # greedy's first id
+    events, seconds = _spy(monkeypatch)
+    t = Timing()
+    out = generate_batch(model, [[1, 2, 3]], 7, steps_per_call=3, temperature=0.0,
+                         eos_id=eos, memory_limit=1 << 30, timing=t)
+    assert out == [[eos]]
+    assert events.count(("compile", "decode")) == 2, events    # (3, fed) ran, (1, last) did not
+    assert t.decode_compile_s > 0
     assert t.first_compile_s + t.decode_compile_s == pytest.approx(seconds["decode"])
 
 
@@ -137,10 +165,11 @@ def test_check_decode_names_the_prompts_or_the_steps_per_call():
     ids = _fake(4, lambda steps, feed: 100 * steps)               # the ids [B, steps] dominate
     arg, msg = _arg(check_decode, ids, 10, 8, 1000 + 500)
     assert arg == "steps_per_call" and "8 tokens per call needs 800 B" in msg, msg
-    assert "1 token per call needs 100 B: a smaller steps_per_call fits" in msg, msg
+    assert "1 token per call needs 100 B: a steps_per_call below 8 fits" in msg, msg
     assert msg.endswith("(at 8, at most 3 prompts fit)"), msg
-    assert _arg(check_decode, ids, 3, 8, 1000 + 250)[1].startswith(    # one call of 3 steps
-        "steps_per_call: decoding 4 prompt(s) 3 tokens per call needs 300 B"), msg
+    msg = _arg(check_decode, ids, 3, 8, 1000 + 250)[1]                 # one call of 3 steps
+    assert msg.startswith("steps_per_call: decoding 4 prompt(s) 3 tokens per call needs 300 B")
+    assert "a steps_per_call below 3 fits" in msg, msg    # not "smaller": 7 would change nothing
     assert _arg(check_decode, ids, 1, 8, 1000 + 50)[0] == "prompts"    # 1 step: no fewer
     assert _arg(check_decode, ids, 10, 8, 1000 + 99)[0] == "prompts"   # 1 step does not fit
     assert check_decode(_fake(4, lambda s, f: None), 10, 4, 0) == {(4, True): 0.0}  # no analysis
