@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax import export
 from jax._src.pallas.triton import lowering as triton_lowering
 
-import nsa_jax.pallas.chunk as pchunk  # noqa: E402
+import nsa_jax.pallas.chunk as pchunk
 import nsa_jax.pallas.decode as pdecode
 import nsa_jax.pallas.local as plocal
 import nsa_jax.pallas.nsa as pnsa

@@ -266,4 +266,3 @@ def topn_upto(scores, cfg: NSAConfig, interpret: bool, rel, last, min_last: int,
     need = jnp.asarray(last, jnp.int32) // cfg.sel_block + 1
     k = jnp.sum((jnp.asarray(widths[:-1], jnp.int32) < need).astype(jnp.int32))
     return lax.switch(k, [branch(w) for w in widths], scores)
-
