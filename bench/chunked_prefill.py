@@ -14,6 +14,9 @@ by the parallel forward, the rest C at a time by ``decode_loop.extend_jit``). Re
   first chunk's and a continuation's);
 * ``ms``: median wall time of ``--reps`` prefills after one that compiles (each synchronised on
   its logits), ``tok_s`` = N / that;
+* ``dispatch_ms``: median time until ``Decoder.prefill`` returned, before waiting on the GPU
+  (near ``ms`` when the host, not the GPU, is what the prefill waits on: launches, or
+  XLA reading a ``lax.switch``'s index back on the host);
 * ``rel_rmse``: the last token's logits against the prefill at once (float32 logits; the two
   paths round differently in bf16); None with ``--no-whole`` (no prefill at once).
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -76,10 +80,12 @@ def measure(model, N: int, chunks: list[int], reps: int, trace: bool = False,
         c0 = dec.compile_s
         need = dec.prefill_bytes(1, N, chunk=c)
         logits = np.asarray(dec.prefill(toks, chunk=c))         # compiles (ahead of time)
-        times = []
+        times, sent = [], []
         for _ in range(reps):
             t0 = time.perf_counter()
-            dec.prefill(toks, chunk=c).block_until_ready()
+            got = dec.prefill(toks, chunk=c)
+            sent.append(time.perf_counter() - t0)
+            got.block_until_ready()
             times.append(time.perf_counter() - t0)
         ms = 1e3 * statistics.median(times)
         if want is None and c is None:
@@ -88,6 +94,7 @@ def measure(model, N: int, chunks: list[int], reps: int, trace: bool = False,
             np.sqrt(np.mean((logits - want) ** 2)) / np.sqrt(np.mean(want ** 2)))
         out.append({"N": N, "chunk": c, "need_mib": None if need is None else need / 2**20,
                     "ms": ms, "tok_s": N / ms * 1e3, "rel_rmse": err,
+                    "dispatch_ms": 1e3 * statistics.median(sent),
                     "compile_s": dec.compile_s - c0, "times_ms": [1e3 * t for t in times]})
         print(json.dumps(out[-1]), flush=True)
     if trace and out[-1]["chunk"]:
@@ -121,7 +128,8 @@ def main(argv=None) -> int:
         a.lengths, a.chunks, a.reps = [256], [64, 128], 1
     d = jax.devices()[0]
     res = {"device": getattr(d, "device_kind", d.platform), "jax": jax.__version__,
-           "python": platform.python_version(), "smoke": a.smoke, "set": a.set, "records": {}}
+           "python": platform.python_version(), "smoke": a.smoke, "set": a.set,
+           "xla_flags": os.environ.get("XLA_FLAGS", ""), "records": {}}
     for name in a.models:
         model = load_model(name, a.smoke, a.set)
         res["records"][name] = [r for N in a.lengths
@@ -130,14 +138,14 @@ def main(argv=None) -> int:
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
     print(f"\n{res['device']}, jax {res['jax']}; batch 1; ms = median of {a.reps} prefills")
-    print(f"{'model':<11} {'N':>7} {'chunk':>7} {'ms':>9} {'tok/s':>10} {'need MiB':>9} "
-          f"{'rel rmse':>9}")
+    print(f"{'model':<11} {'N':>7} {'chunk':>7} {'ms':>9} {'sent ms':>8} {'tok/s':>10} "
+          f"{'need MiB':>9} {'rel rmse':>9}")
     for name, recs in res["records"].items():
         for r in recs:
             r = dict(r, profile=None)
             need = "-" if r["need_mib"] is None else f"{r['need_mib']:.0f}"
             print(f"{name:<11} {r['N']:>7} {str(r['chunk'] or 'whole'):>7} {r['ms']:>9.1f} "
-                  f"{r['tok_s']:>10.0f} {need:>9} "
+                  f"{r['dispatch_ms']:>8.1f} {r['tok_s']:>10.0f} {need:>9} "
                   f"{'-' if r['rel_rmse'] is None else format(r['rel_rmse'], '.2e'):>9}")
     return 0
 
