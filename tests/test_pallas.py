@@ -564,6 +564,40 @@ def test_topn_full_width_at_positions_past_the_rows(start):
     assert not bad, f"full-width top-n differs from lax.top_k's rule for: {bad}"
 
 
+@pytest.mark.parametrize("start,n_init,n_local,bs", [
+    (16, 1, 2, None),                            # rows with 1..3 candidates: all of them taken
+    (0, 3, 1, None),                             # rows with fewer candidates than initial blocks
+    (48, 2, 3, BlockSizes(topn_tour_rows=8)),    # forced blocks overlapping, 8 rows a program
+    (4800, 1, 2, None),                          # 300+ candidates of 600 columns
+    (9550, 0, 1, BlockSizes(topn_tour_rows=None)),   # past every column; no initial block
+])
+def test_topn_upto_equals_semantics_without_a_switch(start, n_init, n_local, bs):
+    """``topn.topn_upto`` (a continuation chunk's top-n: 40 query rows at positions start + i,
+    ``start`` traced, over 600 blocks) takes the tournament kernel with its first pass bounded
+    on the device: == ``lax.top_k``'s rule on the tournament cases (one batch row per kind),
+    and its jaxpr holds no ``cond`` (no host round trip on a GPU)."""
+    from nsa_jax.nsa import semantics
+    from nsa_jax.pallas.topn import topn_upto
+    cfg = dataclasses.replace(TINY, n_sel=6, n_init=n_init, n_local=n_local)
+    T, G, Ts = 40, 2, 600
+    rng = np.random.default_rng(start)
+    scores = jnp.asarray(np.stack([_tour_scores(kind, rng, (T, G, Ts))
+                                   for kind in TOUR_KINDS]).astype(np.float32))
+
+    def f(x, s0):
+        rel = jnp.broadcast_to(s0 + jnp.arange(T, dtype=jnp.int32), (len(TOUR_KINDS), T))
+        return topn_upto(x, cfg, True, rel, s0 + (T - 1), T - 1, bs)
+
+    s0 = jnp.int32(start)
+    prims = {e.primitive.name for e in jax.make_jaxpr(f)(scores, s0).jaxpr.eqns}
+    assert "cond" not in prims and "pallas_call" in prims, prims
+    rel = jnp.broadcast_to(start + jnp.arange(T, dtype=jnp.int32), (len(TOUR_KINDS), T))
+    want = np.asarray(semantics.topn_from_scores(scores, rel[:, :, None], cfg))
+    got = np.asarray(jax.jit(f)(scores, s0))
+    bad = [kind for i, kind in enumerate(TOUR_KINDS) if not np.array_equal(got[i], want[i])]
+    assert not bad, f"topn_upto differs from lax.top_k's rule for: {bad}"
+
+
 @pytest.mark.parametrize("T,cfg,packed,bs,distinct", [
     (700, TINY, False, None, False),       # Ts = 44 -> width buckets 16, 32, 64; B = 2 rows
     (700, TINY, True, None, False),        # packed: the same buckets, document-relative t

@@ -154,6 +154,28 @@ def test_topn_compiled_equals_semantics_64k(kind):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+@pytest.mark.parametrize("kind", ["distinct", "ties"])
+def test_topn_upto_compiled_equals_semantics_64k_cache(kind):
+    """A continuation chunk's compiled top-n (``topn.topn_upto``: the tournament with its first
+    pass bounded on the device) over a 65,600-token cache's 1,025 columns, 4,096 rows at each of
+    three traced starts (one compile) == ``lax.top_k``'s rule, distinct and 3-valued scores."""
+    from nsa_jax.nsa import semantics
+    from nsa_jax.pallas.topn import topn_upto
+    B, C, G, Ts = 1, 4096, 2, CFG.num_sel_blocks(65600)
+    key = jax.random.PRNGKey(5)
+    if kind == "distinct":
+        scores = jax.random.uniform(key, (B, C, G, Ts))
+    else:
+        scores = jax.random.randint(key, (B, C, G, Ts), 0, 3).astype(jnp.float32) / 2
+    run = jax.jit(lambda s, s0: topn_upto(s, CFG, False, (s0 + jnp.arange(C))[None], s0 + C - 1,
+                                          CFG.sel_block + C - 1))
+    for start in (4096, 30720, 61440):
+        rel = start + jnp.arange(C)[None]
+        want = semantics.topn_from_scores(scores, rel[:, :, None], CFG)
+        np.testing.assert_array_equal(np.asarray(run(scores, jnp.int32(start))),
+                                      np.asarray(want), err_msg=f"start {start}")
+
+
 @pytest.mark.parametrize("shape,layout", [("125m", "rows"), ("125m", "loop"), ("bench", "auto")])
 def test_scores_and_selection_f32(shape, layout):
     """float32 on the GPU: fused scores match the reference's Eq. 9-10 and the selection agrees

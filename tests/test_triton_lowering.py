@@ -270,8 +270,8 @@ def test_topn_kernel_lowers_to_triton():
 
 def test_chunk_kernels_lower_to_triton():
     """A chunked prefill's continuation chunk (``pallas.chunk``, 125M heads, 1,024 queries at
-    start 4,096 over 64k caches): the compressed forward, scores, top-n (the buckets of 32 to
-    1,024 columns), the selection forward (block-major, what "auto" takes at h = 6 in bf16, and
+    start 4,096 over 64k caches): the compressed forward, scores, top-n (the tournament over
+    2,048 columns with its first pass bounded on the device), the selection forward (block-major, what "auto" takes at h = 6 in bf16, and
     query-major) and the local forward with query offsets lower; and dense's local forward."""
     from nsa_jax.nsa.options import KernelChoices
     from nsa_jax.pallas.chunk import dense_chunk_pallas, nsa_chunk_pallas
@@ -286,7 +286,7 @@ def test_chunk_kernels_lower_to_triton():
             return nsa_chunk_pallas(q, lc, (kw, vw, t[0] - W + jnp.arange(W + C)), t, gates,
                                     CFG, choices=KernelChoices(sel_fwd=sel_fwd))
         names = triton_kernels(f, *shapes)
-        assert names == {"nsa_cmp_fwd", "nsa_cmp_scores", "nsa_topn", sel_name,
+        assert names == {"nsa_cmp_fwd", "nsa_cmp_scores", "nsa_topn_upto", sel_name,
                          "nsa_local_fwd"}, names
     names = triton_kernels(lambda q, k, v: dense_chunk_pallas(q, k, v, 4096 + jnp.arange(C)),
                            S(B, C, G * h, D), S(B, G, Sk, D), S(B, G, Sk, D))

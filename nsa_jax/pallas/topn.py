@@ -108,8 +108,8 @@ TOUR_MAX_WIDTH = 2048  # widest bucket that takes it: its first pass is unrolled
 BIG = 2 ** 30         # id of an empty pick (sorts after every block id)
 
 
-def _tour_kernel(sc_ref, _ids_in, ids_ref, *, rows, width, t0, n_bucket, T, G, n_sel, n_init,
-                 n_local, l_sel):
+def _tour_kernel(sc_ref, *refs, rows, width, t0, n_bucket, T, G, n_sel, n_init, n_local, l_sel,
+                 upto=False):
     """Top-n of unpacked rows whose forced blocks are all distinct candidates (every row of the
     bucket has cur = t // l' >= n_init + n_local), as a tournament over segments of ``SEG``
     columns. The picks come in the order of ``lax.top_k`` (higher score first, ties to the lower
@@ -122,13 +122,26 @@ def _tour_kernel(sc_ref, _ids_in, ids_ref, *, rows, width, t0, n_bucket, T, G, n
     n_segments + ``SEG`` values instead of every column of the row (the rounds kernel's max,
     argmin and mask over the whole row). The chosen ids are written ascending through a rank
     count over the n_sel picks (a [n_sel] x [n_sel] comparison, not a prefix scan over the
-    row)."""
+    row).
+
+    ``upto`` (a continuation chunk's rows, :func:`topn_upto`): the positions come from ``rel``
+    [B,T] (``refs`` start with it) and may be any t >= 0; the first pass is a loop over the
+    segments that hold a non-forced candidate of the program's rows (its bound read on the
+    device, so one ``width`` serves every chunk), and a row with fewer than n_init + n_local
+    candidates takes them all (the forced picks that would repeat one are empty)."""
+    if upto:
+        rel_ref, _ids_in, ids_ref = refs
+    else:
+        _ids_in, ids_ref = refs
     N, Ts = sc_ref.shape
     b = pl.program_id(1)
     i = pl.program_id(0) * rows + jnp.arange(rows)
     r_ok = i < n_bucket
     r_safe = b * (T * G) + t0 * G + jnp.where(r_ok, i, 0)
-    cur = idiv(idiv(r_safe, G) - b * T, l_sel)                       # [rows]
+    t = idiv(r_safe, G) - b * T
+    if upto:
+        t = load(rel_ref.at[b, t], r_ok)
+    cur = idiv(t, l_sel)                                             # [rows]
     nseg = width // SEG
     kk = jnp.arange(SEG)
     sidx = jnp.arange(nseg)
@@ -142,13 +155,23 @@ def _tour_kernel(sc_ref, _ids_in, ids_ref, *, rows, width, t0, n_bucket, T, G, n
         keep = (cols >= n_init) & (cols <= (cur - n_local)[:, None])
         return cols, jnp.where(keep, v, NEG_INF)
 
-    seg_max = jnp.full((rows, nseg), NEG_INF, jnp.float32)
-    for sg in range(nseg):
+    def first(sg, seg_max):
         _, v = scores(jnp.full((rows,), sg, jnp.int32))
-        seg_max = jnp.where(sidx[None, :] == sg, jnp.max(v, axis=1)[:, None], seg_max)
+        return jnp.where(sidx[None, :] == sg, jnp.max(v, axis=1)[:, None], seg_max)
+
+    seg_max = jnp.full((rows, nseg), NEG_INF, jnp.float32)
     n_f = n_init + n_local
-    picks = [jnp.full((rows,), f, jnp.int32) for f in range(n_init)]
-    picks += [cur - (n_local - 1) + f for f in range(n_local)]
+    if upto:    # segments up to the last non-forced candidate column of the program's rows
+        hi = jnp.max(jnp.where(r_ok, cur - n_local, -1))
+        seg_max = lax.fori_loop(0, jnp.clip(idiv(hi + SEG, SEG), 0, nseg), first, seg_max)
+        picks = [jnp.where(cur >= f, f, BIG) for f in range(n_init)]
+        picks += [jnp.where(cur - (n_local - 1) + f >= n_init, cur - (n_local - 1) + f, BIG)
+                  for f in range(n_local)]
+    else:
+        for sg in range(nseg):
+            seg_max = first(sg, seg_max)
+        picks = [jnp.full((rows,), f, jnp.int32) for f in range(n_init)]
+        picks += [cur - (n_local - 1) + f for f in range(n_local)]
     m_prev = jnp.full((rows,), POS_INF, jnp.float32)
     j_prev = jnp.full((rows,), -1, jnp.int32)
     for _ in range(n_sel - n_f):
@@ -237,18 +260,41 @@ def topn_pallas(scores, cfg: NSAConfig, interpret: bool, rel=None, bs: BlockSize
 def topn_upto(scores, cfg: NSAConfig, interpret: bool, rel, last, min_last: int,
               bs: BlockSizes | None = None):
     """``topn_pallas(scores, ..., rel, full_width=True)`` for rows whose positions ``rel`` are
-    at most ``last`` (int32 scalar, traced; >= ``min_last``, static): the bucket is the
-    narrowest power of two of columns that holds every candidate (floor(last / l') + 1, at
-    least ``min_last``'s), picked on the device by ``lax.switch`` among the static widths
-    from ``min_last``'s up to Ts padded. A continuation chunk's scores (``pallas.chunk``) have
-    a column per block of the whole cache, of which a chunk ending at ``last`` sees the first
-    floor(last / l') + 1; the rows kernel's work is proportional to its width. XLA reads the
-    switch's index on the host (a round trip per call); picking the width per row inside the
-    kernel instead compiled for 110 s and was no faster (bench/NOTES.md, forty-ninth session).
-    On an H200 at 64k the narrow buckets and the block-major selection forward took a chunked
-    prefill 192.2 -> 157.0 ms at C = 16,384 and 261.2 -> 250.6 at C = 4,096 (same call)."""
+    at most ``last`` (int32 scalar, traced; >= ``min_last``, static): a continuation chunk's
+    scores (``pallas.chunk``) have a column per block of the whole cache, of which a chunk
+    ending at ``last`` sees the first floor(last / l') + 1.
+
+    Where the tournament applies (n_init + n_local <= n_sel <= Ts): one launch of
+    ``_tour_kernel(upto=True)`` over the padded width, whose first pass walks only the segments
+    its rows can see (a loop bound read on the device), so its work follows the chunk's
+    position with no host round trip. Else the bucket is the narrowest power of two of columns
+    that holds every candidate (floor(last / l') + 1, at least ``min_last``'s), picked on the
+    device by ``lax.switch`` among the static widths from ``min_last``'s up to Ts padded: XLA
+    reads the switch's index on the host, a round trip per layer and chunk. On an H200 at 64k
+    the narrow buckets and the block-major selection forward took a chunked prefill 192.2 ->
+    157.0 ms at C = 16,384 and 261.2 -> 250.6 at C = 4,096 (same call; bench/NOTES.md,
+    forty-ninth session); the tournament's outcome is in the fiftieth session's notes."""
     B, T, G, Ts = scores.shape
     tsp = next_pow2(Ts)
+    n_f = cfg.n_init + cfg.n_local
+    if n_f <= cfg.n_sel <= Ts and tsp <= MAX_ROW:
+        bs = bs or BlockSizes()
+        width = max(tsp, SEG)
+        N = B * T * G
+        rows = bs.topn_tour_rows or max(1, min(64, bs.topn_elems // width))
+        kern = functools.partial(
+            _tour_kernel, rows=rows, width=width, t0=0, n_bucket=T * G, T=T, G=G,
+            n_sel=cfg.n_sel, n_init=cfg.n_init, n_local=cfg.n_local, l_sel=cfg.sel_block,
+            upto=True)
+        ids = pl.pallas_call(
+            kern, grid=(pl.cdiv(T * G, rows), B),
+            out_shape=jax.ShapeDtypeStruct((N, cfg.n_sel), jnp.int32),
+            input_output_aliases={2: 0},
+            compiler_params=compiler_params(bs.topn_warps, 1), interpret=interpret,
+            name="nsa_topn_upto",
+        )(scores.reshape(N, Ts).astype(jnp.float32), rel.astype(jnp.int32),
+          jnp.zeros((N, cfg.n_sel), jnp.int32))
+        return ids.reshape(B, T, G, cfg.n_sel)
     need0 = min_last // cfg.sel_block + 1
     widths = []
     w = max(next_pow2(need0), next_pow2(cfg.n_sel), MIN_WIDTH)
