@@ -22,7 +22,8 @@ by the parallel forward, the rest C at a time by ``decode_loop.extend_jit``). Re
 
 ``--profile`` traces one chunked prefill per model and length (the largest chunk) with
 ``jax.profiler`` and records its device time per op (``bench/profile_step.py``'s summariser;
-``profile`` in the JSON, the top ops printed). ``--smoke`` shrinks the models and lengths so the
+``profile`` in the JSON, the top ops printed; ``profile.host``: the host threads' events,
+inclusive ms by thread and name). ``--smoke`` shrinks the models and lengths so the
 script runs on the CPU (not a measurement).
 The table prints last; the JSON holds the device, versions and every record.
 """
@@ -64,11 +65,12 @@ def profile(dec, toks, chunk: int) -> dict:
     """One prefill of ``toks`` in chunks of ``chunk`` (compiled already) under the profiler."""
     import tempfile
     sys.path.insert(0, str(REPO / "bench"))
-    from profile_step import load_trace, summarise
+    from profile_step import host_events, load_trace, summarise
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
             dec.prefill(toks, chunk=chunk).block_until_ready()
-        return summarise(load_trace(d), 1, top=25)
+        trace = load_trace(d)
+        return dict(summarise(trace, 1, top=25), host=host_events(trace, 1, top=25))
 
 
 def measure(model, N: int, chunks: list[int], reps: int, trace: bool = False,
@@ -106,6 +108,10 @@ def measure(model, N: int, chunks: list[int], reps: int, trace: bool = False,
         for o in prof["top_ops"][:25]:
             print(f"  {o['ms_per_step']:>9.2f} ms {o['share']:>6.1%} x{o['calls_per_step']:<6.0f} "
                   f"{o['name'][:110]}")
+        print("== host events (inclusive ms, count, thread: name)")
+        for o in prof["host"]:
+            print(f"  {o['ms_per_step']:>9.2f} ms x{o['calls_per_step']:<6.0f} {o['thread']}: "
+                  f"{o['name']}")
     return out
 
 

@@ -119,6 +119,29 @@ def summarise(trace: dict, steps: int, top: int) -> dict:
             "gpu_trace": bool(gpu)}
 
 
+def host_events(trace: dict, steps: int, top: int) -> list[dict]:
+    """The host threads' events (every process but the GPU's), summed by (thread, name): ms per
+    step and count, most first. Events nest (a thunk inside an execute call), so the sums are
+    inclusive times, not a partition of the host's time."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    pname, tname = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            pname[e["pid"]] = e["args"]["name"]
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            tname[(e["pid"], e["tid"])] = e["args"]["name"]
+    gpu = {p for p, n in pname.items() if "GPU" in n or "gpu" in n}
+    us, n = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") != "X" or e.get("pid") in gpu or "dur" not in e:
+            continue
+        key = (tname.get((e["pid"], e.get("tid")), "?")[:40], e["name"][:100])
+        us[key] += e["dur"]
+        n[key] += 1
+    return [{"thread": t, "name": k, "ms_per_step": v / 1e3 / steps, "calls_per_step": n[t, k] / steps}
+            for (t, k), v in us.most_common(top)]
+
+
 def profile_point(name, T, B, steps, smoke, trace_root, top, extra=()) -> dict:
     cfg, devices, step, state, batches = build_point(name, T, B, steps, smoke, None, 1, extra)
     step = step.lower(state, batches[0]).compile()
