@@ -760,3 +760,24 @@ def test_gate_logits_add_the_bias_in_the_logits_dtype():
     unrounded = with_values(values(Pn.astype(np.float32) + bn.astype(np.float32)))
     assert rel_err(got, want) <= 1e-6, rel_err(got, want)
     assert rel_err(unrounded, want) > 1e-4, rel_err(unrounded, want)  # the rounding matters
+
+
+@pytest.mark.parametrize("attention", ["nsa", "dense"])
+def test_init_cache_is_zeros_in_distinct_buffers(attention):
+    """``init_cache`` builds every array in one jitted call: each comes back zero, in the dtype
+    and shape the layout names, and in its own buffer (a prefill donates the cache, so two
+    leaves sharing one buffer would break it)."""
+    from nsa_jax.decode import init_cache
+    model = _model(attention)
+    cache = init_cache(model, 2, 100)
+    want = jax.eval_shape(lambda: init_cache(model, 2, 100))
+    leaves = jax.tree.leaves(cache)
+    assert jax.tree.structure(cache) == jax.tree.structure(want)
+    for a, w in zip(leaves, jax.tree.leaves(want)):
+        assert (a.shape, a.dtype) == (w.shape, w.dtype) and not np.asarray(a).any()
+    assert len({a.unsafe_buffer_pointer() for a in leaves}) == len(leaves)
+    if attention == "nsa":
+        lc = cache["layers"][0]
+        sz = cache_sizes(model.ncfg, 100)
+        assert lc["k_cmp"].shape[2] == sz["cmp"] and lc["sync"].dtype == jnp.int32
+        assert lc["k_slc"].dtype == model.dtype

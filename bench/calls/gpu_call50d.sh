@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call (fiftieth session, call 4): the cache built in one jitted call. nsa_125m chunked prefill at 64k,
+# C = 4,096, seven runs, this tree and the tree before ($1, with this tree's bench scripts), one process each.
+#   bash bench/calls/gpu_call50d.sh [OLD_TREE]
+set -u
+source bench/calls/call_lib.sh
+old=${1:-}
+call_start
+bench() {  # NAME DIR
+  local name=$1 dir=$2
+  (cd "$dir" && timeout "${BENCH_S:-150}" env PYTHONPATH=. python3 bench/chunked_prefill.py --models nsa_125m \
+    --lengths 65536 --no-whole --reps 7 --chunks 4096 --out "$OUT/chunked_$name.json") > "$OUT/$name.log" 2>&1
+  local r=$?; echo "  ($name rc=$r at $((SECONDS - t0)) s)" | tee -a "$log"; return $r
+}
+bench new . || rc=1
+if [ -n "$old" ]; then cp bench/chunked_prefill.py bench/profile_step.py "$old/bench/"; bench old "$old" || rc=1; fi
+for n in new old; do echo "== $n"; grep '"chunk"' "$OUT/$n.log" | python3 -c "
+import sys, json
+for l in sys.stdin:
+    r = json.loads(l); print(r['chunk'], 'ms', round(r['ms'], 1), 'sent', round(r['dispatch_ms'], 1),
+        [round(t, 1) for t in r['times_ms']], 'compile', round(r['compile_s'], 1))"; done
+echo "done: $((SECONDS - t0)) s" | tee -a "$log"
+exit $rc
