@@ -12,10 +12,10 @@ The training kernels take the chunk with its queries' positions moved past their
   already read a query's position from ``SegmentLayout.rel`` and its first compressed slot
   from ``cmp_lo``, so the cache's compressed keys are the slots 0.. and no kernel changes;
   the scores cover every selection block of the cache (``Ts``);
-* top-n (Eq. 11): ``topn.topn_upto`` at positions r, in one bucket of the narrowest power of
-  two of columns that holds the chunk's last position's candidates, picked on the device among
-  static widths (the training buckets assume position <= row index; the cache's Ts columns
-  would make every chunk pay for the last one's);
+* top-n (Eq. 11): ``topn.topn_upto`` at positions r: the tournament kernel over the cache's Ts
+  columns, whose first pass walks only the segments a row can see (the training buckets assume
+  position <= row index; a full pass over Ts columns would make every chunk pay for the last
+  one's);
 * selection: the gather forward with ``offset`` (key position start + t for the causal mask of
   the query's own block) over the selection cache: the block-major one
   (``selection_block.sel_forward_block``) where the training's rule takes it (``nsa.block_forward``:
