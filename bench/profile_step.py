@@ -138,8 +138,8 @@ def host_events(trace: dict, steps: int, top: int) -> list[dict]:
         key = (tname.get((e["pid"], e.get("tid")), "?")[:40], e["name"][:100])
         us[key] += e["dur"]
         n[key] += 1
-    return [{"thread": t, "name": k, "ms_per_step": v / 1e3 / steps, "calls_per_step": n[t, k] / steps}
-            for (t, k), v in us.most_common(top)]
+    return [{"thread": t, "name": k, "ms_per_step": v / 1e3 / steps,
+             "calls_per_step": n[t, k] / steps} for (t, k), v in us.most_common(top)]
 
 
 def profile_point(name, T, B, steps, smoke, trace_root, top, extra=()) -> dict:

@@ -271,8 +271,9 @@ def test_topn_kernel_lowers_to_triton():
 def test_chunk_kernels_lower_to_triton():
     """A chunked prefill's continuation chunk (``pallas.chunk``, 125M heads, 1,024 queries at
     start 4,096 over 64k caches): the compressed forward, scores, top-n (the tournament over
-    2,048 columns with its first pass bounded on the device), the selection forward (block-major, what "auto" takes at h = 6 in bf16, and
-    query-major) and the local forward with query offsets lower; and dense's local forward."""
+    2,048 columns with its first pass bounded on the device), the selection forward
+    (block-major, what "auto" takes at h = 6 in bf16, and query-major) and the local forward
+    with query offsets lower; and dense's local forward."""
     from nsa_jax.nsa.options import KernelChoices
     from nsa_jax.pallas.chunk import dense_chunk_pallas, nsa_chunk_pallas
     C, Sk, W = 1024, 65536, CFG.window

@@ -20,7 +20,8 @@ Unpacked buckets of ``TOUR_MIN_WIDTH``..``TOUR_MAX_WIDTH`` columns take a second
 ``_tour_kernel``: a tournament over 32-column segments whose rounds reload one segment each
 instead of reducing the whole row (its docstring). On an H100 at the 125M shape, 64k, the
 1024-column bucket 0.550 -> 0.151 ms and the NSA 64k train step 306.8 -> 302.0 ms
-(bench/NOTES.md, twenty-fifth session).
+(bench/NOTES.md, twenty-fifth session). A chunked prefill's continuation chunks take it too
+(``topn_upto``), with the positions from ``rel`` and a first pass bounded on the device.
 
 Packed documents: ``rel`` [B,T] (the document-relative position r(t)) replaces t, so candidates
 and forced blocks are the query's own document's blocks and the ids document-relative. Their rows
