@@ -68,7 +68,8 @@ def load_trace(trace_dir: str) -> dict:
         return json.load(f)
 
 
-def summarise(trace: dict, steps: int, top: int) -> dict:
+def _names(trace):
+    """(events, process names by pid, thread names by (pid, tid), the GPU's pids) of a trace."""
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     pname, tname = {}, {}
     for e in events:
@@ -76,7 +77,11 @@ def summarise(trace: dict, steps: int, top: int) -> dict:
             pname[e["pid"]] = e["args"]["name"]
         elif e.get("ph") == "M" and e.get("name") == "thread_name":
             tname[(e["pid"], e["tid"])] = e["args"]["name"]
-    gpu = {p for p, n in pname.items() if "GPU" in n or "gpu" in n}
+    return events, pname, tname, {p for p, n in pname.items() if "GPU" in n or "gpu" in n}
+
+
+def summarise(trace: dict, steps: int, top: int) -> dict:
+    events, pname, tname, gpu = _names(trace)
     use = gpu or set(pname)            # CPU: host threads stand in
     ops, kernels = collections.Counter(), collections.Counter()
     op_n, k_n = collections.Counter(), collections.Counter()
@@ -123,14 +128,7 @@ def host_events(trace: dict, steps: int, top: int) -> list[dict]:
     """The host threads' events (every process but the GPU's), summed by (thread, name): ms per
     step and count, most first. Events nest (a thunk inside an execute call), so the sums are
     inclusive times, not a partition of the host's time."""
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    pname, tname = {}, {}
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            pname[e["pid"]] = e["args"]["name"]
-        elif e.get("ph") == "M" and e.get("name") == "thread_name":
-            tname[(e["pid"], e["tid"])] = e["args"]["name"]
-    gpu = {p for p, n in pname.items() if "GPU" in n or "gpu" in n}
+    events, _, tname, gpu = _names(trace)
     us, n = collections.Counter(), collections.Counter()
     for e in events:
         if e.get("ph") != "X" or e.get("pid") in gpu or "dur" not in e:

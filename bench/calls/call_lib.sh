@@ -12,3 +12,16 @@ gpu_tests() {
     "$@" >> "$log" 2>&1 || rc=1
   echo "  (GPU tests done at $((SECONDS - t0)) s)" | tee -a "$log"
 }
+# chunked_table NAME...: the records of bench/chunked_prefill.py in $OUT/NAME.log, one line each (chunk, wall and
+# dispatch ms, the runs, compile seconds).
+chunked_table() {
+  local n
+  for n in "$@"; do
+    echo "== $n"
+    grep '"chunk"' "$OUT/$n.log" | python3 -c "
+import sys, json
+for l in sys.stdin:
+    r = json.loads(l); print(r['chunk'], 'ms', round(r['ms'], 1), 'sent', round(r['dispatch_ms'], 1),
+        [round(t, 1) for t in r['times_ms']], 'compile', round(r['compile_s'], 1))"
+  done
+}

@@ -19,11 +19,7 @@ run cond "--xla_gpu_enable_command_buffer=+CONDITIONAL" --profile \
 run off "--xla_gpu_enable_command_buffer=" || rc=1
 for n in default cond off; do
   echo "== $n"; grep -B2 -A12 "== profile" "$OUT/$n.log" | cut -c1-140
-  grep '"chunk"' "$OUT/$n.log" | python3 -c "
-import sys, json
-for l in sys.stdin:
-    r = json.loads(l); print(r['chunk'], 'ms', round(r['ms'], 1), 'sent', round(r['dispatch_ms'], 1),
-        [round(t, 1) for t in r['times_ms']], 'compile', round(r['compile_s'], 1))"
+  chunked_table "$n"
   tail -n 3 "$OUT/$n.log" | cut -c1-200
 done
 echo "done: $((SECONDS - t0)) s" | tee -a "$log"

@@ -19,10 +19,6 @@ bench() {  # NAME DIR [extra]
 bench new . --profile || rc=1
 if [ -n "$old" ]; then cp bench/chunked_prefill.py "$old/bench/chunked_prefill.py"; bench old "$old" || rc=1; fi
 echo "== profile (new tree, C = 4,096)"; grep -A14 "== profile" "$OUT/new.log" | cut -c1-140
-for n in old new; do echo "== $n"; grep '"chunk"' "$OUT/$n.log" | python3 -c "
-import sys, json
-for l in sys.stdin:
-    r = json.loads(l); print(r['chunk'], 'ms', round(r['ms'], 1), 'sent', round(r['dispatch_ms'], 1),
-        [round(t, 1) for t in r['times_ms']], 'compile', round(r['compile_s'], 1))"; done
+chunked_table old new
 echo "done: $((SECONDS - t0)) s" | tee -a "$log"
 exit $rc

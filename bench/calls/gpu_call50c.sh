@@ -22,11 +22,7 @@ fi
 for n in new new_off old; do
   echo "== $n"; grep -A26 "== host events" "$OUT/$n.log" | grep -v '\$' | cut -c1-150 | head -14
   grep "== profile" "$OUT/$n.log"
-  grep '"chunk"' "$OUT/$n.log" | python3 -c "
-import sys, json
-for l in sys.stdin:
-    r = json.loads(l); print(r['chunk'], 'ms', round(r['ms'], 1), 'sent', round(r['dispatch_ms'], 1),
-        [round(t, 1) for t in r['times_ms']], 'compile', round(r['compile_s'], 1))"
+  chunked_table "$n"
 done
 echo "done: $((SECONDS - t0)) s" | tee -a "$log"
 exit $rc

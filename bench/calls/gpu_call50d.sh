@@ -14,10 +14,6 @@ bench() {  # NAME DIR
 }
 bench new . || rc=1
 if [ -n "$old" ]; then cp bench/chunked_prefill.py bench/profile_step.py "$old/bench/"; bench old "$old" || rc=1; fi
-for n in new old; do echo "== $n"; grep '"chunk"' "$OUT/$n.log" | python3 -c "
-import sys, json
-for l in sys.stdin:
-    r = json.loads(l); print(r['chunk'], 'ms', round(r['ms'], 1), 'sent', round(r['dispatch_ms'], 1),
-        [round(t, 1) for t in r['times_ms']], 'compile', round(r['compile_s'], 1))"; done
+chunked_table new old
 echo "done: $((SECONDS - t0)) s" | tee -a "$log"
 exit $rc
