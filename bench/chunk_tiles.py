@@ -2,16 +2,16 @@
 chunk.py``): one continuation chunk of one layer, timed alone for each setting.
 
     PYTHONPATH=. python bench/chunk_tiles.py [--start 49152] [--chunk 16384] [--cache 65600]
-        [--reps 10] [--out F.json] [--only-default] [--smoke]
+        [--reps 10] [--out F.json] [--only-default] [--kinds dense nsa] [--smoke]
 
 Shape: the 125M model's heads (``harness.SHAPES["125m"]``: 12 query heads, 2 KV groups,
 64-wide), batch 1, bf16, random caches of ``--cache`` tokens, the chunk's queries at positions
 start .. start + chunk - 1, ``harness.CFG`` (the 125M configs' NSA settings). For each setting (a
 ``BlockSizes`` override, listed in ``DENSE`` and ``NSA``) the median wall time of ``--reps``
-jitted calls (``harness.timed``: after the compiling call and 3 warm-up calls); dense and NSA outputs are checked against the first
-setting's (all settings compute the same attention). The table prints last; the JSON holds the
-device, versions and every record. ``--smoke`` shrinks the shape for the CPU (interpret mode; not
-a measurement).
+jitted calls (``harness.timed``: after the compiling call and 3 warm-up calls); dense and NSA
+outputs are checked against the first setting's (all settings compute the same attention). The
+table prints last; the JSON holds the device, versions and every record. ``--kinds`` picks dense
+and / or NSA. ``--smoke`` shrinks the shape for the CPU (interpret mode; not a measurement).
 """
 from __future__ import annotations
 
@@ -48,6 +48,14 @@ NSA = [
     ("sel w4", dict(sel_warps=4)),
     ("sel s3", dict(sel_stages=3)),
     ("sel k32 w1 s3", dict(sel_q_keys=32, sel_warps=1, sel_stages=3)),
+    # the compressed forward and scores at small chunks (fiftieth session: at C = 4,096 the
+    # scoring kernel's 64-query tiles give 128 programs for 132 SMs, each walking every visible
+    # compressed block in turn)
+    ("score q32", dict(score_q=32)),
+    ("score q16", dict(score_q=16)),
+    ("cmp rows64", dict(cmp_rows=64)),
+    ("cmp rows64 keys64", dict(cmp_rows=64, cmp_keys=64)),
+    ("cmp rows64 score q16", dict(cmp_rows=64, score_q=16)),
 ]
 
 
@@ -59,6 +67,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out", default=None)
     p.add_argument("--only-default", action="store_true", help="time the default setting only")
+    p.add_argument("--kinds", nargs="+", choices=["dense", "nsa"], default=["dense", "nsa"])
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args(argv)
     cfg = CFG
@@ -80,7 +89,7 @@ def main(argv=None) -> int:
     span = (kw, vw, t[0] - W + jnp.arange(W + C))
     base = BlockSizes.for_shape(Hq // G, D, 2)
     records = []
-    for kind, settings in (("dense", DENSE), ("nsa", NSA)):
+    for kind, settings in [(k, {"dense": DENSE, "nsa": NSA}[k]) for k in a.kinds]:
         ref = None
         for name, over in settings[:1] if a.only_default else settings:
             bs = dataclasses.replace(base, **over)
@@ -107,9 +116,9 @@ def main(argv=None) -> int:
         Path(a.out).write_text(json.dumps(info, indent=1))
     print(f"\n{info['device']}, jax {info['jax']}; 125M heads, B=1, bf16, chunk {C} at start "
           f"{a.start} over a {S}-token cache; ms = median of {a.reps}")
-    print(f"{'kind':6} {'setting':16} {'ms':>9} {'max rel diff':>13}")
+    print(f"{'kind':6} {'setting':22} {'ms':>9} {'max rel diff':>13}")
     for r in records:
-        print(f"{r['kind']:6} {r['name']:16} {r['ms']:9.3f} {r['max_rel_diff_vs_default']:13.2e}")
+        print(f"{r['kind']:6} {r['name']:22} {r['ms']:9.3f} {r['max_rel_diff_vs_default']:13.2e}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """bench/step_diff.py (two step profiles compared) on synthetic profiles shaped like
-bench/profile_step.py's, and the argument checks of bench/ab_step.sh and bench/ab_op.sh (their runs need a GPU)."""
+bench/profile_step.py's, bench/profile_step.py's host-event summary of a synthetic trace, and the
+argument checks of bench/ab_step.sh and bench/ab_op.sh (their runs need a GPU)."""
 import json
 import subprocess
 import sys
@@ -121,3 +122,24 @@ def test_ab_op_rejects_bad_arguments_before_any_run(args, msg):
     r = subprocess.run(["bash", "bench/ab_op.sh", *args], cwd=ROOT, capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 2 and msg in r.stderr, (r.returncode, r.stderr)
+
+
+def test_profile_step_sums_host_events_by_thread_and_name_without_the_gpu():
+    """``profile_step.host_events``: the host threads' events summed by (thread, name), most
+    first, per step; the GPU process's kernels and metadata events left out."""
+    import profile_step
+    M = "M"
+    trace = {"traceEvents": [
+        {"ph": M, "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}},
+        {"ph": M, "name": "process_name", "pid": 2, "args": {"name": "/device:GPU:0"}},
+        {"ph": M, "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "python3"}},
+        {"ph": M, "name": "thread_name", "pid": 2, "tid": 1, "args": {"name": "Stream #1"}},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "Execute", "ts": 0, "dur": 3000},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "Execute", "ts": 5000, "dur": 1000},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "update", "ts": 100, "dur": 500},
+        {"ph": "X", "pid": 2, "tid": 1, "name": "kernel", "ts": 0, "dur": 9000},
+    ]}
+    got = profile_step.host_events(trace, steps=2, top=5)
+    assert got == [
+        {"thread": "python3", "name": "Execute", "ms_per_step": 2.0, "calls_per_step": 1.0},
+        {"thread": "python3", "name": "update", "ms_per_step": 0.25, "calls_per_step": 0.5}]
