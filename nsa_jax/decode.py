@@ -93,12 +93,18 @@ def init_cache(model, batch: int, max_len: int) -> Cache:
         raise DecodeError(f"batch must be >= 1, got {batch}")
     if max_len < 1:
         raise DecodeError(f"max_len must be >= 1, got {max_len}")
-    m, cfg = model.mcfg, model.ncfg
+    return _zero_cache(model.mcfg, model.ncfg, jnp.dtype(model.dtype), batch, max_len)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _zero_cache(m, cfg: NSAConfig, dt, batch: int, max_len: int) -> Cache:
+    """:func:`init_cache`'s arrays, all in one call: built by as many eager ``jnp.zeros`` (~110
+    for the 125M model) they cost the host ~36 ms before each prefill on an H200 machine
+    (bench/NOTES.md, fiftieth session)."""
     G, D = m.n_kv_groups, m.head_dim
-    dt = jnp.dtype(model.dtype)
 
     def z(S):
-        return ((batch, G, S, D), dt)
+        return jnp.zeros((batch, G, S, D), dt)
 
     layers = []
     for _ in range(m.n_layers):
@@ -110,23 +116,13 @@ def init_cache(model, batch: int, max_len: int) -> Cache:
         lc = {}
         if need_cmp:     # + the counters of the Pallas φ emission (nsa_jax.nsa.decoding)
             lc.update(k_cmp=z(sz["cmp"]), v_cmp=z(sz["cmp"]), kc_raw=z(sz["raw"]),
-                      vc_raw=z(sz["raw"]), sync=((batch, G, SYNC_SLOTS), jnp.dtype(jnp.int32)))
+                      vc_raw=z(sz["raw"]), sync=jnp.zeros((batch, G, SYNC_SLOTS), jnp.int32))
         if need_slc:
             lc.update(k_slc=z(sz["slc"]), v_slc=z(sz["slc"]))
         if need_win:
             lc.update(k_win=z(sz["win"]), v_win=z(sz["win"]))
         layers.append(lc)
-    spec = {"pos": ((batch,), jnp.dtype(jnp.int32)), "layers": layers}
-    leaves, tree = jax.tree.flatten(spec, is_leaf=lambda x: isinstance(x, tuple) and
-                                    isinstance(x[1], jnp.dtype))
-    return jax.tree.unflatten(tree, _zeros(tuple(leaves)))
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _zeros(specs):
-    """Zero arrays of ``specs`` ((shape, dtype), ...) in one call: a cache of ~110 arrays built by
-    as many eager ``jnp.zeros`` cost the host ~110 dispatches before each prefill."""
-    return [jnp.zeros(shape, dt) for shape, dt in specs]
+    return {"pos": jnp.zeros((batch,), jnp.int32), "layers": layers}
 
 
 # ---- the driver -----------------------------------------------------------------------------

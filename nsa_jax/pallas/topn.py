@@ -247,15 +247,21 @@ def topn_pallas(scores, cfg: NSAConfig, interpret: bool, rel=None, bs: BlockSize
                 _topn_kernel, rows=rows, width=width, t0=t0, n_bucket=n_bucket, T=T, G=G,
                 k=min(cfg.n_sel, Ts), n_sel=cfg.n_sel, n_init=cfg.n_init, n_local=cfg.n_local,
                 l_sel=cfg.sel_block, packed=rel is not None)
-        extra = () if rel is None else (rel,)
-        ids = pl.pallas_call(
-            kern, grid=(pl.cdiv(n_bucket, rows), B),
-            out_shape=jax.ShapeDtypeStruct((N, cfg.n_sel), jnp.int32),
-            input_output_aliases={1 + len(extra): 0},
-            compiler_params=compiler_params(bs.topn_warps, 1), interpret=interpret,
-            name="nsa_topn",
-        )(sc, *extra, ids)
+        ids = _launch(kern, rows, n_bucket, B, sc, () if rel is None else (rel,), ids, bs,
+                      interpret, "nsa_topn")
     return ids.reshape(B, T, G, cfg.n_sel)
+
+
+def _launch(kern, rows: int, n_rows: int, B: int, sc, extra, ids, bs: BlockSizes,
+            interpret: bool, name: str):
+    """One top-n kernel over ``n_rows`` score rows of each batch row, ``rows`` a program, into
+    ``ids`` [N, n_sel] (aliased: the rows it does not write keep their values)."""
+    return pl.pallas_call(
+        kern, grid=(pl.cdiv(n_rows, rows), B),
+        out_shape=jax.ShapeDtypeStruct(ids.shape, jnp.int32),
+        input_output_aliases={1 + len(extra): 0},
+        compiler_params=compiler_params(bs.topn_warps, 1), interpret=interpret, name=name,
+    )(sc, *extra, ids)
 
 
 def topn_upto(scores, cfg: NSAConfig, interpret: bool, rel, last, min_last: int,
@@ -288,14 +294,9 @@ def topn_upto(scores, cfg: NSAConfig, interpret: bool, rel, last, min_last: int,
             _tour_kernel, rows=rows, width=width, t0=0, n_bucket=T * G, T=T, G=G,
             n_sel=cfg.n_sel, n_init=cfg.n_init, n_local=cfg.n_local, l_sel=cfg.sel_block,
             upto=True)
-        ids = pl.pallas_call(
-            kern, grid=(pl.cdiv(T * G, rows), B),
-            out_shape=jax.ShapeDtypeStruct((N, cfg.n_sel), jnp.int32),
-            input_output_aliases={2: 0},
-            compiler_params=compiler_params(bs.topn_warps, 1), interpret=interpret,
-            name="nsa_topn_upto",
-        )(scores.reshape(N, Ts).astype(jnp.float32), rel.astype(jnp.int32),
-          jnp.zeros((N, cfg.n_sel), jnp.int32))
+        ids = _launch(kern, rows, T * G, B, scores.reshape(N, Ts).astype(jnp.float32),
+                      (rel.astype(jnp.int32),), jnp.zeros((N, cfg.n_sel), jnp.int32), bs,
+                      interpret, "nsa_topn_upto")
         return ids.reshape(B, T, G, cfg.n_sel)
     need0 = min_last // cfg.sel_block + 1
     widths = []
