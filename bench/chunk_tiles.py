@@ -2,7 +2,8 @@
 chunk.py``): one continuation chunk of one layer, timed alone for each setting.
 
     PYTHONPATH=. python bench/chunk_tiles.py [--start 49152] [--chunk 16384] [--cache 65600]
-        [--reps 10] [--out F.json] [--only-default] [--kinds dense nsa] [--smoke]
+        [--reps 10] [--out F.json] [--only-default] [--only NAME ...] [--kinds dense nsa]
+        [--profile N] [--smoke]
 
 Shape: the 125M model's heads (``harness.SHAPES["125m"]``: 12 query heads, 2 KV groups,
 64-wide), batch 1, bf16, random caches of ``--cache`` tokens, the chunk's queries at positions
@@ -11,7 +12,10 @@ start .. start + chunk - 1, ``harness.CFG`` (the 125M configs' NSA settings). Fo
 jitted calls (``harness.timed``: after the compiling call and 3 warm-up calls); dense and NSA
 outputs are checked against the first setting's (all settings compute the same attention). The
 table prints last; the JSON holds the device, versions and every record. ``--kinds`` picks dense
-and / or NSA. ``--smoke`` shrinks the shape for the CPU (interpret mode; not a measurement).
+and / or NSA; ``--only`` keeps the settings of those names. ``--profile N`` also traces N calls of
+each setting (``jax.profiler``) and records its kernels' device time per call
+(``profile_step.summarise``), so a setting's change reads kernel by kernel. ``--smoke`` shrinks
+the shape for the CPU (interpret mode; not a measurement).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import dataclasses
 import json
 import platform
 import sys
+import tempfile
 from pathlib import Path
 
 import jax
@@ -28,6 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import CFG, SHAPES, timed  # noqa: E402
+from profile_step import load_trace, summarise  # noqa: E402
 
 from nsa_jax.pallas.chunk import dense_chunk_pallas, nsa_chunk_pallas  # noqa: E402
 from nsa_jax.pallas.common import BlockSizes  # noqa: E402
@@ -56,6 +62,12 @@ NSA = [
     ("cmp rows64", dict(cmp_rows=64)),
     ("cmp rows64 keys64", dict(cmp_rows=64, cmp_keys=64)),
     ("cmp rows64 score q16", dict(cmp_rows=64, score_q=16)),
+    # the scoring kernel's key-range splits (fifty-first session; default: scoring.score_splits,
+    # 4 at C = 4,096 and 1 at 16,384 for these heads)
+    ("score split1", dict(score_splits=1)),
+    ("score split2", dict(score_splits=2)),
+    ("score split4", dict(score_splits=4)),
+    ("score split8", dict(score_splits=8)),
 ]
 
 
@@ -67,7 +79,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out", default=None)
     p.add_argument("--only-default", action="store_true", help="time the default setting only")
+    p.add_argument("--only", nargs="+", default=None, help="the settings of these names only")
     p.add_argument("--kinds", nargs="+", choices=["dense", "nsa"], default=["dense", "nsa"])
+    p.add_argument("--profile", type=int, default=0, help="trace N calls of each setting")
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args(argv)
     cfg = CFG
@@ -91,7 +105,13 @@ def main(argv=None) -> int:
     records = []
     for kind, settings in [(k, {"dense": DENSE, "nsa": NSA}[k]) for k in a.kinds]:
         ref = None
-        for name, over in settings[:1] if a.only_default else settings:
+        chosen = settings[:1] if a.only_default else settings
+        if a.only:
+            unknown = set(a.only) - {n for n, _ in settings}
+            if unknown and kind == a.kinds[-1] and len(a.kinds) == 1:
+                p.error(f"--only: no {kind} setting named {sorted(unknown)}")
+            chosen = [(n, o) for n, o in settings if n in a.only]
+        for name, over in chosen:
             bs = dataclasses.replace(base, **over)
             if kind == "dense":
                 fn = jax.jit(lambda q, k, v, t, bs=bs: dense_chunk_pallas(q, k, v, t,
@@ -108,6 +128,8 @@ def main(argv=None) -> int:
             diff = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
             records.append(dict(kind=kind, name=name, settings=over, ms=ms,
                                 max_rel_diff_vs_default=diff))
+            if a.profile:
+                records[-1]["profile"] = _profile(fn, args, a.profile)
             print(json.dumps(records[-1]), flush=True)
     info = dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
                 python=platform.python_version(), smoke=a.smoke, start=a.start, chunk=C,
@@ -119,7 +141,26 @@ def main(argv=None) -> int:
     print(f"{'kind':6} {'setting':22} {'ms':>9} {'max rel diff':>13}")
     for r in records:
         print(f"{r['kind']:6} {r['name']:22} {r['ms']:9.3f} {r['max_rel_diff_vs_default']:13.2e}")
+        if "profile" in r:
+            pr = r["profile"]
+            print(f"       busy {pr['busy_ms']:.3f} ms, span {pr['span_ms']:.3f} ms per call: "
+                  + ", ".join(f"{k['name'][:24]} {k['ms']:.3f}" for k in pr["kernels"][:6]))
     return 0
+
+
+def _profile(fn, args, n: int) -> dict:
+    """Device time per call of ``fn(*args)`` over n traced calls: busy and span ms, and the
+    kernels (name, ms per call, launches per call), most first."""
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(n):
+                out = fn(*args)
+            jax.block_until_ready(out)
+        s = summarise(load_trace(d), n, 12)
+    return {"busy_ms": s["device_busy_ms_per_step"], "span_ms": s["device_span_ms_per_step"],
+            "gpu_trace": s["gpu_trace"],
+            "kernels": [{"name": k["name"], "ms": k["ms_per_step"], "calls": k["calls_per_step"]}
+                        for k in s["top_kernels"]]}
 
 
 if __name__ == "__main__":

@@ -324,6 +324,9 @@ class BlockSizes:
                   keys in steps of S * l'/d so each step finishes S block scores.
     score_q:      queries per scoring tile in the "loop" layout (``KernelChoices.score_heads``):
                   rows of one head, the group's h heads looped per key step.
+    score_splits: key-range splits of the scoring kernel (each range of score columns its own
+                  program); None: ``scoring.score_splits``, which splits only grids of fewer
+                  than 512 programs (a chunked prefill's continuation chunks, not training).
     sel_keys:     keys per sub-tile of a selected block (l' is split or masked to this) in the
                   block-major, tiled and inverted dK/dV selection kernels.
     sel_q_keys:   keys per step of the query-major selection kernels (forward, dQ): their loop
@@ -374,6 +377,7 @@ class BlockSizes:
     cmp_keys: int = 128
     score_sel: int = 16
     score_q: int = 64
+    score_splits: int | None = None
     sel_keys: int = 64
     sel_q_keys: int = 64
     sel_rows: int = 128
@@ -412,6 +416,9 @@ class BlockSizes:
                               or v & (v - 1) or v > 64):
             raise ValueError("BlockSizes.topn_tour_rows: None or a power of two in 1..64, "
                              f"got {v!r}")
+        v = self.score_splits
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"BlockSizes.score_splits: None or a positive int, got {v!r}")
         if self.sel_chunk < 1:
             raise ValueError(f"BlockSizes.sel_chunk: must be positive, got {self.sel_chunk}")
         for f in ("num_warps", "sel_warps", "score_warps", "topn_warps", "sel_bwd_warps",

@@ -26,6 +26,13 @@ Two tile layouts (``KernelChoices.score_heads``):
   keys] layout and is summed there. No padded head slots (h = 6 runs 6 of 8 in "rows") and no
   head reshape; the block sums are the same as the rows layout's, on one row per query.
 
+Key-range splits (``BlockSizes.score_splits``; None: :func:`score_splits`): the score columns
+are cut into ``splits`` ranges of whole steps, each its own program, where too few query tiles
+would leave the GPU idle (a continuation chunk of a chunked prefill: at C = 4,096 the loop layout
+made 128 programs, each walking ~60 steps in turn, and a chunk of 1,024 queries took as long;
+bench/NOTES.md, fifty-first session). A range's first block is owed the spill of the step before
+it, which the range recomputes (a step's carry out does not depend on the carry it is given).
+
 Packed documents (``seg``): one pass per document of a query tile, each the unpacked
 computation in that document's coordinates (slot lo + i is its block i, the query's position is
 r(t), selection block (i - lo)*d // l') over the rows of that document only.
@@ -48,6 +55,8 @@ from nsa_jax.pallas.compressed import _load_rows, _num_visible, _rows, _tile_row
 
 
 BIG_POS = 2 ** 30  # past every position (a masked query row's position in a minimum)
+SPLIT_MIN_PROGRAMS = 512  # score_splits: split the key range until the grid has this many
+SPLIT_MAX = 8
 
 
 def _overlap(i, j, d: int, l: int, l_sel: int):
@@ -69,8 +78,19 @@ def score_layout(h: int, Dk: int, itemsize: int, choices: KernelChoices | None,
     return "loop" if h & (h - 1) and fits else "rows"
 
 
+def score_splits(programs: int, n_tiles: int) -> int:
+    """Key-range splits of the scoring kernel when ``BlockSizes.score_splits`` is None: the
+    fewest (a power of two, <= ``SPLIT_MAX``) that give ``programs`` x splits >=
+    ``SPLIT_MIN_PROGRAMS``, with at least one step of columns each (n_tiles: score column tiles).
+    The training shapes have >= 1,024 programs (one split)."""
+    n = 1
+    while n < SPLIT_MAX and programs * n < SPLIT_MIN_PROGRAMS and 2 * n <= n_tiles:
+        n *= 2
+    return n
+
+
 def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d, l, l_sel,
-                  scale, prec, sprec, fast, loop, packed=False):
+                  scale, prec, sprec, fast, loop, splits=1, packed=False):
     """Eq. 8-10 for one tile of queries x the h heads of group g (module docstring).
 
     Rows layout: query qi = row // hs, head = row % hs. Loop layout (``loop``): row = query,
@@ -80,6 +100,9 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
     Packed (refs start with cmp_lo, rel, start [B,T]): one pass per document of the tile, each
     the unpacked computation in that document's coordinates over the rows of that document
     only; each pass writes every score column of its rows.
+
+    ``splits`` > 1: the third grid axis is (row, split), and this program writes the score
+    columns of its split's range of steps only (module docstring).
     """
     if packed:
         lo_ref, rel_ref, st_ref, sc_ref = refs
@@ -88,6 +111,12 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
     qt, g, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     T, Tc, Dk = q_ref.shape[1], k_ref.shape[1], q_ref.shape[-1]
     Ts = sc_ref.shape[-1]
+    n_tiles = cdiv(Ts, S)
+    t_lo, t_hi = 0, n_tiles                      # this program's score column tiles
+    if splits > 1:
+        b, sp = b // splits, b % splits
+        t_lo = sp * cdiv(n_tiles, splits)
+        t_hi = jnp.minimum(t_lo + cdiv(n_tiles, splits), n_tiles)
     bq = rows // hs
     nq = bq if fast or loop else max(MIN_DOT, next_pow2(bq))  # query rows of a score tile
     # loop: hs = 1, one row per query; rows: head-major, so that a query's head sum (Eq. 10)
@@ -146,7 +175,7 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
             store(sc_ref.at[b, tq_st[None, :], g, jnp.where(jj_ok, jj, Ts)[:, None]], sc_t,
                   jj_ok[:, None] & qmask[None, :])
 
-        def score_step_t(kt, carry, causal=True):
+        def score_step_t(kt, carry, causal=True, write=True):
             """The rows layout on the fast path, transposed: s^T = K Q^T is [keys, (head,
             query)], so a query's head sum (Eq. 10) adds registers of one thread (the MMA
             layout's columns), and a selection block's r compressed blocks (Eq. 9) are rows."""
@@ -168,10 +197,11 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
             # to the next step's first block. The carry is the previous step's rotation, whose
             # row 0 sits where it is added: no reduction across rows (warps) for it
             rot = jnp.sum(shift[:, :, None] * nxt[:, None, :], axis=0)
-            put_t(kt, main + jnp.where(col[:, None] == 0, carry, rot))
+            if write:
+                put_t(kt, main + jnp.where(col[:, None] == 0, carry, rot))
             return rot
 
-        def score_step(kt, carry, causal=True):
+        def score_step(kt, carry, causal=True, write=True):
             ii = kt * step + jnp.arange(bks)
             imask = (jnp.arange(bks) < step) & (ii < n_vis)
             k = load(k_ref.at[b, pl.ds(kbase(kt), bks), g, :], imask[:, None])
@@ -192,22 +222,34 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
                 main = jnp.sum(pg * w_main[None, None, :], axis=2)
                 nxt = jnp.sum(pg * w_next[None, None, :], axis=2)  # owed to col + 1
                 moved = jnp.sum(nxt[:, :, None] * shift[None, :, :], axis=1)
-                put(kt, main + moved + first)
+                if write:
+                    put(kt, main + moved + first)
                 return jnp.sum(jnp.where(col[None, :] == S - 1, nxt, 0.0), axis=1)
-            pw = dot(p, W, precision=sprec) + first   # Eq. 9
-            put(kt, pw if loop else dot(A, pw, precision=sprec))
+            if write:
+                pw = dot(p, W, precision=sprec) + first   # Eq. 9
+                put(kt, pw if loop else dot(A, pw, precision=sprec))
             return jnp.sum(p * w_spill[None, :], axis=1)
 
         n_steps = idiv(n_vis + (step - 1), step)
         n_full = jnp.minimum(n_full, n_steps)
         step_fn = score_step_t if transposed else score_step
-        carry = lax.fori_loop(0, n_full, functools.partial(step_fn, causal=False),
-                              jnp.zeros((S, nq) if transposed else
-                                        (nq if fast or loop else rows,), jnp.float32))
-        carry = lax.fori_loop(n_full, n_steps, step_fn, carry)
-        n_tiles = cdiv(Ts, S)
+        carry = jnp.zeros((S, nq) if transposed else (nq if fast or loop else rows,),
+                          jnp.float32)
+        if splits > 1:   # the spill of the step before the range into its first block
+            # (at most one step, with the mask the unsplit kernel gives it: the same rounding)
+            p_lo, p_hi = jnp.maximum(t_lo - 1, 0), jnp.minimum(t_lo, n_steps)
+            p_mid = jnp.clip(n_full, p_lo, p_hi)
+            carry = lax.fori_loop(p_lo, p_mid, functools.partial(
+                step_fn, causal=False, write=False), carry)
+            carry = lax.fori_loop(p_mid, p_hi, functools.partial(step_fn, write=False), carry)
+        e_full = jnp.clip(n_full, t_lo, t_hi) if splits > 1 else n_full
+        carry = lax.fori_loop(t_lo, e_full, functools.partial(step_fn, causal=False), carry)
+        carry = lax.fori_loop(e_full, jnp.minimum(t_hi, n_steps) if splits > 1 else n_steps,
+                              step_fn, carry)
 
-        @pl.when(n_steps < n_tiles)  # the block the last visible step spills into
+        # the block the last visible step spills into
+        @pl.when((n_steps < n_tiles) & (t_lo <= n_steps) & (n_steps < t_hi) if splits > 1
+                 else n_steps < n_tiles)
         def _():
             if transposed:
                 put_t(n_steps, jnp.where(col[:, None] == 0, carry, 0.0))
@@ -218,7 +260,7 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
         def zeros(kt, _):  # blocks no query of the tile can see yet
             put(kt, jnp.zeros((nq, S), jnp.float32))
 
-        lax.fori_loop(n_steps + 1, n_tiles, zeros, None)
+        lax.fori_loop(jnp.maximum(n_steps + 1, t_lo), t_hi, zeros, None)
 
     if not packed:
         n_full = idiv(_num_visible(jnp.minimum(qt * bq, T - 1), d, l, Tc), step)
@@ -271,14 +313,16 @@ def cmp_block_scores(q, kc, lse, cfg: NSAConfig, bs: BlockSizes, scale: float, i
         rows = max(min(_tile_rows(h, bs), MIN_DOT * hs), MIN_DOT)  # <= 16 queries per tile
     else:
         hs, rows = h, _tile_rows(h, bs)
+    n_q = cdiv(T, rows // hs)
+    splits = bs.score_splits or score_splits(n_q * G * B, cdiv(Ts, S))
     kern = functools.partial(
-        _score_kernel, h=h, hs=hs, rows=rows, S=S, r=r, step=step,
+        _score_kernel, h=h, hs=hs, rows=rows, S=S, r=r, step=step, splits=splits,
         bks=max(MIN_DOT, next_pow2(step)), d=cfg.stride_d, l=cfg.block_l, l_sel=cfg.sel_block,
         scale=scale, prec=dot_precision(q.dtype, interpret, choices),
         sprec=score_precision(choices_or_default(choices).score_dot, interpret), fast=fast,
         loop=loop, packed=seg is not None)
     return pl.pallas_call(
-        kern, grid=(cdiv(T, rows // hs), G, B),
+        kern, grid=(n_q, G, B * splits),
         out_shape=jax.ShapeDtypeStruct((B, T, G, Ts), jnp.float32),
         compiler_params=compiler_params(bs.score_warps, bs.num_stages),
         interpret=interpret, name="nsa_cmp_scores",
