@@ -8,8 +8,9 @@ chunk.py``): one continuation chunk of one layer, timed alone for each setting.
 Shape: the 125M model's heads (``harness.SHAPES["125m"]``: 12 query heads, 2 KV groups,
 64-wide), batch 1, bf16, random caches of ``--cache`` tokens, the chunk's queries at positions
 start .. start + chunk - 1, ``harness.CFG`` (the 125M configs' NSA settings). For each setting (a
-``BlockSizes`` override, listed in ``DENSE`` and ``NSA``) the median wall time of ``--reps``
-jitted calls (``harness.timed``: after the compiling call and 3 warm-up calls); dense and NSA
+``BlockSizes`` override, and for NSA optionally ``KernelChoices`` fields, listed in ``DENSE``
+and ``NSA``) the median wall time of ``--reps`` jitted calls (``harness.timed``: after the
+compiling call and 3 warm-up calls); dense and NSA
 outputs are checked against the first setting's (all settings compute the same attention). The
 table prints last; the JSON holds the device, versions and every record. ``--kinds`` picks dense
 and / or NSA; ``--only`` keeps the settings of those names. ``--profile N`` also traces N calls of
@@ -36,9 +37,10 @@ from harness import CFG, SHAPES, timed  # noqa: E402
 from profile_step import load_trace, summarise  # noqa: E402
 
 from nsa_jax.pallas.chunk import dense_chunk_pallas, nsa_chunk_pallas  # noqa: E402
+from nsa_jax.nsa.options import KernelChoices  # noqa: E402
 from nsa_jax.pallas.common import BlockSizes  # noqa: E402
 
-# (name, BlockSizes fields over BlockSizes.for_shape's defaults)
+# (name, BlockSizes fields over BlockSizes.for_shape's defaults; "choices": KernelChoices fields)
 DENSE = [
     ("default", {}),
     ("q128", dict(win_q=128)),
@@ -68,6 +70,10 @@ NSA = [
     ("score split2", dict(score_splits=2)),
     ("score split4", dict(score_splits=4)),
     ("score split8", dict(score_splits=8)),
+    # the compressed attention on the Pallas kernel or on cuDNN in the grouped layout (fifty-first
+    # session; "auto" takes cuDNN for caches longer than cmp_pallas_max_t)
+    ("cmp pallas", dict(choices=dict(cmp_attn="pallas"))),
+    ("cmp cudnn", dict(choices=dict(cmp_attn="cudnn"))),
 ]
 
 
@@ -112,14 +118,16 @@ def main(argv=None) -> int:
                 p.error(f"--only: no {kind} setting named {sorted(unknown)}")
             chosen = [(n, o) for n, o in settings if n in a.only]
         for name, over in chosen:
-            bs = dataclasses.replace(base, **over)
+            tiles = {k: v for k, v in over.items() if k != "choices"}
+            bs = dataclasses.replace(base, **tiles)
+            ch = KernelChoices(**over.get("choices", {}))
             if kind == "dense":
                 fn = jax.jit(lambda q, k, v, t, bs=bs: dense_chunk_pallas(q, k, v, t,
                                                                           block_sizes=bs))
                 args = (q, lc["k_slc"], lc["v_slc"], t)
             else:
-                fn = jax.jit(lambda q, lc, span, t, g, bs=bs: nsa_chunk_pallas(
-                    q, lc, span, t, g, cfg, block_sizes=bs))
+                fn = jax.jit(lambda q, lc, span, t, g, bs=bs, ch=ch: nsa_chunk_pallas(
+                    q, lc, span, t, g, cfg, choices=ch, block_sizes=bs))
                 args = (q, lc, span, t, gates)
             out = np.asarray(fn(*args), np.float32)
             ms = timed(fn, [args], a.reps)

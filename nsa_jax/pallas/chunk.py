@@ -6,7 +6,12 @@ resolves to ``pallas``.
 
 The training kernels take the chunk with its queries' positions moved past their row index:
 
-* compressed attention (Eq. 8) and the group-summed block scores (Eq. 9-10): the packed-rows
+* compressed attention (Eq. 8): where ``KernelChoices.cmp_attn`` resolves to "cudnn" (or its
+  CPU twin "xla"), two plain attentions in the grouped layout (``cmp_grouped.cmp_chunk_grouped``:
+  the blocks before the chunk's first grouped row, and a causal square over the chunk's own);
+  "auto" takes cuDNN where it applies and the cache is longer than ``cmp_pallas_max_t``, as
+  the training op does for T;
+* else compressed attention and the group-summed block scores (Eq. 9-10): the packed-rows
   kernels (``compressed.cmp_forward``, ``scoring.cmp_block_scores``) with one document per row
   that starts at token 0 and whose query i sits at r = start + i (``offset_layout``): they
   already read a query's position from ``SegmentLayout.rel`` and its first compressed slot
@@ -40,8 +45,9 @@ import jax.numpy as jnp
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
 from nsa_jax.nsa.options import KernelChoices
-from nsa_jax.pallas.common import (BlockSizes, choices_or_default, pad_dim, padded_dims,
-                                   use_interpret)
+from nsa_jax.pallas.cmp_grouped import cmp_chunk_grouped
+from nsa_jax.pallas.common import (BlockSizes, choices_or_default, cudnn_applies, pad_dim,
+                                   padded_dims, require_cudnn, use_interpret)
 from nsa_jax.pallas.compressed import cmp_forward
 from nsa_jax.pallas.local import local_forward
 from nsa_jax.pallas.nsa import block_forward
@@ -68,6 +74,19 @@ def _keys(x, D: int):
     return pad_dim(jnp.swapaxes(x, 1, 2), D)
 
 
+def chunk_cmp_attn(ch: KernelChoices, q, v_cmp, cache_len: int, interpret: bool) -> str:
+    """``KernelChoices.cmp_attn`` for a continuation chunk over a cache of ``cache_len`` tokens:
+    "auto" -> "cudnn" where cuDNN applies and cache_len > ``cmp_pallas_max_t``, else "pallas";
+    an explicit "cudnn" that cannot run is one error naming the key."""
+    c = ch.cmp_attn
+    if c == "auto":
+        ok = cudnn_applies(q, v_cmp, interpret)
+        return "cudnn" if ok and cache_len > ch.cmp_pallas_max_t else "pallas"
+    if c == "cudnn":
+        require_cudnn("cmp_attn", q, v_cmp, interpret, "'pallas' or 'xla'")
+    return c
+
+
 def nsa_chunk_pallas(q, lc: dict, span, t, gates, cfg: NSAConfig,
                      choices: KernelChoices | None = None,
                      block_sizes: BlockSizes | None = None):
@@ -89,8 +108,15 @@ def nsa_chunk_pallas(q, lc: dict, span, t, gates, cfg: NSAConfig,
     if "cmp" in br or "slc" in br:
         kc = _keys(lc["k_cmp"], Dkp)
         lay = offset_layout(B, C, start, kc.shape[1], cfg.stride_d)
-        vc = _keys(lc["v_cmp"], Dvp) if "cmp" in br else None
-        o_c, lse_c = cmp_forward(qp, kc, vc, cfg, bs, scale, interpret, choices=ch, seg=lay)
+        cmp_attn = "pallas"
+        if "cmp" in br:
+            cmp_attn = chunk_cmp_attn(ch, q, lc["v_cmp"], kc.shape[1] * cfg.stride_d, interpret)
+        if cmp_attn != "pallas":
+            o_c, lse_c = cmp_chunk_grouped(q, jnp.swapaxes(lc["k_cmp"], 1, 2),
+                                           jnp.swapaxes(lc["v_cmp"], 1, 2), start, cfg, cmp_attn)
+        else:
+            vc = _keys(lc["v_cmp"], Dvp) if "cmp" in br else None
+            o_c, lse_c = cmp_forward(qp, kc, vc, cfg, bs, scale, interpret, choices=ch, seg=lay)
         if "cmp" in br:
             o_cmp = o_c[..., :Dv]
     if "slc" in br:

@@ -20,6 +20,10 @@ Eq. 9, need it; not differentiated). Two implementations:
 Cost: the grouping copies q (and o, dq, do in the backward) through a transpose; the attention
 itself is causal over Tc keys with Hq*d query heads, the same FLOPs as the Pallas kernels.
 
+A continuation chunk of a chunked prefill (:func:`cmp_chunk_grouped`, forward only): its
+queries' grouped rows see every block before the first of them and, causally, their own; two
+plain attentions merged by their log-sum-exps.
+
 Packed documents (``seg``: a ``semantics.SegmentLayout``): document k's blocks sit in the slots
 [off_k, off_k + Tc(L_k)), and the query at document-relative r = l - 1 + c*d + rr sees slots
 off_k .. off_k + c. So query row R = off_k + c (the row of slot R) holds the d queries
@@ -207,3 +211,64 @@ def _packed(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision, seg, Tq: int)
         return y if fill == 0.0 else jnp.where(ok, y, fill)
 
     return back(og, 0.0), back(jax.lax.stop_gradient(lse) * LOG2E, POS_INF)
+
+
+def _plain(qg, k, v, scale: float, impl: str, kv_len=None):
+    """One GQA attention through ``jax.nn.dot_product_attention`` with its lse (natural log,
+    [B, rows, N]): causal (top-left) when ``kv_len`` is None, else every row over the first
+    ``kv_len`` [B] keys. ``impl``: "cudnn" or "xla" (the same call on XLA)."""
+    o, lse = jax.nn.dot_product_attention(
+        qg, k.astype(qg.dtype), v.astype(qg.dtype), scale=scale, is_causal=kv_len is None,
+        key_value_seq_lengths=kv_len, implementation=impl, return_residual=True)
+    return o.astype(jnp.float32), jax.lax.stop_gradient(lse).astype(jnp.float32)
+
+
+def cmp_chunk_grouped(q, k_cmp, v_cmp, start, cfg: NSAConfig, impl: str):
+    """A continuation chunk's compressed attention (Eq. 7-8 applied; forward only) as two plain
+    attentions in the grouped layout (module docstring), so that cuDNN can run them.
+
+    q [B,C,Hq,Dk] at positions start .. start + C - 1 (start a multiple of d, >= l; traced),
+    k_cmp / v_cmp [B,Tc,G,D]: the cache's compressed keys, those the chunk's queries may see
+    already written. -> (o float32 [B,C,Hq,Dv], lse2 float32 [B,C,Hq], base 2).
+
+    Query t = l - 1 + c*d + r sits in grouped row c and sees blocks i <= c. The chunk's rows
+    are c0 .. c0 + R - 1 (its first query at r0 = (1 - l) mod d of row c0, the same for every
+    chunk since start mod d = 0). Every row sees blocks i < c0 (part A: a plain attention over
+    the first c0 keys, their count traced as the keys' sequence length) and, of the blocks from
+    c0 on, those up to its own (part B: a causal attention of the R rows over keys c0 ..
+    c0 + R - 1, a slice of the keys at a traced offset). The two parts are merged by their
+    log-sum-exps. Grouped rows before the chunk's first query and past its last are padding,
+    dropped on the way back."""
+    B, C, Hq, Dk = q.shape
+    Tc, G = k_cmp.shape[1], k_cmp.shape[2]
+    d, l, h = cfg.stride_d, cfg.block_l, Hq // G
+    if impl not in ("cudnn", "xla"):
+        raise ValueError(f"impl must be 'cudnn' or 'xla', got {impl!r}")
+    align = CUDNN_ALIGN if impl == "cudnn" else 1
+    r0 = (1 - l) % d
+    R = -(-(r0 + C) // d)
+    R = -(-R // align) * align
+    start = jnp.asarray(start, jnp.int32)
+    c0 = (start - (l - 1) - r0) // d
+    x = jnp.pad(q, ((0, 0), (r0, R * d - r0 - C), (0, 0), (0, 0)))
+    qg = x.reshape(B, R, d, G, h, Dk).transpose(0, 1, 3, 4, 2, 5).reshape(B, R, Hq * d, Dk)
+    scale = 1.0 / math.sqrt(Dk)
+    nk = -(-Tc // align) * align
+    ka, va = _pad_keys(k_cmp, nk + R), _pad_keys(v_cmp, nk + R)   # part B may run past Tc
+    o_b, lse_b = _plain(qg, jax.lax.dynamic_slice_in_dim(ka, c0, R, 1),
+                        jax.lax.dynamic_slice_in_dim(va, c0, R, 1), scale, impl)
+    o_a, lse_a = _plain(qg, ka[:, :nk], va[:, :nk], scale, impl,
+                        kv_len=jnp.broadcast_to(jnp.maximum(c0, 1), (B,)))
+    # no block before the chunk's first row (c0 = 0): part A is empty (its call saw one key)
+    has_a = c0 > 0
+    lse_a = jnp.where(has_a, lse_a, -jnp.inf)
+    lse = jnp.logaddexp(lse_a, lse_b)
+    o = (jnp.where(has_a, o_a, 0.0) * jnp.exp(lse_a - lse)[..., None]
+         + o_b * jnp.exp(lse_b - lse)[..., None])
+
+    def back(x):   # [B,R,Hq*d,...] -> the chunk's [B,C,Hq,...]
+        rest = x.shape[3:]
+        x = jnp.moveaxis(x.reshape(B, R, G, h, d, *rest), 4, 2).reshape(B, R * d, Hq, *rest)
+        return x[:, r0:r0 + C]
+
+    return back(o), back(lse * LOG2E)
