@@ -27,6 +27,21 @@ def random_inputs(seed, B, T, Hq, G, Dk, Dv, cfg, dtype=jnp.float32, scale=1.0):
     return q, kc, vc, k_s, v_s, k_w, v_w, gates
 
 
+def chunk_inputs(seed, cfg, B, G, h, D, C, S, W, start):
+    """A continuation chunk's arguments for ``nsa_chunk_attention`` / ``nsa_chunk_pallas``:
+    (q [B,C,G*h,D], the layer's caches lc over S tokens, the window span of W + C tokens, the
+    positions t = start + 0..C-1, gates), random float32."""
+    ks = jax.random.split(jax.random.PRNGKey(seed), 8)
+    q = jax.random.normal(ks[0], (B, C, G * h, D))
+    Tc = cfg.num_cmp_blocks(S)
+    lc = {n: jax.random.normal(k, (B, G, Tc if "cmp" in n else S, D)) for n, k in
+          zip(("k_cmp", "v_cmp", "k_slc", "v_slc"), ks[1:5])}
+    kw, vw = (jax.random.normal(k, (B, G, W + C, D)) for k in ks[5:7])
+    gates = jax.nn.sigmoid(jax.random.normal(ks[7], (B, C, G * h, 3)))
+    t = start + jnp.arange(C)
+    return q, lc, (kw, vw, start - W + jnp.arange(W + C)), t, gates
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -14,7 +14,7 @@ from nsa_jax.pallas.chunk import chunk_cmp_attn, nsa_chunk_pallas, offset_layout
 from nsa_jax.pallas.cmp_grouped import cmp_chunk_grouped
 from nsa_jax.pallas.common import BlockSizes
 from nsa_jax.pallas.compressed import cmp_forward
-from nsa_testutil import rel_err
+from nsa_testutil import chunk_inputs, rel_err
 
 SMALL = NSAConfig(block_l=8, stride_d=4, sel_block=16, n_sel=4, window=16)
 
@@ -51,19 +51,9 @@ def test_grouped_chunk_equals_the_packed_kernel(cfg, start, C):
 def test_chunk_on_the_grouped_path_equals_the_jax_numpy_chunk():
     """``nsa_chunk_pallas`` with ``cmp_attn="xla"`` (the grouped compressed attention, then the
     Pallas scores, top-n, selection and window on its lse) equals the jax.numpy chunk."""
-    cfg = SMALL
-    B, G, h, D, C, S, W, start = 2, 2, 3, 8, 32, 160, 16, 96
-    ks = jax.random.split(jax.random.PRNGKey(2), 8)
-    q = jax.random.normal(ks[0], (B, C, G * h, D))
-    Tc = cfg.num_cmp_blocks(S)
-    lc = {n: jax.random.normal(k, (B, G, Tc if "cmp" in n else S, D)) for n, k in
-          zip(("k_cmp", "v_cmp", "k_slc", "v_slc"), ks[1:5])}
-    kw, vw = (jax.random.normal(k, (B, G, W + C, D)) for k in ks[5:7])
-    gates = jax.nn.sigmoid(jax.random.normal(ks[7], (B, C, G * h, 3)))
-    t = start + jnp.arange(C)
-    span = (kw, vw, start - W + jnp.arange(W + C))
-    want = nsa_chunk_attention(q, lc, span, t, gates, cfg)
-    got = nsa_chunk_pallas(q, lc, span, t, gates, cfg, choices=KernelChoices(cmp_attn="xla"))
+    q, lc, span, t, gates = chunk_inputs(2, SMALL, 2, 2, 3, 8, 32, 160, 16, 96)
+    want = nsa_chunk_attention(q, lc, span, t, gates, SMALL)
+    got = nsa_chunk_pallas(q, lc, span, t, gates, SMALL, choices=KernelChoices(cmp_attn="xla"))
     assert rel_err(got, want) <= 2e-5
 
 

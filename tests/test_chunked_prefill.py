@@ -13,7 +13,7 @@ from nsa_jax.nsa import NSAConfig, chunked
 from nsa_jax.nsa.chunked import dense_chunk_attention, nsa_chunk_attention, query_block
 from nsa_jax.nsa.decoding import dense_decode_attention, nsa_decode_attention
 from nsa_jax.request import RequestError, chunk_sizes, fit_prefill
-from nsa_testutil import rel_err
+from nsa_testutil import chunk_inputs, rel_err
 from test_decode import _forward_logits, _max_rel, _model
 
 # (attention, nsa overrides, chunks, query block): l=8, d=4, l'=16, w=16 unless overridden;
@@ -204,16 +204,7 @@ def test_pallas_chunk_equals_the_jax_numpy_chunk(sel_fwd, nsa, start, W, S):
     from nsa_jax.nsa.options import KernelChoices
     from nsa_jax.pallas.chunk import dense_chunk_pallas, nsa_chunk_pallas
     cfg = NSAConfig(**{**dict(block_l=8, stride_d=4, sel_block=16, n_sel=4), **nsa})
-    B, G, h, D, C = 2, 2, 3, 8, 32
-    ks = jax.random.split(jax.random.PRNGKey(start), 8)
-    q = jax.random.normal(ks[0], (B, C, G * h, D))
-    Tc = cfg.num_cmp_blocks(S)
-    lc = {n: jax.random.normal(k, (B, G, Tc if "cmp" in n else S, D)) for n, k in
-          zip(("k_cmp", "v_cmp", "k_slc", "v_slc"), ks[1:5])}
-    kw, vw = (jax.random.normal(k, (B, G, W + C, D)) for k in ks[5:7])
-    gates = jax.nn.sigmoid(jax.random.normal(ks[7], (B, C, G * h, 3)))
-    t = start + jnp.arange(C)
-    span = (kw, vw, start - W + jnp.arange(W + C))
+    q, lc, span, t, gates = chunk_inputs(start, cfg, 2, 2, 3, 8, 32, S, W, start)
     want = nsa_chunk_attention(q, lc, span, t, gates, cfg)
     got = nsa_chunk_pallas(q, lc, span, t, gates, cfg, choices=KernelChoices(sel_fwd=sel_fwd))
     assert rel_err(got, want) <= 2e-5 and _max_rel(np.asarray(got), np.asarray(want)) <= 2e-5

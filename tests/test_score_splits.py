@@ -15,7 +15,7 @@ from nsa_jax.nsa import KernelChoices, NSAConfig, semantics
 from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import BlockSizes, block_scores_pallas
 from nsa_jax.pallas.scoring import score_splits
-from nsa_testutil import rel_err
+from nsa_testutil import chunk_inputs, rel_err
 from packed_util import packed_inputs
 
 # l = 8, d = 4, l' = 16: r = 4 compressed blocks start in each selection block and the last of
@@ -72,16 +72,7 @@ def test_chunk_with_splits_equals_the_unsplit_chunk():
     columns) through ``nsa_chunk_pallas``: 1, 3 and the automatic split count agree (the
 selection may differ only where rounding flips a tie, which these random inputs do not hold)."""
     from nsa_jax.pallas.chunk import nsa_chunk_pallas
-    B, G, h, D, C, S, W, start = 1, 2, 3, 8, 32, 1400, 16, 1024
-    ks = jax.random.split(jax.random.PRNGKey(5), 8)
-    q = jax.random.normal(ks[0], (B, C, G * h, D))
-    Tc = CFG.num_cmp_blocks(S)
-    lc = {n: jax.random.normal(k, (B, G, Tc if "cmp" in n else S, D)) for n, k in
-          zip(("k_cmp", "v_cmp", "k_slc", "v_slc"), ks[1:5])}
-    kw, vw = (jax.random.normal(k, (B, G, W + C, D)) for k in ks[5:7])
-    gates = jax.nn.sigmoid(jax.random.normal(ks[7], (B, C, G * h, 3)))
-    t = start + jnp.arange(C)
-    span = (kw, vw, start - W + jnp.arange(W + C))
+    q, lc, span, t, gates = chunk_inputs(5, CFG, 1, 2, 3, 8, 32, 1400, 16, 1024)
     outs = [np.asarray(nsa_chunk_pallas(q, lc, span, t, gates, CFG, block_sizes=bs))
             for bs in (BlockSizes(score_splits=1), BlockSizes(score_splits=3), None)]
     _same(outs[1], outs[0], "3 splits")

@@ -25,3 +25,11 @@ for l in sys.stdin:
         [round(t, 1) for t in r['times_ms']], 'compile', round(r['compile_s'], 1))"
   done
 }
+# prefill_bench NAME DIR: in DIR, nsa_125m's 64k prefill at C = 4,096 (`bench/chunked_prefill.py --no-whole --reps 7`),
+# its JSON in $OUT/chunked_NAME.json and its output in $OUT/NAME.log, capped at BENCH_S (150) s; returns its status.
+prefill_bench() {
+  local name=$1 dir=$2
+  (cd "$dir" && timeout "${BENCH_S:-150}" env PYTHONPATH=. python3 bench/chunked_prefill.py --models nsa_125m \
+    --lengths 65536 --no-whole --reps 7 --chunks 4096 --out "$OUT/chunked_$name.json") > "$OUT/$name.log" 2>&1
+  local r=$?; echo "  ($name rc=$r at $((SECONDS - t0)) s)" | tee -a "$log"; return $r
+}

@@ -6,14 +6,10 @@ set -u
 source bench/calls/call_lib.sh
 old=${1:-}
 call_start
-bench() {  # NAME DIR
-  local name=$1 dir=$2
-  (cd "$dir" && timeout "${BENCH_S:-150}" env PYTHONPATH=. python3 bench/chunked_prefill.py --models nsa_125m \
-    --lengths 65536 --no-whole --reps 7 --chunks 4096 --out "$OUT/chunked_$name.json") > "$OUT/$name.log" 2>&1
-  local r=$?; echo "  ($name rc=$r at $((SECONDS - t0)) s)" | tee -a "$log"; return $r
-}
-bench new . || rc=1
-if [ -n "$old" ]; then cp bench/chunked_prefill.py bench/profile_step.py "$old/bench/"; bench old "$old" || rc=1; fi
+prefill_bench new . || rc=1
+if [ -n "$old" ]; then
+  cp bench/chunked_prefill.py bench/profile_step.py "$old/bench/"; prefill_bench old "$old" || rc=1
+fi
 chunked_table new old
 echo "done: $((SECONDS - t0)) s" | tee -a "$log"
 exit $rc

@@ -18,14 +18,10 @@ tiles() {  # NAME CHUNK START
 tiles c4096 4096 61440
 tiles c1024 1024 64512
 tiles c16384 16384 49152
-bench() {  # NAME DIR
-  local name=$1 dir=$2
-  (cd "$dir" && timeout "${BENCH_S:-150}" env PYTHONPATH=. python3 bench/chunked_prefill.py --models nsa_125m \
-    --lengths 65536 --no-whole --reps 7 --chunks 4096 --out "$OUT/chunked_$name.json") > "$OUT/$name.log" 2>&1
-  local r=$?; echo "  ($name rc=$r at $((SECONDS - t0)) s)" | tee -a "$log"; return $r
-}
-bench new . || rc=1
-if [ -n "$old" ]; then cp bench/chunked_prefill.py bench/profile_step.py "$old/bench/"; bench old "$old" || rc=1; fi
+prefill_bench new . || rc=1
+if [ -n "$old" ]; then
+  cp bench/chunked_prefill.py bench/profile_step.py "$old/bench/"; prefill_bench old "$old" || rc=1
+fi
 grep -E "PASS|FAIL|ERROR|passed|failed" "$log" | tail -n 8
 for n in c4096 c1024 c16384; do
   echo "== $n"; grep -A 12 '^kind ' "$OUT/$n.log" | grep -E "^nsa|nsa_cmp_scores" | sed 's/, nsa_sel.*//'
