@@ -82,7 +82,10 @@ def score_splits(programs: int, n_tiles: int) -> int:
     """Key-range splits of the scoring kernel when ``BlockSizes.score_splits`` is None: the
     fewest (a power of two, <= ``SPLIT_MAX``) that give ``programs`` x splits >=
     ``SPLIT_MIN_PROGRAMS``, with at least one step of columns each (n_tiles: score column tiles).
-    The training shapes have >= 1,024 programs (one split)."""
+    The 125M training points measured (2k / B=16, 8k / B=4, 64k / B=1) have >= 1,024 programs,
+    so one split; short rows at a small batch get more. Measured on an H200 (bench/NOTES.md,
+    fifty-first session): past ~512 programs more splits cost (8 splits of a 4,096-query chunk
+    +52% against 4)."""
     n = 1
     while n < SPLIT_MAX and programs * n < SPLIT_MIN_PROGRAMS and 2 * n <= n_tiles:
         n *= 2
