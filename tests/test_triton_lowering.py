@@ -273,7 +273,9 @@ def test_chunk_kernels_lower_to_triton():
     start 4,096 over 64k caches): the compressed forward, scores, top-n (the tournament over
     2,048 columns with its first pass bounded on the device), the selection forward
     (block-major, what "auto" takes at h = 6 in bf16, and query-major) and the local forward
-    with query offsets lower; and dense's local forward."""
+    with query offsets lower; and dense's local forward. cmp_attn="pallas": over a 64k cache
+    "auto" takes cuDNN for the compressed attention, which cannot lower without a GPU (the GPU
+    tests cover it: tests/test_chunk_cmp_grouped.py)."""
     from nsa_jax.nsa.options import KernelChoices
     from nsa_jax.pallas.chunk import dense_chunk_pallas, nsa_chunk_pallas
     C, Sk, W = 1024, 65536, CFG.window
@@ -285,7 +287,8 @@ def test_chunk_kernels_lower_to_triton():
             lc = {"k_cmp": kc, "v_cmp": vc, "k_slc": ks, "v_slc": vs}
             t = 4096 + jnp.arange(C)
             return nsa_chunk_pallas(q, lc, (kw, vw, t[0] - W + jnp.arange(W + C)), t, gates,
-                                    CFG, choices=KernelChoices(sel_fwd=sel_fwd))
+                                    CFG, choices=KernelChoices(sel_fwd=sel_fwd,
+                                                               cmp_attn="pallas"))
         names = triton_kernels(f, *shapes)
         assert names == {"nsa_cmp_fwd", "nsa_cmp_scores", "nsa_topn_upto", sel_name,
                          "nsa_local_fwd"}, names
