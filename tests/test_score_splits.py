@@ -3,7 +3,8 @@ per range of score columns, each range recomputing the spill of the step before 
 count gives the unsplit kernel's scores element by element within float32 rounding (interpret
 mode; XLA compiles each grid's loops apart, so the last bit may differ), unpacked, packed and in
 a continuation chunk. A range that lost the spill owed to its first block would be off by that
-block's share of a compressed block's probability (~1e-1 here), far outside it."""
+block's share of a compressed block's probability, far outside it (that mutation fails every
+parity case here; bench/NOTES.md, fifty-first session)."""
 import dataclasses
 
 import jax
