@@ -9,6 +9,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from nsa_jax.decode_memory import cache_bytes
 from nsa_jax.errors import byte_size as gib  # bytes in a message
 
 # RoPE angles are computed from float32 positions (nsa_jax.nsa.rope), which are exact integers
@@ -150,7 +151,7 @@ def check_request(prompts, max_new_tokens: int, max_len: int) -> None:
 
 def check_memory(model, prompts, cache_len: int, free: int | None) -> None:
     """Refuse before allocating when the batch's KV caches do not fit in ``free`` bytes."""
-    from nsa_jax.decode import cache_bytes, init_cache
+    from nsa_jax.decode import init_cache
 
     if free is None:
         return
@@ -194,8 +195,6 @@ def fit_prefill(dec, width: int, free: int | None, longest: int,
     :func:`chunk_sizes` that fits (``Decoder.prefill_rows`` with ``chunk``; found by a binary
     search, since each length tried compiles); when none does, an error naming the smallest's
     need. A given ``chunk`` is used as is (rows: as many as fit with it)."""
-    from nsa_jax.decode import cache_bytes
-
     if chunk is not None:
         return fit_rows(dec, width, free, longest, chunk), chunk
     try:
@@ -246,8 +245,6 @@ def check_chunk(chunk, unit: int) -> None:
 def fit_rows(dec, width: int, free: int | None, longest: int, chunk: int | None = None) -> int:
     """The most rows (B, B/2, ..., 1) whose prefill (in chunks of ``chunk`` tokens, if given)
     fits in what the caches leave free."""
-    from nsa_jax.decode import cache_bytes
-
     g = dec.batch
     if free is None:
         return g
@@ -309,8 +306,6 @@ def check_decode(dec, max_new_tokens: int, steps_per_call: int, free: int | None
     with the count that fits (at most: the need scaled by rows). Returns each call's compile
     seconds ({(steps, feed_last): s}: its executable is compiled here, for the caller's
     timing); None ``free``: no check, nothing compiled."""
-    from nsa_jax.decode import cache_bytes
-
     if free is None:
         return {}
     need, compiled = decode_need(dec, decode_calls(max_new_tokens, steps_per_call), sampling)

@@ -112,8 +112,9 @@ def nsa_chunk_pallas(q, lc: dict, span, t, gates, cfg: NSAConfig,
         if "cmp" in br:
             cmp_attn = chunk_cmp_attn(ch, q, lc["v_cmp"], kc.shape[1] * cfg.stride_d, interpret)
         if cmp_attn != "pallas":
-            o_c, lse_c = cmp_chunk_grouped(q, jnp.swapaxes(lc["k_cmp"], 1, 2),
-                                           jnp.swapaxes(lc["v_cmp"], 1, 2), start, cfg, cmp_attn)
+            # kc: the scores' transposed keys, its head dim cut back to q's (a no-op at Dk = Dkp)
+            o_c, lse_c = cmp_chunk_grouped(q, kc[..., :Dk], jnp.swapaxes(lc["v_cmp"], 1, 2),
+                                           start, cfg, cmp_attn)
         else:
             vc = _keys(lc["v_cmp"], Dvp) if "cmp" in br else None
             o_c, lse_c = cmp_forward(qp, kc, vc, cfg, bs, scale, interpret, choices=ch, seg=lay)

@@ -117,9 +117,10 @@ def _score_kernel(q_ref, k_ref, lse_ref, *refs, h, hs, rows, S, r, step, bks, d,
     n_tiles = cdiv(Ts, S)
     t_lo, t_hi = 0, n_tiles                      # this program's score column tiles
     if splits > 1:
+        per = cdiv(n_tiles, splits)
         b, sp = b // splits, b % splits
-        t_lo = sp * cdiv(n_tiles, splits)
-        t_hi = jnp.minimum(t_lo + cdiv(n_tiles, splits), n_tiles)
+        t_lo = sp * per
+        t_hi = jnp.minimum(t_lo + per, n_tiles)
     bq = rows // hs
     nq = bq if fast or loop else max(MIN_DOT, next_pow2(bq))  # query rows of a score tile
     # loop: hs = 1, one row per query; rows: head-major, so that a query's head sum (Eq. 10)
