@@ -24,7 +24,8 @@ by the parallel forward, the rest C at a time by ``decode_loop.extend_jit``). Re
 ``jax.profiler`` and records its device time per op (``bench/profile_step.py``'s summariser;
 ``profile`` in the JSON, the top ops printed; ``profile.host``: the host threads' events,
 inclusive ms by thread and name). ``--smoke`` shrinks the models and lengths so the
-script runs on the CPU (not a measurement).
+script runs on the CPU (not a measurement). ``--compile-cache DIR`` puts JAX's persistent
+compilation cache there: a second process then reports the compile read back (``compile_s``).
 The table prints last; the JSON holds the device, versions and every record.
 """
 from __future__ import annotations
@@ -44,6 +45,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from nsa_jax import compile_cache  # noqa: E402
 from nsa_jax.config import load_config  # noqa: E402
 from nsa_jax.decode import Decoder  # noqa: E402
 from nsa_jax.model import build_model  # noqa: E402
@@ -129,7 +131,12 @@ def main(argv=None) -> int:
                         "rel_rmse is then not measured")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides for every model (e.g. exec.kernel.sel_fwd=query)")
+    p.add_argument("--compile-cache", default=None, metavar="DIR",
+                   help="JAX's persistent compilation cache in DIR (nsa_jax.compile_cache): run "
+                        "twice to time a compile read back from it (compile_s)")
     a = p.parse_args(argv)
+    if a.compile_cache:
+        compile_cache.enable(a.compile_cache, key="--compile-cache")
     if a.smoke:
         a.lengths, a.chunks, a.reps = [256], [64, 128], 1
     d = jax.devices()[0]

@@ -3,6 +3,7 @@
     python -m nsa_jax.generate --checkpoint RUN_DIR [--prompt TEXT ... | --prompts-file FILE]
         [--max-new-tokens N] [--max-len N] [--memory-limit GIB] [--temperature T] [--top-k K]
         [--top-p P] [--seed S] [--steps-per-call N] [--prefill-chunk N] [--step STEP]
+        [--compile-cache DIR]
 
 Loads the run (:func:`nsa_jax.inference.load_run`: ``config.yaml``, the newest usable checkpoint,
 the tokenizer ``data.tokenizer``) and generates every prompt in one batch
@@ -21,10 +22,10 @@ the calls after the first, see :class:`nsa_jax.generate.Timing`).
 The context is ``--max-len`` tokens per row (prompt + new), by default the run's
 ``data.seq_len``. Bad input (arguments, an empty prompts file, a prompt longer than the context,
 prompt + new tokens past it, caches or prefill too large for memory, a missing or incompatible
-checkpoint, an unknown tokenizer) prints one line ``error: ...`` naming the argument on stderr,
-writes nothing to stdout and exits with status 2. When stdout's reader goes away
-(``... | head``) it stops generating and exits with status 1, without a message
-(:mod:`nsa_jax.streams`). A stdout whose encoding cannot encode some of the text
+checkpoint, an unknown tokenizer, a ``--compile-cache`` that cannot be a writable directory)
+prints one line ``error: ...`` naming the argument on stderr, writes nothing to stdout and
+exits with status 2. When stdout's reader goes away (``... | head``) it stops generating and
+exits with status 1, without a message (:mod:`nsa_jax.streams`). A stdout whose encoding cannot encode some of the text
 (``PYTHONIOENCODING=cp1252``, a Windows console, ``LANG=C``) gets those characters as backslash
 escapes, as Python writes them on stderr, and one ``warning:`` line says so
 (:class:`EncodableOutput`): the text is never lost to a ``UnicodeEncodeError``.
@@ -166,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefill each prompt N tokens at a time (a multiple of nsa.sel_block, 64 "
                         "for dense; default: at once, or in the largest chunk that fits when a "
                         "prompt's prefill does not fit in memory at once)")
+    p.add_argument("--compile-cache", default=None, metavar="DIR",
+                   help="keep compiled programs in DIR (JAX's persistent compilation cache, "
+                        "created if missing): a later run with the same prompt widths, chunk "
+                        "and batch reads them instead of compiling")
     p.add_argument("--debug", action="store_true", help="show tracebacks with errors")
     return p
 
@@ -266,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     names = NAMES | {"prompts": "--prompts-file" if args.prompts_file else "--prompt"}
     printer, out = None, EncodableOutput(sys.stdout)
     try:
+        if args.compile_cache is not None:
+            from nsa_jax import compile_cache
+            try:
+                compile_cache.enable(args.compile_cache, key="--compile-cache")
+            except compile_cache.CompileCacheError as e:
+                return report(str(e), EXIT_BAD_INPUT, args.debug)
         run = load_run(args.checkpoint, step=args.step)
         printer = _Printer(run, prompts, out)
         timing = Timing()

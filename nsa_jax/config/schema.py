@@ -221,9 +221,13 @@ class ExecConfig:
     # the decode step's attention (NSA, and dense: its flash-decoding kernel) and cache writes
     decode_impl: Literal["auto", "reference", "pallas"] = "auto"
     kernel: KernelChoices = dataclasses.field(default_factory=KernelChoices)
+    # a directory for JAX's persistent compilation cache (nsa_jax.compile_cache): a later run
+    # of the same program on the same kind of machine reads its compiled steps from there
+    compile_cache: Optional[str] = None
 
     def validate(self) -> None:
-        pass
+        if self.compile_cache is not None and not str(self.compile_cache).strip():
+            raise ConfigError("exec.compile_cache: empty; give a directory or leave it unset")
 
 
 @dataclasses.dataclass(frozen=True)

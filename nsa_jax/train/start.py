@@ -10,7 +10,9 @@
    ``corrupt_checkpoints/`` once training starts; if none is usable, one error line names
    every step and nothing is moved);
    or, with ``train.init_from``, another run's weights;
-4. data: the train loader at the saved position, and a probe of the eval split.
+4. data: the train loader at the saved position, and a probe of the eval split;
+5. with ``exec.compile_cache``, JAX's persistent compilation cache in that directory
+   (:mod:`nsa_jax.compile_cache`; JAX creates it at its first entry).
 
 It returns one frozen :class:`Start` record; the loop reads everything it starts from there.
 """
@@ -23,6 +25,7 @@ from typing import Any
 
 import jax
 
+from nsa_jax import compile_cache
 from nsa_jax.config import Config
 from nsa_jax.data import DataError
 from nsa_jax.errors import warn
@@ -168,6 +171,11 @@ def preflight(cfg: Config, profile: bool = False) -> Start:
             if t.eval_every:
                 _probe_eval(cfg, pidx, nproc)
         saved = ((meta or {}).get("config") or {}).get("train") or {}
+        if cfg.exec.compile_cache is not None:
+            try:
+                compile_cache.enable(cfg.exec.compile_cache)
+            except compile_cache.CompileCacheError as e:
+                raise TrainError(str(e)) from None
         return Start(cfg=cfg, run_dir=run_dir, ck_dir=ck_dir, pidx=pidx, nproc=nproc, mesh=mesh,
                      spec=spec, tx=tx, shardings=shardings, abstract=abstract, step=step,
                      resumed=meta is not None,
