@@ -5,9 +5,10 @@ A compiled train step or prefill is written there, keyed by its lowered program,
 the versions of jax, jaxlib and the XLA flags; a later process that lowers the same program on the
 same kind of machine reads it back instead of compiling (XLA's GEMM autotuning results are kept
 in the same directory). What is still paid each time is the Python tracing and lowering,
-including each Pallas kernel's lowering to Triton IR. The 64k chunked prefill of nsa_125m at
-C = 16,384 compiled for ~120 s on an H200 (bench/NOTES.md, fifty-second session, where the
-second process's time with the cache is measured).
+including each Pallas kernel's lowering to Triton IR, and loading the executables. Measured on
+one H200 (jax 0.11.2; bench/NOTES.md, fifty-second session): the 64k chunked prefill of
+nsa_125m at C = 16,384 compiled in 122.5 s with an empty cache and in 46.4 s in a second
+process reading it.
 
 The cache is process-wide JAX state: :func:`enable` sets it for every later compilation of the
 process. Entries are only written for compilations longer than ``min_compile_s`` (JAX's

@@ -9,7 +9,15 @@ import pytest
 
 from nsa_jax import compile_cache
 from nsa_jax.config import ConfigError, load_config
+from nsa_testutil import shared
+from test_generate import _train_tiny
 from test_train import TINY, small_cfg
+
+
+@pytest.fixture(scope="session")
+def gen_tiny_run(tmp_path_factory, worker_id):
+    """test_generate's tiny trained run (the same one: shared by name through a file lock)."""
+    return shared(tmp_path_factory, worker_id, "gen_tiny_run", _train_tiny)
 
 
 @pytest.fixture
@@ -110,3 +118,31 @@ def test_generate_cli_bad_compile_cache_exits_2_without_output(tmp_path, capsys,
     err = cap.err.strip().splitlines()
     assert cap.out == "" and len(err) == 1, cap
     assert err[0].startswith("error: --compile-cache: ") and "not a directory" in err[0]
+
+
+def test_generate_cli_with_compile_cache_writes_then_reads(gen_tiny_run, tmp_path, capsys,
+                                                           monkeypatch, fresh_cache_state):
+    """The flag's good path: the same greedy text with and without the cache, entries written
+    by the first run; the second run's compiles are read back (JAX's cache-hit event). The
+    tiny model compiles in under JAX's 1 s threshold, so the CLI's ``enable`` gets 0 here."""
+    from nsa_jax.generate_cli import main
+
+    enable = compile_cache.enable
+    monkeypatch.setattr(compile_cache, "enable",
+                        lambda path, **kw: enable(path, **{**kw, "min_compile_s": 0}))
+    d = tmp_path / "cc"
+    argv = ["--checkpoint", str(gen_tiny_run), "--prompt", "The history of", "--max-new-tokens",
+            "6", "--temperature", "0"]
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    jax.clear_caches()
+    assert main(argv + ["--compile-cache", str(d)]) == 0
+    assert capsys.readouterr().out == plain
+    assert any(p.name.endswith("-cache") for p in d.iterdir())
+    jax.clear_caches()
+    seen, stop = _hits()
+    try:
+        assert main(argv + ["--compile-cache", str(d)]) == 0
+    finally:
+        stop()
+    assert capsys.readouterr().out == plain and seen
