@@ -12,7 +12,7 @@ import pytest
 from nsa_jax.nsa import KernelChoices, NSAConfig
 from nsa_jax.nsa import reference as ref
 from nsa_jax.pallas import BlockSizes
-from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped, group_queries, ungroup
+from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped, group_keys, group_queries, ungroup
 from nsa_jax.pallas.common import POS_INF
 from nsa_jax.pallas.compressed import cmp_forward
 from nsa_testutil import rel_err
@@ -21,14 +21,16 @@ from test_pallas import TINY, _assert_parity, _inputs
 HI = jax.lax.Precision.HIGHEST
 
 
+@pytest.mark.parametrize("grouping", ["transpose", "repeat"])
 @pytest.mark.parametrize("cfg,T", [
     (TINY, 37),                                            # l=8, d=4, odd T
     (NSAConfig(block_l=32, stride_d=16, sel_block=64, n_sel=4, window=32), 95),
     (TINY, 5),                                              # T < l: no block
 ])
-def test_grouped_matches_reference_and_pallas_lse(cfg, T):
+def test_grouped_matches_reference_and_pallas_lse(cfg, T, grouping):
     (q, kc, vc, *_), _ = _inputs(T, 2, T, 6, 2, cfg, Dk=16, Dv=8)
-    o, lse = jax.jit(lambda *a: cmp_attention_grouped(*a, cfg, "xla", HI))(q, kc, vc)
+    o, lse = jax.jit(lambda *a: cmp_attention_grouped(*a, cfg, "xla", HI, grouping=grouping))(
+        q, kc, vc)
     if kc.shape[1] == 0:
         assert np.all(np.asarray(o) == 0) and np.all(np.asarray(lse) == POS_INF)
         return
@@ -41,14 +43,36 @@ def test_grouped_matches_reference_and_pallas_lse(cfg, T):
     np.testing.assert_allclose(lse[fin], want[fin], rtol=0, atol=2e-5)
 
 
-def test_group_and_ungroup_are_inverse_on_the_queries_that_see_a_block():
+@pytest.mark.parametrize("grouping", ["transpose", "repeat"])
+def test_group_and_ungroup_are_inverse_on_the_queries_that_see_a_block(grouping):
     cfg = TINY
     T, G, Hq = 29, 2, 6
     q = jnp.arange(2 * T * Hq, dtype=jnp.float32).reshape(2, T, Hq, 1)
     Tq = cfg.num_cmp_blocks(T)
-    back = ungroup(group_queries(q, cfg, G, Tq), T, cfg, G, -1.0)
+    back = ungroup(group_queries(q, cfg, G, Tq, grouping), T, cfg, G, -1.0, grouping)
     np.testing.assert_array_equal(back[:, cfg.block_l - 1:], q[:, cfg.block_l - 1:])
     assert np.all(np.asarray(back[:, :cfg.block_l - 1]) == -1)
+
+
+def test_repeat_grouping_pairs_each_query_head_with_its_groups_keys():
+    """In the "repeat" order, query head (r, g, i) of a grouped row and KV head r*G + g (GQA
+    ratio h, contiguous) hold query t = l-1 + c*d + r of head g*h + i and key group g."""
+    cfg, G, h = TINY, 2, 3
+    d, l, Hq, T = cfg.stride_d, cfg.block_l, G * h, 40
+    t = jnp.arange(T, dtype=jnp.float32)
+    q = t[None, :, None, None] * 100 + jnp.arange(Hq, dtype=jnp.float32)[None, None, :, None]
+    Tq = cfg.num_cmp_blocks(T)
+    qg = np.asarray(group_queries(q, cfg, G, Tq, "repeat"))[0, :, :, 0]       # [Tq, d*Hq]
+    k = jnp.broadcast_to(jnp.arange(G, dtype=jnp.float32)[None, None, :, None], (1, Tq, G, 1))
+    kg = np.asarray(group_keys(k, d, "repeat"))[0, :, :, 0]                   # [Tq, d*G]
+    for c in range(Tq):
+        for r in range(d):
+            for g in range(G):
+                for i in range(h):
+                    n = r * Hq + g * h + i
+                    tq = l - 1 + c * d + r
+                    assert qg[c, n] == (tq * 100 + g * h + i if tq < T else 0)
+                    assert kg[c, n // h] == g
 
 
 @pytest.mark.parametrize("sel", [
@@ -63,6 +87,15 @@ def test_op_with_grouped_cmp_matches_reference(sel):
     h, G = 3, 2                       # several groups and several heads per group
     args, cot = _inputs(11 + h, 1, 45, h * G, G, TINY)
     _assert_parity(args, cot, TINY, choices=KernelChoices(cmp_attn="xla", **sel))
+
+
+def test_op_with_repeat_grouping_matches_reference():
+    """The "repeat" head order through the whole op: values and all 8 gradients (the keys'
+    through the repeat's sum over r)."""
+    h, G = 3, 2
+    args, cot = _inputs(21, 1, 45, h * G, G, TINY)
+    _assert_parity(args, cot, TINY, choices=KernelChoices(cmp_attn="xla", cmp_grouping="repeat",
+                                                           sel_impl="gather"))
 
 
 @pytest.mark.parametrize("branches,T", [(("cmp", "win"), 37), (("cmp", "slc"), 37),

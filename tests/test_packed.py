@@ -191,10 +191,12 @@ def test_pallas_packed_small_tiles_general_scoring(choice, kernel):
                          block_sizes=bs, choices=ch)
 
 
-def test_pallas_packed_grouped_cmp_matches_reference():
+@pytest.mark.parametrize("grouping", ["transpose", "repeat"])
+def test_pallas_packed_grouped_cmp_matches_reference(grouping):
     """KernelChoices(cmp_attn="xla"): packed compressed attention as a grouped causal attention
     over the slots with the documents' slot mask (``cmp_grouped._packed``, the CPU twin of the
-    cuDNN path): output, the base-2 lse that scoring takes, and the whole op's 8 gradients."""
+    cuDNN path): output, the base-2 lse that scoring takes, and the whole op's 8 gradients, in
+    both head orders (``cmp_grouping``)."""
     from nsa_jax.nsa import KernelChoices
     from nsa_jax.pallas import BlockSizes
     from nsa_jax.pallas.cmp_grouped import cmp_attention_grouped
@@ -204,7 +206,7 @@ def test_pallas_packed_grouped_cmp_matches_reference():
     lay = semantics.segment_layout(seg, CFG)
     q, kc, vc = args[:3]
     o, lse = jax.jit(lambda *a: cmp_attention_grouped(*a, CFG, "xla", jax.lax.Precision.HIGHEST,
-                                                      lay))(q, kc, vc)
+                                                      lay, grouping))(q, kc, vc)
     o_p, want = cmp_forward(q, kc, vc, CFG, BlockSizes(), 1 / np.sqrt(8), True, seg=lay)
     assert rel_err(o, o_p) <= 2e-5
     lse, want = np.asarray(lse), np.asarray(want)
@@ -212,7 +214,7 @@ def test_pallas_packed_grouped_cmp_matches_reference():
     fin = want != POS_INF
     np.testing.assert_allclose(lse[fin], want[fin], rtol=0, atol=2e-5)
     pal = _pallas_vs_reference(args, seg, CFG, cotangent(9, q.shape),
-                               choices=KernelChoices(cmp_attn="xla"))
+                               choices=KernelChoices(cmp_attn="xla", cmp_grouping=grouping))
     jaxpr = str(jax.make_jaxpr(pal)(args, seg, cotangent(9, q.shape)))
     assert "nsa_cmp_scores" in jaxpr and "nsa_cmp_fwd" not in jaxpr   # the grouped path ran
 

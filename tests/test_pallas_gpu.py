@@ -346,6 +346,8 @@ def test_packed_bf16_matches_f32_reference(T, cmp_attn, sel_impl):
     # the per-query selection dQ kernels after cuDNN's grouped compressed backward (long T)
     ("bench", 1027, {"sel_impl": "gather"}),
     ("bench", 2048, {"sel_impl": "gather", "sel_dq": "ds"}),
+    # the "repeat" head order (keys repeated d times, q reshaped: no transposes)
+    ("125m", 2048, {"cmp_grouping": "repeat"}), ("bench", 1027, {"cmp_grouping": "repeat"}),
 ])
 def test_cmp_attn_cudnn_matches_f32_reference(shape, T, sel):
     """KernelChoices(cmp_attn="cudnn"): compressed attention as a grouped causal cuDNN attention
@@ -358,8 +360,9 @@ def test_cmp_attn_cudnn_matches_f32_reference(shape, T, sel):
     from nsa_jax.pallas.compressed import cmp_forward
     Hq, G, D = SHAPES[shape]
     args, cot = _inputs(T + 11, T, Hq, G, D, jnp.bfloat16)
-    _, lse = jax.jit(lambda q, kc, vc: cmp_attention_grouped(q, kc, vc, CFG, "cudnn"))(
-        *args[:3])
+    grouping = sel.get("cmp_grouping", "transpose")
+    _, lse = jax.jit(lambda q, kc, vc: cmp_attention_grouped(q, kc, vc, CFG, "cudnn",
+                                                             grouping=grouping))(*args[:3])
     _, want = jax.jit(lambda q, kc: cmp_forward(q, kc, None, CFG, BlockSizes(), 1 / math.sqrt(D),
                                                 False))(args[0], args[1])
     fin = np.isfinite(np.asarray(want))

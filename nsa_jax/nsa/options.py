@@ -17,6 +17,7 @@ SCORE_DOTS = ("ieee", "tf32x3")
 SCORE_HEADS = ("auto", "rows", "loop")
 F32_DOTS = ("ieee", "tf32")
 CMP_ATTNS = ("auto", "pallas", "cudnn", "xla")
+CMP_GROUPINGS = ("transpose", "repeat")
 WIN_ATTNS = ("auto", "cudnn", "pallas", "mosaic")
 TILED_BACKENDS = ("auto", "triton", "mosaic")
 
@@ -119,6 +120,14 @@ class KernelChoices:
                         Packed rows: "auto" takes "pallas"; "cudnn"/"xla" group the queries by
                         document slots and add the documents' slot mask (``nsa_jax/pallas/
                         cmp_grouped.py``; measured slower than "pallas" in the whole packed op).
+    cmp_grouping:       the head order of cmp_attn's grouped layout ("cudnn", "xla"):
+                        "transpose" (heads (group, head, r): q and the cotangents transposed;
+                        the keys as they are) or "repeat" (heads (r, group, head): q reshaped,
+                        each compressed key and value repeated d times; ``nsa_jax/pallas/
+                        cmp_grouped.py``). The same values either way. "transpose" is the
+                        default; "repeat" is not yet measured on a GPU (bench/NOTES.md,
+                        fifty-second session: the transposes it removes were ~0.96 ms of the
+                        125M 8k / B=4 train step on an H200).
     cmp_pallas_max_t:   longest T for which cmp_attn "auto" keeps the Pallas kernels on unpacked
                         rows: at short T cuDNN's fixed costs (its dO.O, fp32 dQ conversion and
                         GQA head-reduction kernels) outweigh its faster matmuls. On an H100 at the
@@ -150,6 +159,7 @@ class KernelChoices:
     f32_dot: str = "ieee"
     cmp_attn: str = "auto"
     cmp_pallas_max_t: int = 4096
+    cmp_grouping: str = "transpose"
     win_attn: str = "auto"
 
     def __post_init__(self):
@@ -176,6 +186,8 @@ class KernelChoices:
             fail("score_heads", f"one of {list(SCORE_HEADS)}, got {self.score_heads!r}")
         if self.cmp_attn not in CMP_ATTNS:
             fail("cmp_attn", f"one of {list(CMP_ATTNS)}, got {self.cmp_attn!r}")
+        if self.cmp_grouping not in CMP_GROUPINGS:
+            fail("cmp_grouping", f"one of {list(CMP_GROUPINGS)}, got {self.cmp_grouping!r}")
         if self.win_attn not in WIN_ATTNS:
             fail("win_attn", f"one of {list(WIN_ATTNS)}, got {self.win_attn!r}")
         if self.f32_dot not in F32_DOTS:

@@ -114,7 +114,7 @@ def nsa_chunk_pallas(q, lc: dict, span, t, gates, cfg: NSAConfig,
         if cmp_attn != "pallas":
             # kc: the scores' transposed keys, its head dim cut back to q's (a no-op at Dk = Dkp)
             o_c, lse_c = cmp_chunk_grouped(q, kc[..., :Dk], jnp.swapaxes(lc["v_cmp"], 1, 2),
-                                           start, cfg, cmp_attn)
+                                           start, cfg, cmp_attn, ch.cmp_grouping)
         else:
             vc = _keys(lc["v_cmp"], Dvp) if "cmp" in br else None
             o_c, lse_c = cmp_forward(qp, kc, vc, cfg, bs, scale, interpret, choices=ch, seg=lay)

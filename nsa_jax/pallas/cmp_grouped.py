@@ -17,8 +17,16 @@ Eq. 9, need it; not differentiated). Two implementations:
 * ``"xla"``: the same grouping with explicit [Tc, Tc] logits in XLA (O(Tc^2) memory): the CPU
   twin that the tests use to check the grouping; also a fallback where cuDNN is unavailable.
 
-Cost: the grouping copies q (and o, dq, do in the backward) through a transpose; the attention
-itself is causal over Tc keys with Hq*d query heads, the same FLOPs as the Pallas kernels.
+Cost: the attention itself is causal over Tc keys with Hq*d query heads, the same FLOPs as the
+Pallas kernels. Two head orders (``KernelChoices.cmp_grouping``):
+
+* ``"transpose"``: heads (g, i, r), so each KV group's h*d query heads are consecutive, as GQA
+  wants, and the keys are used as they are; the grouping copies q (and o, dq, dO in the
+  backward) through a transpose (on an H200 at 8k / B=4, 125M: ~0.96 ms of a 107 ms train step;
+  bench/NOTES.md, fifty-second session).
+* ``"repeat"``: heads (r, g, i), which is q's own memory order, so grouping and ungrouping are
+  reshapes; instead each compressed key is repeated d times (KV heads (r, g), GQA ratio h), a
+  copy of Tc*d*G keys (1/h of q's size), and its gradient summed over r.
 
 A continuation chunk of a chunked prefill (:func:`cmp_chunk_grouped`, forward only): its
 queries' grouped rows see every block before the first of them and, causally, their own; two
@@ -43,6 +51,7 @@ import jax.numpy as jnp
 
 from nsa_jax.nsa import semantics
 from nsa_jax.nsa.config import NSAConfig
+from nsa_jax.nsa.options import CMP_GROUPINGS as GROUPINGS   # KernelChoices.cmp_grouping
 from nsa_jax.pallas.common import LOG2E, POS_INF
 
 CUDNN_ALIGN = 64  # the compressed sequence is padded to a multiple of this for cuDNN
@@ -53,26 +62,55 @@ def _grouped_len(T: int, cfg: NSAConfig, align: int) -> int:
     return -(-Tc // align) * align
 
 
-def group_queries(q, cfg: NSAConfig, G: int, Tq: int):
-    """q [B,T,Hq,D] -> [B,Tq,Hq*d,D]: row c holds queries l-1 + c*d + r, heads (g, i, r)."""
+def _to_rows(x, G: int, d: int, grouping: str):
+    """[B, R*d, Hq, D] (row c's d queries consecutive) -> [B, R, Hq*d, D] in the grouping's head
+    order: "transpose" (g, i, r), a transpose; "repeat" (r, g, i), a reshape."""
+    B, n, Hq, D = x.shape
+    R = n // d
+    if grouping == "repeat":
+        return x.reshape(B, R, d * Hq, D)
+    x = x.reshape(B, R, d, G, Hq // G, D).transpose(0, 1, 3, 4, 2, 5)
+    return x.reshape(B, R, Hq * d, D)
+
+
+def _from_rows(x, G: int, d: int, grouping: str):
+    """Inverse of :func:`_to_rows` for per-query values x [B, R, Hq*d, ...] -> [B, R*d, Hq, ...]."""
+    B, R, N = x.shape[:3]
+    Hq, rest = N // d, x.shape[3:]
+    if grouping == "repeat":
+        return x.reshape(B, R * d, Hq, *rest)
+    y = x.reshape(B, R, G, Hq // G, d, *rest)
+    return jnp.moveaxis(y, 4, 2).reshape(B, R * d, Hq, *rest)
+
+
+def group_keys(k, d: int, grouping: str):
+    """The keys (or values) [B, n, G, D] of grouped rows in the grouping's KV-head order:
+    "transpose" as they are (query heads (g, i, r), GQA ratio h*d); "repeat" each repeated d
+    times, heads (r, g) (query heads (r, g, i), GQA ratio h), so that query head (r, g, i)
+    reads KV head r*G + g, a copy of k's head g."""
+    if grouping != "repeat":
+        return k
+    B, n, G, D = k.shape
+    return jnp.broadcast_to(k[:, :, None], (B, n, d, G, D)).reshape(B, n, d * G, D)
+
+
+def group_queries(q, cfg: NSAConfig, G: int, Tq: int, grouping: str = "transpose"):
+    """q [B,T,Hq,D] -> [B,Tq,Hq*d,D]: row c holds queries l-1 + c*d + r, heads (g, i, r)
+    ("transpose") or (r, g, i) ("repeat")."""
     B, T, Hq, D = q.shape
     d, l = cfg.stride_d, cfg.block_l
     x = q[:, l - 1:]
     x = jnp.pad(x, ((0, 0), (0, Tq * d - x.shape[1]), (0, 0), (0, 0)))
-    x = x.reshape(B, Tq, d, G, Hq // G, D).transpose(0, 1, 3, 4, 2, 5)
-    return x.reshape(B, Tq, Hq * d, D)
+    return _to_rows(x, G, d, grouping)
 
 
-def ungroup(x, T: int, cfg: NSAConfig, G: int, fill):
+def ungroup(x, T: int, cfg: NSAConfig, G: int, fill, grouping: str = "transpose"):
     """Inverse of :func:`group_queries` for per-query values x [B,Tq,Hq*d,...] -> [B,T,Hq,...];
     queries t < l - 1 get ``fill``."""
-    B, Tq, N = x.shape[:3]
-    d, l = cfg.stride_d, cfg.block_l
-    Hq = N // d
-    rest = x.shape[3:]
-    y = x.reshape(B, Tq, G, Hq // G, d, *rest)
-    y = jnp.moveaxis(y, 4, 2).reshape(B, Tq * d, Hq, *rest)[:, :T - (l - 1)]
-    front = jnp.full((B, l - 1, Hq, *rest), fill, x.dtype)
+    B = x.shape[0]
+    l = cfg.block_l
+    y = _from_rows(x, G, cfg.stride_d, grouping)[:, :T - (l - 1)]
+    front = jnp.full((B, l - 1, *y.shape[2:]), fill, x.dtype)
     return jnp.concatenate([front, y], axis=1)
 
 
@@ -160,12 +198,14 @@ def _cudnn_causal(qg, k, v, scale: float, lo=None):
 
 
 def cmp_attention_grouped(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision=None,
-                          seg: semantics.SegmentLayout | None = None):
+                          seg: semantics.SegmentLayout | None = None,
+                          grouping: str = "transpose"):
     """q [B,T,Hq,Dk], k_cmp/v_cmp [B,Tc,G,D] -> (o_cmp float32 [B,T,Hq,Dv], lse2 float32
     [B,T,Hq]: base-2 log-sum-exp of the scaled logits, +inf where no block is visible).
     Differentiable in q, k_cmp, v_cmp through o_cmp (lse2 is not). ``precision``: XLA matmul
     precision of the ``"xla"`` path's float32 einsums. ``seg``: packed rows' layout (module
-    docstring; None = one document per row)."""
+    docstring; None = one document per row). ``grouping``: the grouped rows' head order
+    (``KernelChoices.cmp_grouping``: :func:`group_keys`)."""
     B, T, Hq, Dk = q.shape
     Tc, G = k_cmp.shape[1], k_cmp.shape[2]
     Dv = v_cmp.shape[-1]
@@ -174,29 +214,34 @@ def cmp_attention_grouped(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision=
                 jnp.full((B, T, Hq), POS_INF, jnp.float32))
     if impl not in ("cudnn", "xla"):
         raise ValueError(f"impl must be 'cudnn' or 'xla', got {impl!r}")
+    if grouping not in GROUPINGS:
+        raise ValueError(f"grouping must be one of {list(GROUPINGS)}, got {grouping!r}")
     Tq = _grouped_len(T, cfg, CUDNN_ALIGN if impl == "cudnn" else 1)
     if seg is not None:
-        return _packed(q, k_cmp, v_cmp, cfg, impl, precision, seg, Tq)
-    qg = group_queries(q, cfg, G, Tq)
-    kp, vp = _pad_keys(k_cmp, Tq), _pad_keys(v_cmp, Tq)
+        return _packed(q, k_cmp, v_cmp, cfg, impl, precision, seg, Tq, grouping)
+    qg = group_queries(q, cfg, G, Tq, grouping)
+    d = cfg.stride_d
+    kp = group_keys(_pad_keys(k_cmp, Tq), d, grouping)
+    vp = group_keys(_pad_keys(v_cmp, Tq), d, grouping)
     scale = 1.0 / math.sqrt(Dk)
     if impl == "cudnn":
         og, lse = _cudnn_causal(qg, kp, vp, scale)
     else:
         og, lse = _xla_causal(qg, kp, vp, scale, precision)
-    return ungroup(og, T, cfg, G, 0.0), ungroup(lse * LOG2E, T, cfg, G, POS_INF)
+    return (ungroup(og, T, cfg, G, 0.0, grouping),
+            ungroup(lse * LOG2E, T, cfg, G, POS_INF, grouping))
 
 
-def _packed(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision, seg, Tq: int):
+def _packed(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision, seg, Tq: int,
+            grouping: str):
     """The packed grouping (module docstring): gather the slot rows, attend causally within each
     document's slots, gather the tokens back."""
     B, T, Hq, Dk = q.shape
     G, d = k_cmp.shape[2], cfg.stride_d
-    h = Hq // G
     tok, tok_ok, row, row_ok, lo = _packed_maps(seg, T, Tq, cfg)
-    qg = _permute(q, tok, tok_ok, row, row_ok)                               # [B,Tq*d,Hq,D]
-    qg = qg.reshape(B, Tq, d, G, h, Dk).transpose(0, 1, 3, 4, 2, 5).reshape(B, Tq, Hq * d, Dk)
-    kp, vp = _pad_keys(k_cmp, Tq), _pad_keys(v_cmp, Tq)
+    qg = _to_rows(_permute(q, tok, tok_ok, row, row_ok), G, d, grouping)   # [B,Tq,Hq*d,D]
+    kp = group_keys(_pad_keys(k_cmp, Tq), d, grouping)
+    vp = group_keys(_pad_keys(v_cmp, Tq), d, grouping)
     scale = 1.0 / math.sqrt(Dk)
     if impl == "cudnn":
         og, lse = _cudnn_causal(qg, kp, vp, scale, lo)
@@ -204,9 +249,7 @@ def _packed(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision, seg, Tq: int)
         og, lse = _xla_causal(qg, kp, vp, scale, precision, lo)
 
     def back(x, fill):   # [B,Tq,Hq*d,...] -> [B,T,Hq,...]
-        rest = x.shape[3:]
-        x = jnp.moveaxis(x.reshape(B, Tq, G, h, d, *rest), 4, 2).reshape(B, Tq * d, Hq, *rest)
-        y = _permute(x, row, row_ok, tok, tok_ok)
+        y = _permute(_from_rows(x, G, d, grouping), row, row_ok, tok, tok_ok)
         ok = row_ok.reshape(row_ok.shape + (1,) * (y.ndim - 2))
         return y if fill == 0.0 else jnp.where(ok, y, fill)
 
@@ -223,7 +266,8 @@ def _plain(qg, k, v, scale: float, impl: str, kv_len=None):
     return o.astype(jnp.float32), jax.lax.stop_gradient(lse).astype(jnp.float32)
 
 
-def cmp_chunk_grouped(q, k_cmp, v_cmp, start, cfg: NSAConfig, impl: str):
+def cmp_chunk_grouped(q, k_cmp, v_cmp, start, cfg: NSAConfig, impl: str,
+                      grouping: str = "transpose"):
     """A continuation chunk's compressed attention (Eq. 7-8 applied; forward only) as two plain
     attentions in the grouped layout (module docstring), so that cuDNN can run them.
 
@@ -238,12 +282,14 @@ def cmp_chunk_grouped(q, k_cmp, v_cmp, start, cfg: NSAConfig, impl: str):
     c0 on, those up to its own (part B: a causal attention of the R rows over keys c0 ..
     c0 + R - 1, a slice of the keys at a traced offset). The two parts are merged by their
     log-sum-exps. Grouped rows before the chunk's first query and past its last are padding,
-    dropped on the way back."""
+    dropped on the way back. ``grouping``: as :func:`cmp_attention_grouped`'s."""
     B, C, Hq, Dk = q.shape
     Tc, G = k_cmp.shape[1], k_cmp.shape[2]
-    d, l, h = cfg.stride_d, cfg.block_l, Hq // G
+    d, l = cfg.stride_d, cfg.block_l
     if impl not in ("cudnn", "xla"):
         raise ValueError(f"impl must be 'cudnn' or 'xla', got {impl!r}")
+    if grouping not in GROUPINGS:
+        raise ValueError(f"grouping must be one of {list(GROUPINGS)}, got {grouping!r}")
     align = CUDNN_ALIGN if impl == "cudnn" else 1
     r0 = (1 - l) % d
     R = -(-(r0 + C) // d)
@@ -251,13 +297,17 @@ def cmp_chunk_grouped(q, k_cmp, v_cmp, start, cfg: NSAConfig, impl: str):
     start = jnp.asarray(start, jnp.int32)
     c0 = (start - (l - 1) - r0) // d
     x = jnp.pad(q, ((0, 0), (r0, R * d - r0 - C), (0, 0), (0, 0)))
-    qg = x.reshape(B, R, d, G, h, Dk).transpose(0, 1, 3, 4, 2, 5).reshape(B, R, Hq * d, Dk)
+    qg = _to_rows(x, G, d, grouping)
     scale = 1.0 / math.sqrt(Dk)
     nk = -(-Tc // align) * align
     ka, va = _pad_keys(k_cmp, nk + R), _pad_keys(v_cmp, nk + R)   # part B may run past Tc
-    o_b, lse_b = _plain(qg, jax.lax.dynamic_slice_in_dim(ka, c0, R, 1),
-                        jax.lax.dynamic_slice_in_dim(va, c0, R, 1), scale, impl)
-    o_a, lse_a = _plain(qg, ka[:, :nk], va[:, :nk], scale, impl,
+
+    def keys(x):
+        return group_keys(x, d, grouping)
+
+    o_b, lse_b = _plain(qg, keys(jax.lax.dynamic_slice_in_dim(ka, c0, R, 1)),
+                        keys(jax.lax.dynamic_slice_in_dim(va, c0, R, 1)), scale, impl)
+    o_a, lse_a = _plain(qg, keys(ka[:, :nk]), keys(va[:, :nk]), scale, impl,
                         kv_len=jnp.broadcast_to(jnp.maximum(c0, 1), (B,)))
     # no block before the chunk's first row (c0 = 0): part A is empty (its call saw one key)
     has_a = c0 > 0
@@ -267,8 +317,6 @@ def cmp_chunk_grouped(q, k_cmp, v_cmp, start, cfg: NSAConfig, impl: str):
          + o_b * jnp.exp(lse_b - lse)[..., None])
 
     def back(x):   # [B,R,Hq*d,...] -> the chunk's [B,C,Hq,...]
-        rest = x.shape[3:]
-        x = jnp.moveaxis(x.reshape(B, R, G, h, d, *rest), 4, 2).reshape(B, R * d, Hq, *rest)
-        return x[:, r0:r0 + C]
+        return _from_rows(x, G, d, grouping)[:, r0:r0 + C]
 
     return back(o), back(lse * LOG2E)

@@ -221,7 +221,8 @@ def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _
     if cmp_attn != "pallas":   # compressed attention as grouped causal attention (cmp_grouped)
         o_cmp, cmp_vjp, lse_c = jax.vjp(
             lambda a, b, c: cmp_attention_grouped(a, b, c, cfg, cmp_attn,
-                                                  xla_precision(st.choices), seg),
+                                                  xla_precision(st.choices), seg,
+                                                  st.choices.cmp_grouping),
             q, k_cmp, v_cmp, has_aux=True)
         res["cmp_grouped"] = (o_cmp, cmp_vjp)
     elif "cmp" in br or ("slc" in br and st.select):
