@@ -47,7 +47,7 @@ def enable(path, *, key: str = "exec.compile_cache", min_compile_s: float = 1.0)
         raise CompileCacheError(f"{key}: {top} is not writable" if top == p
                                 else f"{key}: cannot create {p}: {top} is not writable")
     if min_compile_s < 0:
-        raise CompileCacheError(f"{key}: min_compile_s must be >= 0, got {min_compile_s}")
+        raise ValueError(f"min_compile_s: must be >= 0, got {min_compile_s}")
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))
     if current() != p:
         from jax.experimental.compilation_cache import compilation_cache

@@ -25,7 +25,8 @@ prompt + new tokens past it, caches or prefill too large for memory, a missing o
 checkpoint, an unknown tokenizer, a ``--compile-cache`` that cannot be a writable directory)
 prints one line ``error: ...`` naming the argument on stderr, writes nothing to stdout and
 exits with status 2. When stdout's reader goes away (``... | head``) it stops generating and
-exits with status 1, without a message (:mod:`nsa_jax.streams`). A stdout whose encoding cannot encode some of the text
+exits with status 1, without a message (:mod:`nsa_jax.streams`). A stdout whose encoding
+cannot encode some of the text
 (``PYTHONIOENCODING=cp1252``, a Windows console, ``LANG=C``) gets those characters as backslash
 escapes, as Python writes them on stderr, and one ``warning:`` line says so
 (:class:`EncodableOutput`): the text is never lost to a ``UnicodeEncodeError``.

@@ -312,3 +312,51 @@ def test_bench_triton_ir_is_location_free_and_repeatable():
     # the tool puts back what it patched
     assert (pnsa.use_interpret, plocal.use_interpret, pdecode.use_interpret,
             triton_lowering.lower_jaxpr_to_triton_module) == hooks
+
+
+def _triton_builds(f, *shapes) -> int:
+    """How many Triton modules lowering jit(f) for CUDA builds."""
+    n = [0]
+
+    def count(_):
+        n[0] += 1
+    triton_ir.lower_for_cuda(f, *shapes, on_module=count)
+    return n[0]
+
+
+def test_layers_lower_each_kernel_once():
+    """The op and a prefill chunk are jitted functions of their own (``pallas.nsa._nsa_once``,
+    ``pallas.chunk._chunk_once``): three layers of equal shapes, forward and backward, build as
+    many Triton modules as one layer, not three times as many (bench/NOTES.md, fifty-second
+    session: 168 -> 14 builds for 12 layers of the 125M op at 8k)."""
+    from nsa_jax.pallas.chunk import nsa_chunk_pallas
+    f1, shapes = triton_ir.route("f32-block")
+
+    def stack(n):
+        def f(q, *rest):
+            tot = 0.0
+            for _ in range(n):
+                o = f1(q, *rest)
+                q = (q + 0.5 * o[0]).astype(q.dtype)
+                tot = tot + o[0]
+            return tot
+        return f
+    one, three = _triton_builds(stack(1), *shapes), _triton_builds(stack(3), *shapes)
+    assert one >= 5 and three == one, (one, three)
+
+    C, Sk, W = 256, 4096, CFG.window
+    Tc = CFG.num_cmp_blocks(Sk)
+    cshapes = (S(B, C, G * h, D), S(B, G, Tc, D), S(B, G, Tc, D), S(B, G, Sk, D),
+               S(B, G, Sk, D), S(B, G, W + C, D), S(B, G, W + C, D), S(B, C, G * h, 3))
+
+    def chunks(n):
+        def f(q, kc, vc, ks, vs, kw, vw, gates):
+            lc = {"k_cmp": kc, "v_cmp": vc, "k_slc": ks, "v_slc": vs}
+            t = 1024 + jnp.arange(C)
+            for _ in range(n):
+                q = nsa_chunk_pallas(q, lc, (kw, vw, t[0] - W + jnp.arange(W + C)), t, gates,
+                                     CFG, choices=KernelChoices(cmp_attn="pallas"))
+            return q
+        return f
+    one, three = _triton_builds(chunks(1), *cshapes), _triton_builds(chunks(3), *cshapes)
+    assert one >= 4 and three == one, (one, three)

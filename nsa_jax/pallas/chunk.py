@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 
 from nsa_jax.nsa import semantics
@@ -94,13 +95,20 @@ def nsa_chunk_pallas(q, lc: dict, span, t, gates, cfg: NSAConfig,
     positions t [C] = start + 0..C-1, start a multiple of l' and >= l) on the Pallas kernels
     (module docstring). -> [B,C,Hq,Dv] in q.dtype."""
     B, C, Hq, Dk = q.shape
+    G = next(lc[k] for k in ("k_cmp", "k_slc", "k_win") if k in lc).shape[1]
+    bs = block_sizes or BlockSizes.for_shape(Hq // G, Dk, jnp.dtype(q.dtype).itemsize)
+    return _chunk_once(q, lc, span, t, gates, cfg, choices_or_default(choices), bs,
+                       use_interpret())
+
+
+def _chunk(q, lc: dict, span, t, gates, cfg: NSAConfig, ch: KernelChoices, bs: BlockSizes,
+           interpret: bool):
+    """:func:`nsa_chunk_pallas`'s body (its statics resolved)."""
+    B, C, Hq, Dk = q.shape
     br = cfg.branches
     G = next(lc[k] for k in ("k_cmp", "k_slc", "k_win") if k in lc).shape[1]
     Dv = next(lc[k] for k in ("v_slc", "v_cmp", "v_win") if k in lc).shape[-1]
     Dkp, Dvp = padded_dims(Dk, Dv)
-    ch = choices_or_default(choices)
-    bs = block_sizes or BlockSizes.for_shape(Hq // G, Dk, jnp.dtype(q.dtype).itemsize)
-    interpret = use_interpret()
     scale = 1.0 / math.sqrt(Dk)
     start = jnp.asarray(t, jnp.int32)[0]
     qp = pad_dim(q, Dkp)
@@ -138,6 +146,11 @@ def nsa_chunk_pallas(q, lc: dict, span, t, gates, cfg: NSAConfig,
                                scale, interpret, choices=ch, offset=jnp.int32(W))
         o_win = o_w[..., :Dv]
     return semantics.combine(o_cmp, o_slc, o_win, gates, cfg, q.dtype)
+
+
+# a jitted function of its own, as the training op (``pallas.nsa._nsa_once``): the layers of a
+# chunk's call trace it, and lower its kernels, once
+_chunk_once = jax.jit(_chunk, static_argnums=(5, 6, 7, 8))
 
 
 def dense_chunk_pallas(q, k, v, t, choices: KernelChoices | None = None,

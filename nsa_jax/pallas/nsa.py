@@ -185,7 +185,7 @@ def nsa_attention_pallas(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, cfg
     seg = _layout(segment_ids, cfg)
     if seg is not None:
         seg = jax.tree_util.tree_map(jax.lax.stop_gradient, seg)
-    return _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st)
+    return _nsa_once(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st)
 
 
 def _cmp_attn(q, v_cmp, st: _Static, packed: bool) -> str:
@@ -206,6 +206,13 @@ def _cmp_attn(q, v_cmp, st: _Static, packed: bool) -> str:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(10,))
 def _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _Static):
     return _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st)[0]
+
+
+# The op as its own jitted function (st, which holds the interpret flag, is its static key):
+# a model's layers call it with equal shapes and statics, so a step traces it, and lowers each
+# of its Pallas kernels to Triton, once instead of once per layer (XLA inlines the calls before
+# it optimises: the compiled step is the same). bench/NOTES.md, fifty-second session.
+_nsa_once = jax.jit(_nsa, static_argnums=(10,))
 
 
 def _nsa_fwd(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _Static):
