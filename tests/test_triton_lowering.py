@@ -325,10 +325,11 @@ def _triton_builds(f, *shapes) -> int:
 
 
 def test_layers_lower_each_kernel_once():
-    """The op and a prefill chunk are jitted functions of their own (``pallas.nsa._nsa_once``,
-    ``pallas.chunk._chunk_once``): three layers of equal shapes, forward and backward, build as
-    many Triton modules as one layer, not three times as many (bench/NOTES.md, fifty-second
-    session: 168 -> 14 builds for 12 layers of the 125M op at 8k)."""
+    """The op, a prefill chunk and a decode step are jitted functions of their own
+    (``pallas.nsa._nsa_once``, ``pallas.chunk._chunk_once``, ``pallas.decode._decode_once``):
+    three layers of equal shapes (the op forward and backward) build as many Triton modules as
+    one layer, not three times as many (bench/NOTES.md, fifty-second session: 168 -> 14 builds
+    for 12 layers of the 125M op's gradient at 8k)."""
     from nsa_jax.pallas.chunk import nsa_chunk_pallas
     f1, shapes = triton_ir.route("f32-block")
 
@@ -359,4 +360,15 @@ def test_layers_lower_each_kernel_once():
             return q
         return f
     one, three = _triton_builds(chunks(1), *cshapes), _triton_builds(chunks(3), *cshapes)
+    assert one >= 4 and three == one, (one, three)
+
+    f1, dshapes = triton_ir.decode_route("125m", 4096, 2)     # the decode step (pallas.decode)
+
+    def steps(n):
+        def f(q, *a):
+            for _ in range(n):
+                q = (q + f1(q, *a)).astype(q.dtype)
+            return q
+        return f
+    one, three = _triton_builds(steps(1), *dshapes), _triton_builds(steps(3), *dshapes)
     assert one >= 4 and three == one, (one, three)

@@ -42,6 +42,10 @@ class Columns:
     shape: tuple
 
 
+# a pytree (the array its leaf, offset and shape static), so it passes through jax.jit
+jax.tree_util.register_dataclass(Columns, data_fields=["array"], meta_fields=["offset", "shape"])
+
+
 def flat_columns(x, shape_tail: int):
     """An operand [B, ...] (or :class:`Columns`) -> (2-D array [B, W], column offset, shape)."""
     if isinstance(x, Columns):

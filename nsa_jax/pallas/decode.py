@@ -61,6 +61,9 @@ class GateLogits:
     dtype: Any
 
 
+jax.tree_util.register_dataclass(GateLogits, data_fields=["logits", "bias"], meta_fields=["dtype"])
+
+
 def _rows(h: int) -> int:
     return max(MIN_DOT, next_pow2(h))
 
@@ -382,6 +385,15 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
         raise ValueError(f"nsa_decode_pallas: score_warps must be one of 1, 2, 4, 8, 16 (or "
                          f"None), got {score_warps!r}")
     t = jnp.broadcast_to(jnp.asarray(t, jnp.int32), (B,))
+    return _decode_once(q, kv, t, gates, cfg, cmp_keys, win_keys, splits, sel_chunk, merge_tile,
+                        cmp_stages, cmp_warps, slc_per, score_warps, return_ids, use_interpret())
+
+
+def _decode(q, kv: dict, t, gates, cfg: NSAConfig, cmp_keys: int, win_keys: int, splits,
+            sel_chunk, merge_tile: int, cmp_stages: int, cmp_warps, slc_per, score_warps,
+            return_ids: bool, interpret: bool):
+    """:func:`nsa_decode_pallas`'s body (arguments checked, t [B] int32)."""
+    B, Hq, Dk = q.shape
     br = cfg.branches
     G = next(kv[k] for k in ("k_cmp", "k_slc", "k_win") if k in kv).shape[1]
     h = Hq // G
@@ -389,7 +401,6 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
     Dkp, Dvp = max(MIN_DOT, next_pow2(Dk)), max(MIN_DOT, next_pow2(Dv))
     if (Dkp, Dvp) != (Dk, Dv):
         kv = {k: _pad_last(x, Dkp if k.startswith("k") else Dvp) for k, x in kv.items()}
-    interpret = use_interpret()
     scale = 1.0 / math.sqrt(Dk)
     cdt = next(kv[k] for k in ("k_cmp", "k_slc", "k_win") if k in kv).dtype   # not "sync"
     qg = _pad_last(q.reshape(B, G, h, Dk).astype(cdt), Dkp)
@@ -413,3 +424,8 @@ def nsa_decode_pallas(q, kv: dict, t, gates, cfg: NSAConfig, *, cmp_keys: int = 
                      interpret, B, G, h)
     o = o[..., :Dv].reshape(B, Hq, Dv)
     return (o, ids) if return_ids else o
+
+
+# a jitted function of its own, as the training op (``pallas.nsa._nsa_once``): a decode call's
+# layers trace it, and lower its kernels, once
+_decode_once = jax.jit(_decode, static_argnums=tuple(range(4, 16)))
