@@ -210,8 +210,9 @@ def _nsa(q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gates, idx, seg, st: _Stat
 
 # The op as its own jitted function (st, which holds the interpret flag, is its static key):
 # a model's layers call it with equal shapes and statics, so a step traces it, and lowers each
-# of its Pallas kernels to Triton, once instead of once per layer (XLA inlines the calls before
-# it optimises: the compiled step is the same). bench/NOTES.md, fifty-second session.
+# of its Pallas kernels to Triton, once instead of once per layer. XLA inlines the calls before
+# it optimises, so the compiled step should be the same (no call is left on the CPU; the GPU
+# step time is not yet measured). bench/NOTES.md, fifty-second session.
 _nsa_once = jax.jit(_nsa, static_argnums=(10,))
 
 
