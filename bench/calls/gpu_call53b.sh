@@ -2,7 +2,8 @@
 # Prepared in the fifty-second session for the next one (not yet run): the op as its own jitted function
 # (`pallas.nsa._nsa_once`, `pallas.chunk._chunk_once`) against the tree before it (OLD, default `oldtree`: an archive
 # of 8cadc27 or of the commit before the change). Per tree, one process each: nsa_125m's 64k prefill at C = 16,384 with
-# an empty compile cache (its `compile_s`), then again reading that cache; then `bench/train_throughput.py` at
+# an empty compile cache (its `compile_s`), then again reading that cache; `bench/lower_time.py` (the host's trace +
+# lower alone); then `bench/train_throughput.py` at
 # 8k / B=4 (NSA only; the step time must not move: XLA inlines the calls before it optimises).
 #   bash bench/calls/gpu_call53b.sh [OLD]
 set -u
@@ -18,6 +19,11 @@ for tree in new old; do
       --out "$OUT/chunked_${tree}_$run.json") > "$OUT/${tree}_$run.log" 2>&1 || rc=1
     echo "  ($tree $run at $((SECONDS - t0)) s)" | tee -a "$log"
   done
+done
+for tree in new old; do   # the host's share alone (bench/lower_time.py; the old tree runs this tree's copy of it)
+  dir=.; [ $tree = old ] && { dir=$OLD; cp bench/lower_time.py "$OLD/bench/"; }
+  (cd "$dir" && timeout 120 env PYTHONPATH=. python3 bench/lower_time.py --T 16384 --out "$OUT/lower_$tree.json") \
+    >> "$log" 2>&1 || rc=1
 done
 for tree in new old; do
   dir=.; [ $tree = old ] && dir=$OLD
