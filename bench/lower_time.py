@@ -1,7 +1,7 @@
 """The host's share of a compile, without a GPU: trace and lower a model's programs for CUDA.
 
     PYTHONPATH=. python bench/lower_time.py [--model nsa_125m] [--T 8192] [--B 1]
-        [--what grad prefill] [--set KEY=VALUE ...] [--out F]
+        [--what grad prefill decode] [--set KEY=VALUE ...] [--out F]
 
 ``jax.export`` with ``platforms=["cuda"]`` (``bench/triton_ir.lower_for_cuda``) runs what every
 compile of the program runs on the host before XLA: Python tracing, and the lowering of each
@@ -9,14 +9,14 @@ Pallas kernel to Triton IR. JAX's persistent compilation cache (``exec.compile_c
 the lowered program, so this part is paid on every run, cached or not. Programs:
 
 * ``grad``: the model's loss gradient over [B, T] tokens (the train step's heavy part);
-* ``prefill``: the decoder's prefill at once of [B, T] tokens into fresh caches.
+* ``prefill``: the decoder's prefill at once of [B, T] tokens into fresh caches;
+* ``decode``: one decode step of B rows over caches of T tokens (``exec.decode_impl=pallas``).
 
 Reported per program: seconds to export, and the Triton modules built (one per Pallas kernel
 lowering). cuDNN cannot lower without a GPU, so the branches that would take it run the Pallas
 kernels here (``exec.kernel.cmp_attn=pallas``, ``exec.kernel.win_attn=pallas``; ``--set`` adds
 overrides). Seconds are this machine's; compare trees on one machine (bench/NOTES.md,
-fifty-second session: 7.2 -> 2.2 s for the 125M gradient at 8k once the op lowered once per
-step).
+fifty-second session).
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ import triton_ir  # noqa: E402
 from nsa_jax.config import load_config  # noqa: E402
 from nsa_jax.model import build_model, lm_loss  # noqa: E402
 
-PALLAS = ["exec.nsa_impl=pallas", "exec.kernel.cmp_attn=pallas", "exec.kernel.win_attn=pallas"]
+PALLAS = ["exec.nsa_impl=pallas", "exec.decode_impl=pallas", "exec.kernel.cmp_attn=pallas",
+          "exec.kernel.win_attn=pallas"]
 
 
 def programs(cfg, B: int, T: int) -> dict:
@@ -55,9 +56,16 @@ def programs(cfg, B: int, T: int) -> dict:
         h, cache = m.extend(tokens, init_cache(m, B, T))
         return m.head_logits(h[:, -1:]), cache
 
+    def decode(state, tokens):
+        from nsa_jax.decode import init_cache
+        m = nnx.merge(graph, state)
+        h, cache = m.extend(tokens, init_cache(m, B, T))
+        return m.head_logits(h[:, 0]), cache
+
     toks = jax.ShapeDtypeStruct
     return {"grad": (grad, (state, toks((B, T + 1), jnp.int32))),
-            "prefill": (prefill, (state, toks((B, T), jnp.int32)))}
+            "prefill": (prefill, (state, toks((B, T), jnp.int32))),
+            "decode": (decode, (state, toks((B, 1), jnp.int32)))}
 
 
 def measure(f, args) -> dict:
@@ -75,7 +83,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="nsa_125m")
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--B", type=int, default=1)
-    ap.add_argument("--what", nargs="+", default=["grad", "prefill"], choices=["grad", "prefill"])
+    ap.add_argument("--what", nargs="+", default=["grad", "prefill", "decode"],
+                    choices=["grad", "prefill", "decode"])
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out")
     a = ap.parse_args(argv)

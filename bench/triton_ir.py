@@ -28,7 +28,9 @@ from jax import export
 from jax._src.pallas.triton import lowering as triton_lowering
 
 import nsa_jax.pallas.chunk as pchunk
+import nsa_jax.pallas.common as pcommon
 import nsa_jax.pallas.decode as pdecode
+import nsa_jax.pallas.decode_dense as pdecode_dense
 import nsa_jax.pallas.local as plocal
 import nsa_jax.pallas.nsa as pnsa
 from nsa_jax.nsa import NSAConfig
@@ -101,8 +103,10 @@ def decode_route(shape: str = "125m", T: int = 65536, B: int = 8, dtype=jnp.bflo
 
 @contextlib.contextmanager
 def compiled():
-    """The kernel entry points pick compiled (not interpret) kernels on this machine too."""
-    saved = {m: m.use_interpret for m in (pnsa, pdecode, plocal, pchunk)}
+    """The kernel entry points pick compiled (not interpret) kernels on this machine too
+    (``common.use_interpret`` itself for the model's decode-step cache writes, which read it
+    through ``attention_modules.fused_writes``)."""
+    saved = {m: m.use_interpret for m in (pnsa, pdecode, plocal, pchunk, pcommon, pdecode_dense)}
     for m in saved:
         m.use_interpret = lambda: False
     try:

@@ -166,6 +166,11 @@ def _pad_keys(k, Tq: int):
     return jnp.pad(k, ((0, 0), (0, Tq - k.shape[1]), (0, 0), (0, 0)))
 
 
+def _grouped_kv(k, v, Tq: int, d: int, grouping: str):
+    """The compressed keys and values [B,Tc,G,D] padded to Tq rows, in the grouping's KV heads."""
+    return (group_keys(_pad_keys(k, Tq), d, grouping), group_keys(_pad_keys(v, Tq), d, grouping))
+
+
 def _xla_causal(qg, k, v, scale: float, precision, lo=None):
     """Causal GQA attention with its base-e lse: qg [B,Tq,N,D], k/v [B,Tq,G,D]; ``lo`` [B,Tq]:
     row c sees only keys lo[c] <= i (packed documents)."""
@@ -220,9 +225,7 @@ def cmp_attention_grouped(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision=
     if seg is not None:
         return _packed(q, k_cmp, v_cmp, cfg, impl, precision, seg, Tq, grouping)
     qg = group_queries(q, cfg, G, Tq, grouping)
-    d = cfg.stride_d
-    kp = group_keys(_pad_keys(k_cmp, Tq), d, grouping)
-    vp = group_keys(_pad_keys(v_cmp, Tq), d, grouping)
+    kp, vp = _grouped_kv(k_cmp, v_cmp, Tq, cfg.stride_d, grouping)
     scale = 1.0 / math.sqrt(Dk)
     if impl == "cudnn":
         og, lse = _cudnn_causal(qg, kp, vp, scale)
@@ -240,8 +243,7 @@ def _packed(q, k_cmp, v_cmp, cfg: NSAConfig, impl: str, precision, seg, Tq: int,
     G, d = k_cmp.shape[2], cfg.stride_d
     tok, tok_ok, row, row_ok, lo = _packed_maps(seg, T, Tq, cfg)
     qg = _to_rows(_permute(q, tok, tok_ok, row, row_ok), G, d, grouping)   # [B,Tq,Hq*d,D]
-    kp = group_keys(_pad_keys(k_cmp, Tq), d, grouping)
-    vp = group_keys(_pad_keys(v_cmp, Tq), d, grouping)
+    kp, vp = _grouped_kv(k_cmp, v_cmp, Tq, d, grouping)
     scale = 1.0 / math.sqrt(Dk)
     if impl == "cudnn":
         og, lse = _cudnn_causal(qg, kp, vp, scale, lo)
