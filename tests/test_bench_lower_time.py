@@ -19,8 +19,8 @@ def test_counts_do_not_grow_with_layers(tmp_path, capsys):
     got = {}
     for n in (1, 3):
         out = tmp_path / f"l{n}.json"
-        assert lower_time.main(["--T", "256", "--set", *SMALL, f"model.n_layers={n}",
-                                "--out", str(out)]) == 0
+        assert lower_time.main(["--T", "256", "--what", "grad", "prefill", "--set", *SMALL,
+                                f"model.n_layers={n}", "--out", str(out)]) == 0
         got[n] = json.loads(out.read_text())["programs"]
     for what in ("grad", "prefill"):
         assert got[1][what]["triton_modules"] >= 4
